@@ -1,0 +1,980 @@
+"""Actors: a loop-hosted `Actor` and a thread-hosted `ThreadActor`, both pykka actors.
+
+`Actor` plugs into pykka's extension points (``_create_actor_inbox``,
+``_create_future``, ``_start_actor_loop``): its receive loop is a trio task on
+the system's loop thread, so an idle actor costs a parked task and a few small
+objects instead of an OS thread. Handlers may be ``async def``; nothing in
+them may block the loop (a blocking ``Future.get()`` there raises
+`LoopBlockedError` instead of deadlocking). `ThreadActor` is also a
+`pykka.ThreadingActor`, for actors that must run blocking code.
+
+Both follow the same rules, which differ from pykka's on purpose:
+
+- an exception escaping a handler of a ``tell`` crashes the actor; one in an
+  ``ask`` goes back to the caller and the actor lives on (pykka's rule);
+- any `BaseException` crashes only the actor that raised it (pykka stops
+  every actor in the process);
+- a failure in ``on_start`` is a crash, and ``on_failure`` runs for it;
+- when an actor ends, for any reason, its parent receives a `Down` message
+  carrying the `Exit`; an actor without a parent reports to its system.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import queue
+import threading
+import uuid
+from collections import deque
+from collections.abc import Awaitable, Callable
+from types import CoroutineType
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Self, TypeVar
+
+import attrs
+import outcome
+import pykka
+import trio
+from pykka.messages import _ActorStop
+from weald.runtime._errors import IOCancelledError, NoSystemError, StartError, WealdError
+from weald.runtime._future import _LOCK, Future
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+    from pykka._envelope import Envelope
+    from weald.runtime._system import ActorSystem
+
+__all__ = [
+    "Actor",
+    "ActorSnapshot",
+    "Down",
+    "Exit",
+    "IOHandle",
+    "Ref",
+    "ThreadActor",
+]
+
+logger = logging.getLogger("weald.runtime")
+
+A = TypeVar("A", bound="Actor")
+T = TypeVar("T")
+
+ExitKind = Literal["normal", "crashed", "killed"]
+
+
+@attrs.frozen
+class Exit:
+    """Why an actor ended.
+
+    Attributes:
+        kind: ``"normal"`` (it was stopped), ``"crashed"`` (an exception
+            escaped it; ``error`` holds it) or ``"killed"`` (it was cancelled,
+            or abandoned because it would not stop in time).
+        error: the exception for a crash, else None.
+    """
+
+    kind: ExitKind
+    error: BaseException | None = attrs.field(default=None, eq=False)
+
+    @property
+    def abnormal(self) -> bool:
+        """True for a crash or a kill."""
+        return self.kind != "normal"
+
+    def describe(self) -> str:
+        """A one-line description, e.g. ``crashed: ValueError('boom')``."""
+        if self.error is None:
+            return self.kind
+        return f"{self.kind}: {self.error!r}"
+
+
+NORMAL = Exit("normal")
+KILLED = Exit("killed")
+
+
+@attrs.frozen
+class Down:
+    """Sent to an actor's parent when the actor has ended.
+
+    Attributes:
+        ref: the ended actor.
+        path: its path in the tree.
+        exit: why it ended.
+    """
+
+    ref: Ref[Any]
+    path: str
+    exit: Exit
+
+
+@attrs.frozen
+class ActorSnapshot:
+    """A frozen view of an actor's state, as ``snapshot()`` returns by default.
+
+    Attributes:
+        path: the actor's path in the tree.
+        kind: the actor's class name.
+        status: ``starting``, ``running``, ``stopping`` or the exit kind.
+        mailbox: messages waiting in the inbox.
+        handled: messages handled so far.
+    """
+
+    path: str
+    kind: str
+    status: str
+    mailbox: int
+    handled: int
+
+
+class _Signal:
+    """A one-shot outcome whose `Future` is created only if someone waits."""
+
+    __slots__ = ("_future", "_result")
+
+    def __init__(self) -> None:
+        self._result: outcome.Outcome[Any] | None = None
+        self._future: Future[Any] | None = None
+
+    def resolve(self, result: outcome.Outcome[Any]) -> None:
+        with _LOCK:
+            if self._result is not None:
+                return
+            self._result = result
+            future = self._future
+        if future is not None:
+            _complete(future, result)
+
+    def future(self) -> Future[Any]:
+        with _LOCK:
+            if self._future is None:
+                self._future = Future()
+                result = self._result
+            else:
+                return self._future
+        if result is not None:
+            _complete(self._future, result)
+        return self._future
+
+    @property
+    def resolved(self) -> bool:
+        return self._result is not None
+
+
+def _complete(future: Future[Any], result: outcome.Outcome[Any]) -> None:
+    if isinstance(result, outcome.Value):
+        future.set(result.value)
+    else:
+        assert isinstance(result, outcome.Error)
+        error = result.error
+        future.set_exception((type(error), error, error.__traceback__))
+
+
+class Ref(pykka.ActorRef[A]):
+    """A reference to an actor, safe to pass anywhere; pykka's ActorRef plus a path.
+
+    Created only by the runtime. Keeps pykka's ``tell``, ``ask``, ``proxy``
+    and ``stop``; adds `path`, `started`, `exited`, `exit` and `kill`.
+    """
+
+    path: str
+
+    def __init__(self, actor: A) -> None:
+        super().__init__(actor)
+        self.path = ""
+        self._started = _Signal()
+        self._exited = _Signal()
+
+    def __repr__(self) -> str:
+        return f"<Ref {self.path or self.actor_urn} ({self.actor_class.__name__})>"
+
+    def __str__(self) -> str:
+        return f"{self.actor_class.__name__} at {self.path or self.actor_urn}"
+
+    def started(self) -> Future[None]:
+        """A future resolved once ``on_start`` returned.
+
+        It fails with `StartError` (cause chained) when ``on_start`` raised,
+        and with ``pykka.ActorDeadError`` when the actor ended before starting.
+        """
+        return self._started.future()
+
+    def exited(self) -> Future[Exit]:
+        """A future resolved with the actor's `Exit` once it has fully ended."""
+        return self._exited.future()
+
+    @property
+    def exit(self) -> Exit | None:
+        """The actor's `Exit` once it has ended, else None."""
+        result = self._exited._result
+        if isinstance(result, outcome.Value):
+            exit_: Exit = result.value
+            return exit_
+        return None
+
+    def mailbox_size(self) -> int:
+        """Messages waiting in the actor's inbox."""
+        return len(self.actor_inbox)  # type: ignore[arg-type]
+
+    def stop(self, *, block: bool = True, timeout: float | None = None) -> Any:
+        """Ask the actor to stop after the messages already in its inbox.
+
+        Returns True if the actor was running (it has fully ended, parent
+        notified, when the blocking call returns), False if it was already
+        dead. With ``block=False``, returns a `Future` of that boolean.
+        """
+        future: Future[bool] = Future()
+        if self.is_alive():
+            self.actor_inbox.put(_envelope(_ActorStop(), future))
+        else:
+            future.set(False)
+        if block:
+            return future.get(timeout=timeout)
+        return future
+
+    def kill(self) -> None:
+        """End the actor now, without running the rest of its inbox.
+
+        A loop actor's task is cancelled where it stands (its ``on_stop``
+        does not run). A thread actor cannot be interrupted: it is abandoned,
+        reported as killed, and its thread finishes its current handler alone.
+        """
+        actor = self._actor_weakref()
+        if actor is not None:
+            actor._kill()
+
+
+def _envelope(message: Any, reply_to: Future[Any] | None = None) -> Envelope[Any]:
+    from pykka._envelope import Envelope
+
+    return Envelope(message, reply_to=reply_to)
+
+
+def _fail_envelope(envelope: Envelope[Any], actor_str: str) -> None:
+    """Answer a message that reached an actor after it ended."""
+    reply_to = envelope.reply_to
+    if reply_to is None or reply_to.done():  # type: ignore[attr-defined]
+        return
+    if isinstance(envelope.message, _ActorStop):
+        reply_to.set(False)
+    else:
+        error = pykka.ActorDeadError(f"{actor_str} stopped before handling the message")
+        reply_to.set_exception((pykka.ActorDeadError, error, None))
+
+
+class _StopFlag:
+    """The part of ``threading.Event`` that pykka uses, without its lock and condition."""
+
+    __slots__ = ("_set",)
+
+    def __init__(self) -> None:
+        self._set = False
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def set(self) -> None:
+        self._set = True
+
+
+class _LoopInbox:
+    """A loop actor's inbox: a deque plus the parked task, if any.
+
+    Invariant: the actor publishes ``task`` *before* checking for items, and
+    a putter appends *before* reading ``task``; so a put either is seen by
+    that check or sees the task and wakes it. Rescheduling happens only on
+    the loop thread, which is what keeps it exactly-once.
+    """
+
+    __slots__ = ("_closed", "_items", "_loop", "_owner", "_task", "_wake_pending")
+
+    def __init__(self) -> None:
+        self._items: deque[Envelope[Any]] = deque()
+        self._task: trio.lowlevel.Task | None = None
+        self._loop: Any = None
+        self._wake_pending = False
+        self._closed = False
+        self._owner = ""
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def put(self, envelope: Envelope[Any], /) -> None:
+        self._items.append(envelope)
+        if self._closed:
+            self._drain_dead()
+        elif self._task is not None:
+            loop = self._loop
+            if loop.in_loop_thread():
+                self._wake()
+            elif not self._wake_pending:
+                self._wake_pending = True
+                try:
+                    loop.call_soon(self._wake_from_thread)
+                except trio.RunFinishedError:
+                    self._drain_dead()
+
+    def _wake_from_thread(self) -> None:
+        self._wake_pending = False
+        self._wake()
+
+    def _wake(self) -> None:
+        task = self._task
+        if task is not None:
+            self._task = None
+            trio.lowlevel.reschedule(task)
+
+    def _abort(self, _: object) -> trio.lowlevel.Abort:
+        self._task = None
+        return trio.lowlevel.Abort.SUCCEEDED
+
+    def get(self) -> Envelope[Any]:
+        return self._items.popleft()
+
+    def empty(self) -> bool:
+        return not self._items
+
+    def close(self) -> None:
+        self._closed = True
+        self._drain_dead()
+
+    def _drain_dead(self) -> None:
+        while True:
+            try:
+                envelope = self._items.popleft()
+            except IndexError:
+                return
+            _fail_envelope(envelope, self._owner)
+
+
+class _ThreadInbox:
+    """A thread actor's inbox: a deque and a condition; ``get`` returns None once closed."""
+
+    __slots__ = ("_closed", "_cond", "_items", "_owner")
+
+    def __init__(self) -> None:
+        self._items: deque[Envelope[Any]] = deque()
+        self._cond = threading.Condition(threading.Lock())
+        self._closed = False
+        self._owner = ""
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def put(self, envelope: Envelope[Any], /) -> None:
+        with self._cond:
+            if not self._closed:
+                self._items.append(envelope)
+                self._cond.notify()
+                return
+        _fail_envelope(envelope, self._owner)
+
+    def get(self) -> Envelope[Any] | None:
+        with self._cond:
+            while not self._items:
+                if self._closed:
+                    return None
+                self._cond.wait()
+            return self._items.popleft()
+
+    def empty(self) -> bool:
+        return not self._items
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            dead = list(self._items)
+            self._items.clear()
+            self._cond.notify_all()
+        for envelope in dead:
+            _fail_envelope(envelope, self._owner)
+
+
+class IOHandle:
+    """A running ``run_io`` task; `cancel` it, or check whether it is `done`."""
+
+    __slots__ = ("_actor", "_cancel_requested", "_scope", "done", "name")
+
+    def __init__(self, actor: Actor, name: str) -> None:
+        self._actor = actor
+        self._scope: trio.CancelScope | None = None
+        self._cancel_requested = False
+        self.done = False
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"<IOHandle {self.name} done={self.done}>"
+
+    def cancel(self) -> None:
+        """Cancel the task (from any thread); its reply, if any, carries Cancelled."""
+        self._cancel_requested = True
+        loop = self._actor._system.loop
+        if loop.in_loop_thread():
+            self._cancel_in_loop()
+        elif loop.running:
+            with contextlib.suppress(trio.RunFinishedError):
+                loop.call_soon(self._cancel_in_loop)
+
+    def _cancel_in_loop(self) -> None:
+        if self._scope is not None:
+            self._scope.cancel()
+
+
+class _SpawnContext(threading.local):
+    system: ActorSystem | None = None
+    path: str = ""
+    parent: Ref[Any] | None = None
+
+
+_spawning = _SpawnContext()
+_anonymous = itertools.count(1)
+
+
+class Actor(pykka.Actor):
+    """The base of every weald actor; hosted on the system's trio loop.
+
+    Subclass it and implement ``on_receive`` and/or public methods called
+    through ``ref.proxy()``; either may be ``async def``. Start it with
+    ``MyActor.start(...)`` (a top-level actor of the current system), with
+    ``system.spawn(...)``, or as a supervisor's child.
+
+    Lifecycle hooks run in the actor's own context (the loop thread, as a
+    step of the actor's task; for `ThreadActor`, the actor's thread) and
+    may be ``async def`` for loop actors:
+
+    - ``on_start``: before the first message; raising is a crash.
+    - ``on_stop``: after a normal stop; raising turns the exit into a crash.
+    - ``on_failure(exc_type, exc_value, tb)``: after a crash, including a
+      crash in ``on_start``; raising is logged and changes nothing.
+    """
+
+    _system: ActorSystem
+    _actor_ref: Ref[Any]
+
+    def __init__(self, *_args: Any, **_kwargs: Any) -> None:
+        system = _spawning.system
+        if system is None:
+            msg = (
+                f"{type(self).__name__} must be started with .start(), system.spawn() "
+                "or by a supervisor, not constructed directly"
+            )
+            raise NoSystemError(msg)
+        self._system = system
+        self._path = _spawning.path
+        self._parent = _spawning.parent
+        self.actor_urn = uuid.uuid4().urn
+        self.actor_inbox = self._create_actor_inbox()
+        self.actor_stopped = _StopFlag()  # type: ignore[assignment]
+        self._actor_ref = Ref(self)
+        self._actor_ref.path = self._path
+        self._status = "starting"
+        self._handled = 0
+        self._exit: Exit | None = None
+        self._io: set[IOHandle] | None = None
+        self._stop_replies: list[pykka.Future[Any]] = []
+        self._scope: trio.CancelScope | None = None
+        self._linked: set[Ref[Any]] | None = None
+
+    # -- construction ------------------------------------------------------------
+
+    @classmethod
+    def start(cls, *args: Any, **kwargs: Any) -> Ref[Self]:
+        """Start a top-level actor in the current system (pykka's ``start``).
+
+        Its path is ``/<ClassName>-<n>``; it has no parent, so its end is
+        reported to the system. Returns at once: ``on_start`` runs on the
+        actor's own context, before any message.
+        """
+        from weald.runtime._system import ActorSystem
+
+        system = ActorSystem.current()
+        path = f"/{cls.__name__}-{next(_anonymous)}"
+        return cls._spawn(system, path, None, args, kwargs)
+
+    @classmethod
+    def _spawn(
+        cls,
+        system: ActorSystem,
+        path: str,
+        parent: Ref[Any] | None,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Ref[Self]:
+        if not system.running:
+            msg = f"cannot start {cls.__name__} at {path}: the actor system is not running"
+            raise NoSystemError(msg)
+        previous = (_spawning.system, _spawning.path, _spawning.parent)
+        _spawning.system, _spawning.path, _spawning.parent = system, path, parent
+        try:
+            obj = cls(*args, **kwargs)
+        finally:
+            _spawning.system, _spawning.path, _spawning.parent = previous
+        if getattr(obj, "_actor_ref", None) is None:
+            msg = f"{cls.__name__}.__init__() did not call super().__init__()"
+            raise WealdError(msg)
+        ref: Ref[Self] = obj._actor_ref
+        obj.actor_inbox._owner = str(ref)  # type: ignore[attr-defined]
+        system._register(path, ref, toplevel=parent is None and path != "/")
+        if parent is not None:
+            parent_actor = parent._actor_weakref()
+            if parent_actor is not None:
+                if parent_actor._linked is None:
+                    parent_actor._linked = set()
+                parent_actor._linked.add(ref)
+        try:
+            obj._start_actor_loop()
+        except BaseException:
+            system._unregister(path, ref)
+            raise
+        return ref
+
+    def spawn_child(
+        self,
+        actor_class: type[A],
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+        *,
+        name: str,
+    ) -> Ref[A]:
+        """Start a child actor at ``<self.path>/<name>``; its `Down` comes to this actor.
+
+        Raises:
+            NameTakenError: a live actor already holds that path.
+        """
+        base = self._path.rstrip("/")
+        return actor_class._spawn(self._system, f"{base}/{name}", self._actor_ref, args, kwargs or {})
+
+    @staticmethod
+    def _create_actor_inbox() -> _LoopInbox:
+        return _LoopInbox()
+
+    @staticmethod
+    def _create_future() -> Future[Any]:
+        return Future()
+
+    def _start_actor_loop(self) -> None:
+        inbox = self.actor_inbox
+        assert isinstance(inbox, _LoopInbox)
+        inbox._loop = self._system.loop
+        self._system.loop.spawn_nowait(self._loop_main, on_error=self._loop_task_error)
+
+    # -- identity and introspection ---------------------------------------------
+
+    @property
+    def path(self) -> str:
+        """This actor's path in the tree, e.g. ``/sessions/a1/agent``."""
+        return self._path
+
+    @property
+    def parent(self) -> Ref[Any] | None:
+        """The actor that receives this one's `Down`; None for a top-level actor."""
+        return self._parent
+
+    @property
+    def system(self) -> ActorSystem:
+        """The `ActorSystem` hosting this actor."""
+        return self._system
+
+    def snapshot(self) -> Any:
+        """Return a frozen attrs value of this actor's state.
+
+        Subclasses override it to expose their own state; call it through
+        the actor's proxy (``ref.proxy().snapshot().get()``) so it runs in
+        the actor's own context.
+        """
+        return ActorSnapshot(
+            path=self._path,
+            kind=type(self).__name__,
+            status=self._status,
+            mailbox=len(self.actor_inbox),  # type: ignore[arg-type]
+            handled=self._handled,
+        )
+
+    def __str__(self) -> str:
+        return f"{type(self).__name__} at {self._path}"
+
+    # -- I/O ----------------------------------------------------------------------
+
+    def run_io(
+        self,
+        async_fn: Callable[..., Awaitable[T]],
+        *args: Any,
+        reply: Callable[[outcome.Outcome[T]], Any] | None = None,
+        name: str | None = None,
+    ) -> IOHandle:
+        """Run ``async_fn(*args)`` as a task on the loop, without blocking this actor.
+
+        When it ends, ``reply(outcome)`` is called on the loop thread and its
+        return value, unless None, is sent to this actor as a message (so
+        the result is handled in the actor's own context, in mailbox order).
+        Every I/O task is cancelled when its actor ends.
+
+        Returns:
+            A handle to cancel the task.
+        """
+        handle = IOHandle(self, name or str(getattr(async_fn, "__name__", "io")))
+        if self._io is None:
+            self._io = set()
+        self._io.add(handle)
+        self._system.loop.spawn_nowait(self._io_main, handle, async_fn, args, reply)
+        return handle
+
+    async def _io_main(
+        self,
+        handle: IOHandle,
+        async_fn: Callable[..., Awaitable[Any]],
+        args: tuple[Any, ...],
+        reply: Callable[[outcome.Outcome[Any]], Any] | None,
+    ) -> None:
+        with trio.CancelScope() as scope:
+            handle._scope = scope
+            if handle._cancel_requested or self._exit is not None:
+                scope.cancel()
+            result = await outcome.acapture(async_fn, *args)
+        handle.done = True
+        if self._io is not None:
+            self._io.discard(handle)
+        if isinstance(result, outcome.Error) and isinstance(result.error, trio.Cancelled):
+            result = outcome.Error(IOCancelledError(f"I/O task {handle.name} was cancelled"))
+        if reply is None:
+            if isinstance(result, outcome.Error):
+                logger.error("I/O task %s of %s failed", handle.name, self, exc_info=result.error)
+            return
+        message = reply(result)
+        if message is not None and self._exit is None:
+            with contextlib.suppress(pykka.ActorDeadError):
+                self._actor_ref.tell(message)
+
+    def _cancel_io(self) -> None:
+        if self._io:
+            for handle in list(self._io):
+                handle.cancel()
+
+    # -- the receive loop ---------------------------------------------------------
+
+    def _loop_task_error(self, exc: BaseException) -> None:
+        # Only reached if the loop machinery itself failed; contain it.
+        logger.critical("actor loop of %s failed", self, exc_info=exc)
+        self._finish(Exit("crashed", exc))
+
+    async def _loop_main(self) -> None:
+        exit_: Exit | None = KILLED
+        with trio.CancelScope() as scope:
+            self._scope = scope
+            if self._exit is not None:  # killed before it ever ran
+                return
+            exit_ = await self._loop_start()
+            if exit_ is None:
+                exit_ = await self._loop_serve()
+        if exit_ is None:
+            exit_ = KILLED
+        if scope.cancelled_caught:
+            exit_ = KILLED
+        await self._loop_terminate(exit_)
+
+    async def _loop_start(self) -> Exit | None:
+        try:
+            result = self.on_start()
+            if type(result) is CoroutineType:
+                await result
+        except trio.Cancelled:
+            raise
+        except BaseException as exc:
+            self._actor_ref._started.resolve(_start_failed(self, exc))
+            return Exit("crashed", exc)
+        self._status = "running"
+        self._actor_ref._started.resolve(outcome.Value(None))
+        return None
+
+    async def _loop_serve(self) -> Exit:
+        inbox: _LoopInbox = self.actor_inbox  # type: ignore[assignment]
+        items = inbox._items
+        system = self._system
+        while True:
+            if not items:
+                inbox._task = trio.lowlevel.current_task()
+                if items:
+                    inbox._task = None
+                else:
+                    await trio.lowlevel.wait_task_rescheduled(inbox._abort)
+                    continue
+            envelope = items.popleft()
+            message = envelope.message
+            if message.__class__ is _ActorStop:
+                if envelope.reply_to is not None:
+                    self._stop_replies.append(envelope.reply_to)
+                return NORMAL
+            reply_to = envelope.reply_to
+            try:
+                faults = system._faults
+                if faults is not None and not await faults.admit(self, message):
+                    continue
+                result = self._handle_receive(message)
+                if result.__class__ is CoroutineType:
+                    result = await result
+            except trio.Cancelled:
+                raise
+            except Exception as exc:
+                if reply_to is None:
+                    return Exit("crashed", exc)
+                reply_to.set_exception()
+            except BaseException as exc:
+                if reply_to is not None:
+                    reply_to.set_exception()
+                return Exit("crashed", exc)
+            else:
+                if reply_to is not None:
+                    reply_to.set(result)
+            self._handled += 1
+            if items:
+                # Fairness: a busy actor lets the loop's other tasks run.
+                await trio.lowlevel.checkpoint()
+
+    async def _loop_terminate(self, exit_: Exit) -> None:
+        if self._exit is not None:
+            return
+        self._status = "stopping"
+        self.actor_stopped.set()
+        self._cancel_io()
+        try:
+            if exit_.kind == "normal":
+                result = self.on_stop()
+            elif exit_.kind == "crashed":
+                error = exit_.error
+                assert error is not None
+                result = self.on_failure(type(error), error, error.__traceback__)
+            else:
+                result = None
+            if type(result) is CoroutineType:
+                with trio.CancelScope(shield=True):
+                    await result
+        except trio.Cancelled:
+            raise
+        except BaseException as exc:
+            if exit_.kind == "normal":
+                exit_ = Exit("crashed", exc)
+            else:
+                logger.exception("on_failure of %s raised", self, exc_info=exc)
+        self._finish(exit_)
+
+    def _finish(self, exit_: Exit) -> None:
+        """Record the exit and tell everyone who needs to know. Runs once."""
+        with _LOCK:
+            if self._exit is not None:
+                return
+            self._exit = exit_
+        self._status = exit_.kind
+        self.actor_stopped.set()
+        ref = self._actor_ref
+        if not ref._started.resolved:
+            error = pykka.ActorDeadError(f"{ref} ended ({exit_.describe()}) before it started")
+            ref._started.resolve(outcome.Error(error))
+        self._system._unregister(self._path, ref)
+        self.actor_inbox.close()  # type: ignore[attr-defined]
+        for future in self._stop_replies:
+            with contextlib.suppress(queue.Full):  # answered already
+                future.set(True)
+        self._stop_replies.clear()
+        if exit_.kind == "crashed":
+            logger.info("%s crashed", self, exc_info=exit_.error)
+        # Children outlive no parent: any still running (the parent was
+        # killed or crashed before stopping them) are killed now.
+        if self._linked:
+            for child in list(self._linked):
+                if child.is_alive():
+                    child.kill()
+            self._linked = None
+        parent = self._parent
+        if parent is not None:
+            parent_actor = parent._actor_weakref()
+            if parent_actor is not None and parent_actor._linked is not None:
+                parent_actor._linked.discard(ref)
+        down = Down(ref, self._path, exit_)
+        ref._exited.resolve(outcome.Value(exit_))
+        if parent is not None and parent.is_alive():
+            try:
+                parent.tell(down)
+            except pykka.ActorDeadError:
+                pass  # the parent died meanwhile: report to the system below
+            else:
+                return
+        self._system._orphan_down(down, parented=parent is not None)
+
+    def _kill(self) -> None:
+        loop = self._system.loop
+        if loop.in_loop_thread():
+            self._kill_in_loop()
+        elif loop.running:
+            with contextlib.suppress(trio.RunFinishedError):
+                loop.call_soon(self._kill_in_loop)
+
+    def _kill_in_loop(self) -> None:
+        scope = self._scope
+        if self._exit is not None:
+            return
+        if scope is None:
+            # Not running yet: it will see _exit on its first step.
+            self._cancel_io()
+            self._finish(KILLED)
+        else:
+            scope.cancel()
+
+    def _stop(self) -> None:
+        # pykka's Actor.stop() tells _ActorStop to itself; the receive loop
+        # handles it before pykka's _handle_receive could call this.
+        msg = "weald actors stop through their receive loop"
+        raise AssertionError(msg)
+
+    def on_start(self) -> Any:
+        """Run before the first message, in the actor's own context; may be ``async def``.
+
+        Raising here is a crash: ``on_failure`` runs, then the parent is told.
+        """
+
+    def on_stop(self) -> Any:
+        """Run after a normal stop, in the actor's own context; may be ``async def``.
+
+        Raising here turns the exit into a crash.
+        """
+
+    def on_failure(
+        self,
+        exception_type: type[BaseException] | None,
+        exception_value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> Any:
+        """Run after a crash (including in ``on_start``), before the parent hears of it.
+
+        May be ``async def``. Raising here is logged and changes nothing.
+        """
+
+
+def _start_failed(actor: Actor, exc: BaseException) -> outcome.Error:
+    error = StartError(f"{actor} failed to start: {exc!r}")
+    error.__cause__ = exc
+    return outcome.Error(error)
+
+
+_thread_names = itertools.count(1)
+
+
+class ThreadActor(Actor, pykka.ThreadingActor):
+    """A weald actor on its own OS thread, for code that must block.
+
+    It is a `pykka.ThreadingActor` and follows every weald rule of `Actor`.
+    An ``async def`` handler or hook runs on the system's loop while the
+    actor's thread waits for it.
+    """
+
+    use_daemon_thread: ClassVar[bool] = True
+
+    @staticmethod
+    def _create_actor_inbox() -> _ThreadInbox:  # type: ignore[override]
+        return _ThreadInbox()
+
+    @staticmethod
+    def _create_future() -> Future[Any]:
+        return Future()
+
+    def _start_actor_loop(self) -> None:
+        thread = threading.Thread(
+            target=self._thread_main,
+            name=f"{type(self).__name__}-{next(_thread_names)}",
+            daemon=self.use_daemon_thread,
+        )
+        self._thread = thread
+        thread.start()
+
+    def _await_on_loop(self, result: Any) -> Any:
+        if type(result) is CoroutineType:
+
+            async def _run() -> Any:
+                return await result
+
+            return self._system.loop.run(_run)
+        return result
+
+    def _thread_main(self) -> None:
+        try:
+            exit_ = self._thread_start()
+            if exit_ is None:
+                exit_ = self._thread_serve()
+        except BaseException as exc:  # the loop machinery itself broke
+            exit_ = Exit("crashed", exc)
+        self._thread_terminate(exit_)
+
+    def _thread_start(self) -> Exit | None:
+        if self._exit is not None:
+            return self._exit
+        try:
+            self._await_on_loop(self.on_start())
+        except BaseException as exc:
+            self._actor_ref._started.resolve(_start_failed(self, exc))
+            return Exit("crashed", exc)
+        self._status = "running"
+        self._actor_ref._started.resolve(outcome.Value(None))
+        return None
+
+    def _thread_serve(self) -> Exit:
+        inbox: _ThreadInbox = self.actor_inbox  # type: ignore[assignment]
+        system = self._system
+        while True:
+            envelope = inbox.get()
+            if envelope is None or self._exit is not None:  # closed: abandoned by kill()
+                if envelope is not None:
+                    _fail_envelope(envelope, str(self._actor_ref))
+                assert self._exit is not None
+                return self._exit
+            message = envelope.message
+            if message.__class__ is _ActorStop:
+                if envelope.reply_to is not None:
+                    self._stop_replies.append(envelope.reply_to)
+                return NORMAL
+            reply_to = envelope.reply_to
+            try:
+                faults = system._faults
+                if faults is not None and not faults.admit_blocking(self, message):
+                    continue
+                result = self._await_on_loop(self._handle_receive(message))
+            except Exception as exc:
+                if reply_to is None:
+                    return Exit("crashed", exc)
+                reply_to.set_exception()
+            except BaseException as exc:
+                if reply_to is not None:
+                    reply_to.set_exception()
+                return Exit("crashed", exc)
+            else:
+                if reply_to is not None:
+                    reply_to.set(result)
+            self._handled += 1
+
+    def _thread_terminate(self, exit_: Exit) -> None:
+        if self._exit is not None:
+            return
+        self._status = "stopping"
+        self.actor_stopped.set()
+        self._cancel_io()
+        try:
+            if exit_.kind == "normal":
+                self._await_on_loop(self.on_stop())
+            elif exit_.kind == "crashed":
+                error = exit_.error
+                assert error is not None
+                self._await_on_loop(self.on_failure(type(error), error, error.__traceback__))
+        except BaseException as exc:
+            if exit_.kind == "normal":
+                exit_ = Exit("crashed", exc)
+            else:
+                logger.exception("on_failure of %s raised", self, exc_info=exc)
+        self._finish(exit_)
+
+    def _kill(self) -> None:
+        # A thread cannot be interrupted: abandon it. Wake it with a no-op so
+        # a thread parked on an empty inbox notices and ends.
+        self._cancel_io()
+        self._finish(KILLED)  # closes the inbox, which wakes the thread
+
+    def _loop_main(self) -> Any:  # pragma: no cover - never used by thread actors
+        raise AssertionError

@@ -1,0 +1,85 @@
+"""Exceptions raised by the weald runtime.
+
+The tree::
+
+    WealdError
+    ├── ActorError
+    │   ├── LoopBlockedError      a blocking wait was attempted on the loop thread
+    │   ├── NameTakenError        a live actor already holds that path
+    │   ├── StartError            an actor's on_start failed (the cause is chained)
+    │   ├── IOCancelledError      a run_io task was cancelled before it finished
+    │   └── NoSystemError         no running ActorSystem to host an actor
+    └── StoreError
+        ├── StoreCorruptError     the database file is unreadable or not a database
+        ├── StoreClosedError      the store was closed (stopped, not broken)
+        └── StoreCodecError       a value could not be encoded or decoded
+
+pykka's own `ActorDeadError` (the actor is not running) and `Timeout` (a
+`get()` ran out of time) keep their pykka meaning and are re-exported by
+`weald.runtime` unchanged.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ActorError",
+    "IOCancelledError",
+    "LoopBlockedError",
+    "NameTakenError",
+    "NoSystemError",
+    "StartError",
+    "StoreClosedError",
+    "StoreCodecError",
+    "StoreCorruptError",
+    "StoreError",
+    "WealdError",
+]
+
+
+class WealdError(Exception):
+    """Base of every error weald raises."""
+
+
+class ActorError(WealdError):
+    """Something about an actor's lifecycle or messaging went wrong."""
+
+
+class LoopBlockedError(ActorError):
+    """A blocking wait was attempted on the trio loop thread.
+
+    Every loop-hosted actor shares that thread; blocking it would stop every
+    one of them, including the actor whose reply is awaited. Use ``await``
+    in an ``async def`` handler instead.
+    """
+
+
+class NameTakenError(ActorError):
+    """A live actor is already registered under the requested path."""
+
+
+class StartError(ActorError):
+    """An actor's ``on_start`` failed; the original exception is chained."""
+
+
+class IOCancelledError(ActorError):
+    """A ``run_io`` task was cancelled (by its handle, or its actor ended) before it finished."""
+
+
+class NoSystemError(ActorError):
+    """No running `ActorSystem` exists to host the actor."""
+
+
+class StoreError(WealdError):
+    """The persistent store failed."""
+
+
+class StoreCorruptError(StoreError):
+    """The store's database file is unreadable, corrupt, or not a database."""
+
+
+class StoreClosedError(StoreError):
+    """The store has been closed; it was stopped, not broken."""
+
+
+class StoreCodecError(StoreError):
+    """A value could not be encoded to, or decoded from, the store."""

@@ -1,0 +1,276 @@
+"""The event bus: publish/subscribe by topic, with a bounded ring of recent events.
+
+Publishing never blocks and never waits on a subscriber: every subscription
+has a bounded buffer; when a slow subscriber's buffer is full, its oldest
+event is dropped and counted (``Subscription.dropped``). The ring keeps the
+last ``ring_size`` events for introspection (``recent``).
+
+Topics are dotted names (``supervisor.child_crashed``, ``tool.finished``);
+subscriptions match with shell-style patterns (``tool.*``, ``*``) and can be
+narrowed to events whose source path starts with a prefix (one session).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import itertools
+import re
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import msgspec
+import trio
+from weald.runtime._secrets import redact
+
+__all__ = ["Event", "EventBus", "Subscription"]
+
+
+class Event(msgspec.Struct, frozen=True, kw_only=True):
+    """One published event.
+
+    Attributes:
+        seq: position in the bus's total order, starting at 1.
+        time: wall-clock time of publication (seconds since the epoch).
+        topic: dotted topic name.
+        source: path of the actor (or component) that published it.
+        data: the payload; plain, JSON-encodable data, secrets redacted.
+    """
+
+    seq: int
+    time: float
+    topic: str
+    source: str
+    data: dict[str, Any]
+
+
+class Subscription:
+    """A bounded queue of events matching a pattern; read by a thread or a trio task.
+
+    Use it as a context manager (or call `close`) to unsubscribe.
+    """
+
+    def __init__(
+        self,
+        bus: EventBus,
+        patterns: tuple[str, ...],
+        source: str | None,
+        max_buffer: int,
+    ) -> None:
+        self._bus = bus
+        self.patterns = patterns
+        self.source = source
+        self.max_buffer = max_buffer
+        self._match = re.compile("|".join(fnmatch.translate(p) for p in patterns)).match
+        self._items: deque[Event] = deque()
+        self._cond = threading.Condition(threading.Lock())
+        self._trio_waiter: tuple[trio.lowlevel.Task, trio.lowlevel.TrioToken, int] | None = None
+        self.dropped = 0
+        self.closed = False
+
+    def __enter__(self) -> Subscription:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<Subscription {self.patterns} buffered={len(self._items)} dropped={self.dropped}>"
+
+    def matches(self, event: Event) -> bool:
+        """Return True if ``event`` is one this subscription wants."""
+        if self.source is not None and not event.source.startswith(self.source):
+            return False
+        return self._match(event.topic) is not None
+
+    def _push(self, event: Event) -> None:
+        with self._cond:
+            if len(self._items) >= self.max_buffer:
+                self._items.popleft()
+                self.dropped += 1
+            self._items.append(event)
+            self._cond.notify()
+            waiter = self._trio_waiter
+            self._trio_waiter = None
+        if waiter is not None:
+            _wake(waiter)
+
+    def close(self) -> None:
+        """Unsubscribe and wake any reader; buffered events stay readable."""
+        self._bus._unsubscribe(self)
+        with self._cond:
+            self.closed = True
+            self._cond.notify_all()
+            waiter = self._trio_waiter
+            self._trio_waiter = None
+        if waiter is not None:
+            _wake(waiter)
+
+    def get_nowait(self) -> Event | None:
+        """Return the next buffered event, or None when there is none."""
+        with self._cond:
+            return self._items.popleft() if self._items else None
+
+    def drain_nowait(self) -> list[Event]:
+        """Return and remove every buffered event."""
+        with self._cond:
+            items = list(self._items)
+            self._items.clear()
+            return items
+
+    def get(self, timeout: float | None = None) -> Event | None:
+        """Block the calling thread for the next event; None on timeout or close."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while not self._items:
+                if self.closed:
+                    return None
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return None
+                self._cond.wait(remaining)
+            return self._items.popleft()
+
+    async def receive(self) -> Event:
+        """Wait in a trio task for the next event.
+
+        Raises:
+            trio.EndOfChannel: the subscription was closed and is empty.
+        """
+        while True:
+            with self._cond:
+                if self._items:
+                    event = self._items.popleft()
+                    break
+                if self.closed:
+                    raise trio.EndOfChannel
+                task = trio.lowlevel.current_task()
+                self._trio_waiter = (task, trio.lowlevel.current_trio_token(), threading.get_ident())
+
+            def abort(_: object, task: trio.lowlevel.Task = task) -> trio.lowlevel.Abort:
+                with self._cond:
+                    if self._trio_waiter is not None and self._trio_waiter[0] is task:
+                        self._trio_waiter = None
+                        return trio.lowlevel.Abort.SUCCEEDED
+                # A wake-up is already on its way; let it land.
+                return trio.lowlevel.Abort.FAILED
+
+            await trio.lowlevel.wait_task_rescheduled(abort)
+        await trio.lowlevel.checkpoint()
+        return event
+
+    def __aiter__(self) -> Subscription:
+        return self
+
+    async def __anext__(self) -> Event:
+        try:
+            return await self.receive()
+        except trio.EndOfChannel:
+            raise StopAsyncIteration from None
+
+
+def _wake(waiter: tuple[trio.lowlevel.Task, trio.lowlevel.TrioToken, int]) -> None:
+    task, token, thread = waiter
+    if threading.get_ident() == thread:
+        trio.lowlevel.reschedule(task)
+    else:
+        with contextlib.suppress(trio.RunFinishedError):
+            token.run_sync_soon(trio.lowlevel.reschedule, task)
+
+
+class EventBus:
+    """Thread-safe publish/subscribe with a ring of recent events.
+
+    Args:
+        ring_size: how many recent events `recent` can return.
+        default_buffer: a subscription's buffer size unless it asks otherwise.
+    """
+
+    def __init__(self, ring_size: int = 2048, default_buffer: int = 1024) -> None:
+        self._ring: deque[Event] = deque(maxlen=ring_size)
+        self._subs: list[Subscription] = []
+        self._lock = threading.Lock()
+        self._seq = itertools.count(1)
+        self._default_buffer = default_buffer
+        self.published = 0
+        self._topic_counts: dict[str, int] = {}
+
+    def publish(self, topic: str, source: str = "", data: Mapping[str, Any] | None = None) -> Event:
+        """Publish an event; returns at once whatever the subscribers do.
+
+        Values under secret-looking keys, and known secret values, are
+        redacted before anything can see the event.
+        """
+        payload: dict[str, Any] = redact(dict(data)) if data else {}
+        with self._lock:
+            event = Event(seq=next(self._seq), time=time.time(), topic=topic, source=source, data=payload)
+            self._ring.append(event)
+            self.published += 1
+            self._topic_counts[topic] = self._topic_counts.get(topic, 0) + 1
+            subs = self._subs
+        for sub in subs:
+            if sub.matches(event):
+                sub._push(event)
+        return event
+
+    def subscribe(
+        self,
+        patterns: str | Iterable[str] = "*",
+        *,
+        source: str | None = None,
+        max_buffer: int | None = None,
+    ) -> Subscription:
+        """Subscribe to topics matching ``patterns`` (shell-style), optionally from one subtree.
+
+        Args:
+            patterns: one pattern or several; ``*`` matches everything.
+            source: only events whose source path starts with this prefix.
+            max_buffer: buffered events before the oldest is dropped.
+        """
+        pats = (patterns,) if isinstance(patterns, str) else tuple(patterns)
+        sub = Subscription(self, pats, source, max_buffer or self._default_buffer)
+        with self._lock:
+            # Copy on write: publishers iterate a list no one mutates.
+            self._subs = [*self._subs, sub]
+        return sub
+
+    def _unsubscribe(self, sub: Subscription) -> None:
+        with self._lock:
+            self._subs = [s for s in self._subs if s is not sub]
+
+    def recent(
+        self,
+        limit: int = 100,
+        *,
+        topic: str | None = None,
+        source: str | None = None,
+        where: Callable[[Event], bool] | None = None,
+    ) -> list[Event]:
+        """Return up to ``limit`` most recent events, oldest first, optionally filtered."""
+        with self._lock:
+            events = list(self._ring)
+        match = re.compile(fnmatch.translate(topic)).match if topic else None
+        picked = [
+            e
+            for e in events
+            if (match is None or match(e.topic))
+            and (source is None or e.source.startswith(source))
+            and (where is None or where(e))
+        ]
+        return picked[-limit:] if limit else []
+
+    def statistics(self) -> dict[str, Any]:
+        """Counts: events published, per topic, subscribers and their drops."""
+        with self._lock:
+            subs = list(self._subs)
+            counts = dict(self._topic_counts)
+        return {
+            "published": self.published,
+            "ring": len(self._ring),
+            "subscribers": len(subs),
+            "dropped": sum(s.dropped for s in subs),
+            "topics": counts,
+        }

@@ -1,0 +1,222 @@
+"""A pykka future that both threads and trio tasks can wait on.
+
+pykka's `ThreadingFuture` blocks a thread; its ``__await__`` is meant for
+asyncio and would block the trio loop. weald's `Future` keeps pykka's
+meaning (``get``, ``set``, ``set_exception``, ``map``, ``join``...) and adds:
+
+- ``await future`` from a trio task parks only that task;
+- ``get()`` on the loop thread, when the value is not there yet, raises
+  `LoopBlockedError` instead of deadlocking every loop-hosted actor.
+
+Invariant: ``_result`` goes from ``None`` to a tuple exactly once, under
+``_LOCK``; waiters are registered under the same lock only while
+``_result`` is ``None``, so a waiter is either woken or sees the result.
+"""
+
+from __future__ import annotations
+
+import queue
+import sys
+import threading
+from collections.abc import Callable, Generator
+from typing import TYPE_CHECKING, Any, TypeVar, cast
+
+import pykka
+import trio
+from weald.runtime._errors import LoopBlockedError
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+__all__ = ["Future", "is_loop_thread"]
+
+T = TypeVar("T")
+
+_OptExcInfo = tuple[type[BaseException] | None, BaseException | None, "TracebackType | None"]
+
+# One lock for every future's state transition: the critical sections are a
+# handful of bytecodes, and a lock per future would cost memory on the hot path.
+_LOCK = threading.Lock()
+
+# Thread idents of running trio loops hosted by weald; maintained by _loop.
+LOOP_THREADS: set[int] = set()
+
+
+def is_loop_thread() -> bool:
+    """Return True if the calling thread runs a weald trio loop."""
+    return threading.get_ident() in LOOP_THREADS
+
+
+class _TrioWaiter:
+    """A trio task parked on a future; woken on its own loop thread."""
+
+    __slots__ = ("active", "task", "thread", "token")
+
+    def __init__(self) -> None:
+        self.task = trio.lowlevel.current_task()
+        self.token = trio.lowlevel.current_trio_token()
+        self.thread = threading.get_ident()
+        self.active = True
+
+    def wake(self) -> None:
+        if threading.get_ident() == self.thread:
+            self.wake_in_loop()
+        else:
+            self.token.run_sync_soon(self.wake_in_loop)
+
+    def wake_in_loop(self) -> None:
+        # Runs on the waiter's loop thread, as does the abort callback, so
+        # `active` needs no lock: exactly one of them reschedules or aborts.
+        if self.active:
+            self.active = False
+            trio.lowlevel.reschedule(self.task)
+
+
+class Future(pykka.Future[T]):
+    """A handle to a value available now or later; awaitable from trio.
+
+    Created by the runtime for every ``ask`` and proxy call to a weald actor.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._result: tuple[Any, _OptExcInfo | None] | None = None
+        self._waiters: list[threading.Lock | _TrioWaiter] | None = None
+
+    def __repr__(self) -> str:
+        state = "pending" if self._result is None else "done"
+        return f"<weald.Future {state}>"
+
+    def done(self) -> bool:
+        """Return True if a value or exception has been set."""
+        return self._result is not None
+
+    def get(self, *, timeout: float | None = None) -> T:
+        """Return the value, blocking the calling thread until it is set.
+
+        Args:
+            timeout: seconds to wait; None waits forever.
+
+        Raises:
+            pykka.Timeout: the value did not arrive within ``timeout``.
+            LoopBlockedError: called on the loop thread before the value is
+                set; ``await`` the future instead.
+            Exception: the exception set on the future.
+        """
+        if self._get_hook is not None:
+            return super().get(timeout=timeout)
+        result = self._result
+        if result is None:
+            if threading.get_ident() in LOOP_THREADS:
+                msg = (
+                    "Future.get() would block the weald loop thread, which hosts "
+                    "every loop actor (including the one that must reply); "
+                    "use `await future` in an async handler instead"
+                )
+                raise LoopBlockedError(msg)
+            result = self._wait_thread(timeout)
+        return self._unpack(result)
+
+    def _wait_thread(self, timeout: float | None) -> tuple[Any, _OptExcInfo | None]:
+        lock = threading.Lock()
+        lock.acquire()
+        with _LOCK:
+            if self._result is not None:
+                return self._result
+            if self._waiters is None:
+                self._waiters = []
+            self._waiters.append(lock)
+        acquired = lock.acquire(timeout=-1 if timeout is None else max(timeout, 0.0))
+        if not acquired:
+            with _LOCK:
+                if self._result is None:
+                    assert self._waiters is not None
+                    self._waiters.remove(lock)
+                    raise pykka.Timeout(f"{timeout} seconds")
+        assert self._result is not None
+        return self._result
+
+    @staticmethod
+    def _unpack(result: tuple[Any, _OptExcInfo | None]) -> T:
+        value, exc_info = result
+        if exc_info is None:
+            return cast("T", value)
+        exc_type, exc_value, tb = exc_info
+        if exc_value is None:
+            assert exc_type is not None
+            exc_value = exc_type()
+        raise exc_value.with_traceback(tb)
+
+    def _complete(self, result: tuple[Any, _OptExcInfo | None]) -> None:
+        with _LOCK:
+            if self._result is not None or self._get_hook is not None:
+                raise queue.Full
+            self._result = result
+            waiters = self._waiters
+            self._waiters = None
+        if waiters:
+            for waiter in waiters:
+                if isinstance(waiter, _TrioWaiter):
+                    waiter.wake()
+                else:
+                    waiter.release()
+
+    def set(self, value: T | None = None) -> None:
+        """Set the value and wake every waiter.
+
+        Raises:
+            queue.Full: the future was already completed (pykka's contract).
+        """
+        self._complete((value, None))
+
+    def set_exception(self, exc_info: _OptExcInfo | None = None) -> None:
+        """Set an exception (``sys.exc_info()`` by default) and wake every waiter."""
+        if exc_info is None:
+            exc_info = sys.exc_info()
+        self._complete((None, exc_info))
+
+    def set_get_hook(self, func: Callable[[float | None], T]) -> None:
+        """Compute the value with ``func(timeout)`` at ``get()`` time (pykka's contract)."""
+        with _LOCK:
+            if self._result is not None:
+                raise queue.Full
+            super().set_get_hook(func)
+
+    async def wait(self) -> T:
+        """Wait in a trio task for the value, then return it (or raise).
+
+        Futures built with a get hook (``map``, ``join``, ``filter``) are
+        resolved in a worker thread, since the hook may block.
+        """
+        if self._get_hook is not None:
+            return await trio.to_thread.run_sync(self.get)
+        result = self._result
+        if result is None:
+            waiter = _TrioWaiter()
+            with _LOCK:
+                if self._result is None:
+                    if self._waiters is None:
+                        self._waiters = []
+                    self._waiters.append(waiter)
+                else:
+                    waiter.active = False
+            if waiter.active:
+
+                def abort(_: object) -> trio.lowlevel.Abort:
+                    waiter.active = False
+                    with _LOCK:
+                        if self._waiters is not None and waiter in self._waiters:
+                            self._waiters.remove(waiter)
+                    return trio.lowlevel.Abort.SUCCEEDED
+
+                await trio.lowlevel.wait_task_rescheduled(abort)
+            else:
+                await trio.lowlevel.checkpoint()
+            result = self._result
+            assert result is not None
+        return self._unpack(result)
+
+    def __await__(self) -> Generator[Any, None, T]:
+        return self.wait().__await__()
+
+    __iter__ = __await__

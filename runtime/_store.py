@@ -1,0 +1,380 @@
+"""The persistent key-value store: sqlitedict tables, msgspec JSON values.
+
+The store plays the part DETS plays in OTP: the task tracker, sessions,
+histories and memory live here and survive a crash of the daemon.
+
+- One database file; one table per namespace (``tasks``, ``sessions``...).
+- Values are encoded with msgspec as JSON, never pickle: sqlitedict's own
+  pickle codec is replaced by the identity, and this module encodes and
+  decodes (optionally into a typed Struct or attrs class). A tampered value
+  is a `StoreCodecError`, never code execution.
+- Every write is committed before the call returns. The file runs in WAL
+  mode; ``durability="process"`` (the default) survives a crash of the
+  process (kill -9), ``durability="power"`` also fsyncs every commit.
+- An unreadable, corrupt or foreign file is reported with its name
+  (`StoreCorruptError`) and never replaced.
+
+Methods block the calling thread; trio code uses the ``a``-prefixed variants,
+which run the same operation in a worker thread.
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any, Literal, TypeVar, overload
+
+import msgspec
+import trio
+from sqlitedict import SqliteDict
+from weald.runtime._errors import StoreClosedError, StoreCodecError, StoreCorruptError, StoreError
+
+__all__ = ["Store"]
+
+T = TypeVar("T")
+
+_NAMESPACE = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
+_MISSING: Any = object()
+
+
+def _identity(value: Any) -> Any:
+    return value
+
+
+class Store:
+    """A namespaced, persistent key-value store; thread-safe.
+
+    Args:
+        path: the database file; its directory is created if missing.
+        durability: ``"process"`` survives a process crash; ``"power"``
+            also survives power loss, at the cost of an fsync per write.
+
+    Raises:
+        StoreCorruptError: the file exists but is not a readable database.
+        StoreError: the file cannot be created or opened.
+    """
+
+    def __init__(self, path: str | Path, *, durability: Literal["process", "power"] = "process") -> None:
+        self.path = Path(path).expanduser()
+        self.durability = durability
+        self._lock = threading.RLock()
+        self._tables: dict[str, SqliteDict] = {}
+        self._closed = False
+        self.writes = 0
+        self.reads = 0
+        self._check_file()
+
+    def __repr__(self) -> str:
+        return f"<Store {self.path} namespaces={sorted(self._tables)}>"
+
+    # -- opening -----------------------------------------------------------------
+
+    def _check_file(self) -> None:
+        path = self.path
+        if path.is_dir():
+            msg = f"store path {path} is a directory, not a database file"
+            raise StoreError(msg)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            msg = f"cannot create the store's directory {path.parent}: {exc.strerror}"
+            raise StoreError(msg) from exc
+        if path.exists():
+            try:
+                with path.open("rb"):
+                    pass
+            except OSError as exc:
+                msg = f"store file {path} cannot be read: {exc.strerror}"
+                raise StoreError(msg) from exc
+        try:
+            conn = sqlite3.connect(str(path))
+            try:
+                conn.execute("PRAGMA journal_mode=WAL")
+                rows = conn.execute("PRAGMA quick_check").fetchall()
+            finally:
+                conn.close()
+        except sqlite3.DatabaseError as exc:
+            msg = (
+                f"store file {path} is not a readable weald store ({exc}); "
+                "it was left untouched - move it aside or restore it from a backup"
+            )
+            raise StoreCorruptError(msg) from exc
+        if rows != [("ok",)]:
+            detail = "; ".join(str(r[0]) for r in rows[:3])
+            msg = f"store file {path} failed its integrity check ({detail}); it was left untouched"
+            raise StoreCorruptError(msg)
+
+    def _table(self, namespace: str) -> SqliteDict:
+        table = self._tables.get(namespace)
+        if table is not None:
+            return table
+        if self._closed:
+            msg = f"store {self.path} is closed"
+            raise StoreClosedError(msg)
+        if not _NAMESPACE.match(namespace):
+            msg = f"bad namespace {namespace!r}: use lowercase letters, digits and _, starting with a letter"
+            raise StoreError(msg)
+        try:
+            table = SqliteDict(
+                str(self.path),
+                tablename=namespace,
+                autocommit=False,
+                journal_mode="WAL",
+                encode=_identity,
+                decode=_identity,
+                outer_stack=False,
+            )
+            # sqlitedict turns fsync off; WAL with NORMAL is safe against a
+            # process crash, FULL against power loss too.
+            sync = "FULL" if self.durability == "power" else "NORMAL"
+            table.conn.execute(f"PRAGMA synchronous={sync}")
+            table.conn.commit(blocking=True)
+        except Exception as exc:
+            msg = f"cannot open namespace {namespace!r} in store file {self.path}: {exc}"
+            raise StoreError(msg) from exc
+        self._tables[namespace] = table
+        return table
+
+    # -- codec -----------------------------------------------------------------------
+
+    @staticmethod
+    def _encode(namespace: str, key: str, value: Any) -> bytes:
+        try:
+            return msgspec.json.encode(value)
+        except (TypeError, msgspec.EncodeError, OverflowError) as exc:
+            msg = f"cannot store {namespace}/{key}: {exc}"
+            raise StoreCodecError(msg) from exc
+
+    def _decode(self, namespace: str, key: str, raw: Any, type_: Any) -> Any:
+        if isinstance(raw, str):
+            raw = raw.encode()
+        if not isinstance(raw, bytes | memoryview):
+            msg = f"value of {namespace}/{key} in {self.path} is not weald data (a {type(raw).__name__})"
+            raise StoreCodecError(msg)
+        try:
+            if type_ is None:
+                return msgspec.json.decode(raw)
+            return msgspec.json.decode(raw, type=type_)
+        except msgspec.DecodeError as exc:
+            msg = f"value of {namespace}/{key} in {self.path} cannot be decoded: {exc}"
+            raise StoreCodecError(msg) from exc
+
+    @staticmethod
+    def _check_key(key: str) -> None:
+        if not isinstance(key, str) or not key:
+            msg = f"store keys are non-empty strings, got {key!r}"
+            raise StoreError(msg)
+
+    def _run(self, namespace: str, op: Callable[[SqliteDict], T]) -> T:
+        with self._lock:
+            if self._closed:
+                msg = f"store {self.path} is closed"
+                raise StoreClosedError(msg)
+            table = self._table(namespace)
+            try:
+                return op(table)
+            except StoreError:
+                raise
+            except Exception as exc:
+                msg = f"store {self.path}, namespace {namespace!r}: {exc}"
+                raise StoreError(msg) from exc
+
+    # -- reading ---------------------------------------------------------------------
+
+    @overload
+    def get(self, namespace: str, key: str, default: Any = None) -> Any: ...
+    @overload
+    def get(self, namespace: str, key: str, default: Any = None, *, type: type[T]) -> T | Any: ...
+
+    def get(self, namespace: str, key: str, default: Any = None, *, type: Any = None) -> Any:
+        """Return the value under ``key``, decoded (into ``type`` if given), or ``default``."""
+        self._check_key(key)
+        raw = self._run(namespace, lambda t: t.get(key, _MISSING))
+        self.reads += 1
+        if raw is _MISSING:
+            return default
+        return self._decode(namespace, key, raw, type)
+
+    def __contains__(self, item: tuple[str, str]) -> bool:
+        namespace, key = item
+        return self._run(namespace, lambda t: key in t)
+
+    def keys(self, namespace: str, prefix: str = "") -> list[str]:
+        """Return the keys of a namespace (those starting with ``prefix``), in insertion order."""
+        rows = self._select(namespace, "key", prefix)
+        return [row[0] for row in rows]
+
+    def items(self, namespace: str, prefix: str = "", *, type: Any = None) -> list[tuple[str, Any]]:
+        """Return ``(key, value)`` pairs of a namespace, optionally by key prefix, in insertion order."""
+        rows = self._select(namespace, "key, value", prefix)
+        self.reads += len(rows)
+        return [(key, self._decode(namespace, key, raw, type)) for key, raw in rows]
+
+    def count(self, namespace: str) -> int:
+        """Return how many keys a namespace holds."""
+        return self._run(namespace, len)
+
+    def _select(self, namespace: str, columns: str, prefix: str) -> list[tuple[Any, ...]]:
+        def op(table: SqliteDict) -> list[tuple[Any, ...]]:
+            name = table.tablename
+            if prefix:
+                # Keys in [prefix, prefix + U+10FFFF) start with prefix.
+                sql = f'SELECT {columns} FROM "{name}" WHERE key >= ? AND key < ? ORDER BY rowid'  # noqa: S608
+                return list(table.conn.select(sql, (prefix, prefix + "\U0010ffff")))
+            sql = f'SELECT {columns} FROM "{name}" ORDER BY rowid'  # noqa: S608
+            return list(table.conn.select(sql))
+
+        return self._run(namespace, op)
+
+    def namespaces(self) -> list[str]:
+        """Return the namespaces present in the file."""
+        with self._lock:
+            return sorted(n for n in SqliteDict.get_tablenames(str(self.path)) if _NAMESPACE.match(n))
+
+    # -- writing ---------------------------------------------------------------------
+
+    def put(self, namespace: str, key: str, value: Any) -> None:
+        """Store ``value`` under ``key``; committed to the file before this returns."""
+        self.put_many(namespace, {key: value})
+
+    def put_many(self, namespace: str, items: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> None:
+        """Store several values in one transaction: all of them are committed, or none."""
+        pairs = list(items.items()) if isinstance(items, Mapping) else list(items)
+        encoded = []
+        for key, value in pairs:
+            self._check_key(key)
+            encoded.append((key, self._encode(namespace, key, value)))
+
+        def op(table: SqliteDict) -> None:
+            try:
+                for key, raw in encoded:
+                    table[key] = raw
+                table.commit(blocking=True)
+            except Exception:
+                _rollback(table)
+                raise
+
+        self._run(namespace, op)
+        self.writes += len(encoded)
+
+    def delete(self, namespace: str, key: str) -> bool:
+        """Delete ``key``; returns whether it existed. Committed before this returns."""
+        return self.delete_many(namespace, [key]) == 1
+
+    def delete_many(self, namespace: str, keys: Iterable[str]) -> int:
+        """Delete several keys in one transaction; returns how many existed."""
+        wanted = list(keys)
+
+        def op(table: SqliteDict) -> int:
+            removed = 0
+            try:
+                for key in wanted:
+                    if key in table:
+                        del table[key]
+                        removed += 1
+                table.commit(blocking=True)
+            except Exception:
+                _rollback(table)
+                raise
+            return removed
+
+        removed = self._run(namespace, op)
+        self.writes += removed
+        return removed
+
+    def write_batch(
+        self,
+        namespace: str,
+        puts: Mapping[str, Any] | None = None,
+        deletes: Iterable[str] = (),
+    ) -> None:
+        """Apply puts and deletes in one transaction: all of them, or none."""
+        encoded = [(k, self._encode(namespace, k, v)) for k, v in (puts or {}).items()]
+        wanted = list(deletes)
+
+        def op(table: SqliteDict) -> None:
+            try:
+                for key, raw in encoded:
+                    table[key] = raw
+                for key in wanted:
+                    if key in table:
+                        del table[key]
+                table.commit(blocking=True)
+            except Exception:
+                _rollback(table)
+                raise
+
+        self._run(namespace, op)
+        self.writes += len(encoded) + len(wanted)
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        """True once `close` was called."""
+        return self._closed
+
+    def close(self) -> None:
+        """Commit and close every namespace; later calls raise `StoreClosedError`."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            tables = list(self._tables.values())
+            self._tables.clear()
+        for table in tables:
+            table.close()
+
+    def statistics(self) -> dict[str, Any]:
+        """Counts for introspection: file, size, namespaces open, reads and writes."""
+        try:
+            size = self.path.stat().st_size
+        except OSError:
+            size = 0
+        return {
+            "path": str(self.path),
+            "bytes": size,
+            "namespaces": sorted(self._tables),
+            "reads": self.reads,
+            "writes": self.writes,
+            "closed": self._closed,
+        }
+
+    # -- trio ----------------------------------------------------------------------------
+
+    async def aget(self, namespace: str, key: str, default: Any = None, *, type: Any = None) -> Any:
+        """`get` for trio code: runs in a worker thread."""
+        return await trio.to_thread.run_sync(lambda: self.get(namespace, key, default, type=type))
+
+    async def aput(self, namespace: str, key: str, value: Any) -> None:
+        """`put` for trio code: committed before it returns."""
+        await trio.to_thread.run_sync(self.put, namespace, key, value)
+
+    async def aput_many(self, namespace: str, items: Mapping[str, Any]) -> None:
+        """`put_many` for trio code."""
+        await trio.to_thread.run_sync(self.put_many, namespace, items)
+
+    async def adelete(self, namespace: str, key: str) -> bool:
+        """`delete` for trio code."""
+        return await trio.to_thread.run_sync(self.delete, namespace, key)
+
+    async def aitems(self, namespace: str, prefix: str = "", *, type: Any = None) -> list[tuple[str, Any]]:
+        """`items` for trio code."""
+        return await trio.to_thread.run_sync(lambda: self.items(namespace, prefix, type=type))
+
+    async def awrite_batch(
+        self, namespace: str, puts: Mapping[str, Any] | None = None, deletes: Iterable[str] = ()
+    ) -> None:
+        """`write_batch` for trio code."""
+        await trio.to_thread.run_sync(lambda: self.write_batch(namespace, puts, deletes))
+
+
+def _rollback(table: SqliteDict) -> None:
+    try:
+        table.conn.execute("ROLLBACK")
+        table.conn.commit(blocking=True)
+    except Exception:  # noqa: S110 - nothing was pending to roll back
+        pass

@@ -1,0 +1,102 @@
+"""Helpers for tests of weald systems: wait by condition, never by a bare sleep.
+
+These are public so that projects testing their own agents on weald can use
+them too.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+import trio
+from weald.runtime._events import Event, EventBus
+
+__all__ = ["WaitTimeout", "await_until", "wait_for_event", "wait_until"]
+
+T = TypeVar("T")
+
+
+class WaitTimeout(AssertionError):
+    """A condition did not become true in time (an AssertionError, so tests fail clearly)."""
+
+
+def wait_until(
+    predicate: Callable[[], T],
+    *,
+    timeout: float = 10.0,
+    interval: float = 0.001,
+    message: str | Callable[[], str] = "condition",
+) -> T:
+    """Block until ``predicate()`` is truthy and return its value.
+
+    The predicate is polled with a growing interval (capped at 50 ms), so
+    a condition that is already true costs one call.
+
+    Raises:
+        WaitTimeout: still false after ``timeout`` seconds.
+    """
+    deadline = time.monotonic() + timeout
+    delay = interval
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            text = message() if callable(message) else message
+            msg = f"timed out after {timeout} s waiting for {text}"
+            raise WaitTimeout(msg)
+        time.sleep(delay)
+        delay = min(delay * 2, 0.05)
+
+
+async def await_until(
+    predicate: Callable[[], T],
+    *,
+    timeout: float = 10.0,
+    interval: float = 0.001,
+    message: str = "condition",
+) -> T:
+    """`wait_until` for trio code."""
+    delay = interval
+    with trio.move_on_after(timeout):
+        while True:
+            value = predicate()
+            if value:
+                return value
+            await trio.sleep(delay)
+            delay = min(delay * 2, 0.05)
+    msg = f"timed out after {timeout} s waiting for {message}"
+    raise WaitTimeout(msg)
+
+
+def wait_for_event(
+    bus: EventBus,
+    topic: str,
+    where: Callable[[Event], bool] | None = None,
+    *,
+    timeout: float = 10.0,
+    since: int = 0,
+) -> Event:
+    """Block until an event matching ``topic`` (and ``where``) with seq > ``since`` is published.
+
+    Events already in the bus's ring count, so there is no race between
+    causing an event and starting to wait for it.
+
+    Raises:
+        WaitTimeout: no such event within ``timeout`` seconds.
+    """
+    with bus.subscribe(topic) as sub:
+        for event in bus.recent(limit=1000000, topic=topic):
+            if event.seq > since and (where is None or where(event)):
+                return event
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            event_or_none = sub.get(timeout=max(remaining, 0.0)) if remaining > 0 else None
+            if event_or_none is None:
+                msg = f"timed out after {timeout} s waiting for a {topic!r} event"
+                raise WaitTimeout(msg)
+            if event_or_none.seq > since and (where is None or where(event_or_none)):
+                return event_or_none

@@ -1,0 +1,356 @@
+"""What every supervisor does: start, watch, terminate and restart children, and give up.
+
+Semantics are OTP's (see ``Supervisor`` for the list). The supervisor is a
+loop-hosted actor; its handlers run one at a time, so a restart in progress
+is never interleaved with another child's exit: the next `Down` waits in the
+mailbox until the restart is done, exactly as a gen_server would.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from types import TracebackType
+from typing import Any, Literal
+
+import attrs
+import trio
+from weald.runtime import Actor, Down, Ref, StartError
+from weald.supervisors._errors import (
+    ChildExistsError,
+    ChildNotFoundError,
+    ChildRunningError,
+    RestartIntensityError,
+)
+from weald.supervisors._spec import ChildInfo, ChildSpec
+
+__all__ = ["SupervisorBase", "SupervisorSnapshot"]
+
+
+@attrs.frozen
+class SupervisorSnapshot:
+    """A supervisor's state for introspection.
+
+    Attributes:
+        path: its path in the tree.
+        kind: ``Supervisor`` or ``DynamicSupervisor`` (or a subclass name).
+        strategy: its restart strategy.
+        status: its actor status.
+        max_restarts: restart intensity: restarts allowed...
+        max_seconds: ...within this many seconds.
+        restarts: restarts performed in its lifetime.
+        children: every child, in start order.
+    """
+
+    path: str
+    kind: str
+    strategy: str
+    status: str
+    max_restarts: int
+    max_seconds: float
+    restarts: int
+    children: tuple[ChildInfo, ...]
+
+
+class _Child:
+    """A supervisor's record of one child (mutable; only the supervisor touches it)."""
+
+    __slots__ = ("attempt", "generation", "ref", "restarts", "spec", "started_at", "status")
+
+    def __init__(self, spec: ChildSpec) -> None:
+        self.spec = spec
+        self.ref: Ref[Any] | None = None
+        self.status: Literal["running", "restarting", "stopped"] = "stopped"
+        self.restarts = 0
+        self.started_at = 0.0
+        self.attempt = 0
+        self.generation = 0
+
+    def info(self, base: str) -> ChildInfo:
+        return ChildInfo(
+            id=self.spec.id,
+            ref=self.ref,
+            status=self.status,
+            restarts=self.restarts,
+            path=f"{base}/{self.spec.id}",
+            kind=self.spec.actor.__name__,
+            restart=self.spec.restart,
+        )
+
+
+@attrs.frozen
+class _RestartDue:
+    """A backoff delay ended: restart ``group`` if nothing changed since (``generation``)."""
+
+    child_id: str
+    generation: int
+    group: tuple[str, ...]
+
+
+class SupervisorBase(Actor):
+    """Shared machinery of `Supervisor` and `DynamicSupervisor`."""
+
+    _strategy: str = "one_for_one"
+
+    def __init__(self, max_restarts: int = 3, max_seconds: float = 5.0) -> None:
+        super().__init__()
+        if not isinstance(max_restarts, int) or max_restarts < 0:
+            msg = f"max_restarts is an integer >= 0, got {max_restarts!r}"
+            raise ValueError(msg)
+        if not max_seconds > 0:
+            msg = f"max_seconds is a number > 0, got {max_seconds!r}"
+            raise ValueError(msg)
+        self._max_restarts = max_restarts
+        self._max_seconds = float(max_seconds)
+        self._kids: dict[str, _Child] = {}
+        self._by_ref: dict[Ref[Any], str] = {}
+        self._restart_times: deque[float] = deque()
+        self._total_restarts = 0
+
+    # -- events -------------------------------------------------------------------------
+
+    def _publish(self, topic: str, **data: Any) -> None:
+        self.system.events.publish(f"supervisor.{topic}", self.path, data)
+
+    @property
+    def _base(self) -> str:
+        return self.path.rstrip("/")
+
+    # -- starting -----------------------------------------------------------------------
+
+    async def _start(self, child: _Child) -> Ref[Any]:
+        spec = child.spec
+        try:
+            ref = self.spawn_child(spec.actor, spec.args, dict(spec.kwargs), name=spec.id)
+        except Exception as exc:
+            child.status = "stopped"
+            msg = f"cannot start child {spec.id!r} of {self.path}: {exc!r}"
+            raise StartError(msg) from exc
+        self._by_ref[ref] = spec.id
+        try:
+            await ref.started()
+        except Exception as exc:
+            self._by_ref.pop(ref, None)
+            child.status = "stopped"
+            child.ref = None
+            self._publish("child_start_failed", id=spec.id, error=repr(exc.__cause__ or exc))
+            if isinstance(exc, StartError):
+                raise
+            msg = f"child {spec.id!r} of {self.path} ended before it started"
+            raise StartError(msg) from exc
+        child.ref = ref
+        child.status = "running"
+        child.started_at = time.monotonic()
+        self._publish("child_started", id=spec.id, path=ref.path, kind=spec.actor.__name__)
+        return ref
+
+    def _add(self, spec: ChildSpec) -> _Child:
+        if spec.id in self._kids:
+            msg = f"{self.path} already has a child {spec.id!r}"
+            raise ChildExistsError(msg)
+        child = _Child(spec)
+        self._kids[spec.id] = child
+        return child
+
+    def _get(self, child_id: str) -> _Child:
+        child = self._kids.get(child_id)
+        if child is None:
+            msg = f"{self.path} has no child {child_id!r}"
+            raise ChildNotFoundError(msg)
+        return child
+
+    # -- stopping ------------------------------------------------------------------------
+
+    async def _terminate(self, child: _Child) -> None:
+        """Stop a child, giving it ``spec.shutdown`` seconds, then kill or abandon it."""
+        ref = child.ref
+        child.generation += 1  # cancels a pending backoff restart
+        child.status = "stopped"
+        child.ref = None
+        if ref is None:
+            return
+        self._by_ref.pop(ref, None)  # its Down, when it comes, is ours: ignore it
+        if ref.is_alive():
+            ref.stop(block=False)
+        exited = ref.exited()
+        with trio.move_on_after(child.spec.shutdown):
+            await exited
+            return
+        ref.kill()
+        self._publish(
+            "child_killed",
+            id=child.spec.id,
+            path=ref.path,
+            reason=f"did not stop within its shutdown of {child.spec.shutdown} s",
+        )
+        with trio.move_on_after(max(child.spec.shutdown, 1.0)):
+            await exited
+
+    async def _terminate_all(self) -> None:
+        for child in reversed(list(self._kids.values())):
+            if child.ref is not None:
+                await self._terminate(child)
+
+    def on_stop(self) -> Any:
+        """Stop every child, last started first (awaited on the supervisor's task)."""
+        return self._terminate_all()
+
+    def on_failure(
+        self,
+        exception_type: type[BaseException] | None,  # noqa: ARG002 - pykka's hook signature
+        exception_value: BaseException | None,  # noqa: ARG002
+        traceback: TracebackType | None,  # noqa: ARG002
+    ) -> Any:
+        """After a crash, stop the children still running, so none outlives the supervisor."""
+        return self._terminate_all()
+
+    # -- watching -------------------------------------------------------------------------
+
+    async def on_receive(self, message: Any) -> None:
+        if isinstance(message, Down):
+            await self._on_down(message)
+        elif isinstance(message, _RestartDue):
+            await self._on_restart_due(message)
+
+    async def _on_down(self, down: Down) -> None:
+        child_id = self._by_ref.pop(down.ref, None)
+        if child_id is None:
+            return  # a child we stopped ourselves, or one that failed to start
+        child = self._kids[child_id]
+        child.ref = None
+        exit_ = down.exit
+        spec = child.spec
+        self._publish(
+            "child_crashed" if exit_.abnormal else "child_exited",
+            id=child_id,
+            path=down.path,
+            exit=exit_.kind,
+            error=repr(exit_.error) if exit_.error is not None else None,
+        )
+        restart = spec.restart == "permanent" or (spec.restart == "transient" and exit_.abnormal)
+        if not restart:
+            if spec.restart == "temporary":
+                del self._kids[child_id]
+            else:
+                child.status = "stopped"
+            return
+        await self._restart(child_id)
+
+    def _restart_group(self, child_id: str) -> list[str]:
+        ids = list(self._kids)
+        if self._strategy == "one_for_all":
+            return ids
+        if self._strategy == "rest_for_one":
+            return ids[ids.index(child_id) :]
+        return [child_id]
+
+    def _allow_restart(self) -> bool:
+        now = time.monotonic()
+        times = self._restart_times
+        times.append(now)
+        while times and times[0] < now - self._max_seconds:
+            times.popleft()
+        return len(times) <= self._max_restarts
+
+    async def _give_up(self, reason: str) -> None:
+        await self._terminate_all()
+        self._publish(
+            "gave_up",
+            reason=reason,
+            max_restarts=self._max_restarts,
+            max_seconds=self._max_seconds,
+        )
+        msg = f"{self.path} gave up: {reason}; more than {self._max_restarts} restarts within {self._max_seconds:g} s"
+        raise RestartIntensityError(msg)
+
+    async def _restart(self, child_id: str) -> None:
+        if not self._allow_restart():
+            await self._give_up(f"child {child_id!r} needed another restart")
+        full = self._restart_group(child_id)
+        for other_id in reversed(full):
+            other = self._kids[other_id]
+            if other_id != child_id and other.ref is not None:
+                await self._terminate(other)
+        # Temporary children stopped for a group restart are not restarted (OTP).
+        group = [i for i in full if i == child_id or self._kids[i].spec.restart != "temporary"]
+        for i in full:
+            if i not in group:
+                del self._kids[i]
+        child = self._kids[child_id]
+        delay = self._backoff_delay(child)
+        for i in group:
+            self._kids[i].status = "restarting"
+        if delay > 0:
+            child.generation += 1
+            due = _RestartDue(child_id, child.generation, tuple(group))
+            self.run_io(trio.sleep, delay, reply=lambda _: due, name=f"backoff {child_id}")
+            return
+        await self._start_group(group)
+
+    def _backoff_delay(self, child: _Child) -> float:
+        backoff = child.spec.backoff
+        if backoff is None:
+            return 0.0
+        if child.started_at and time.monotonic() - child.started_at >= backoff.reset_after:
+            child.attempt = 0
+        child.attempt += 1
+        return backoff.delay(child.attempt)
+
+    async def _on_restart_due(self, due: _RestartDue) -> None:
+        child = self._kids.get(due.child_id)
+        if child is None or child.generation != due.generation:
+            return
+        await self._start_group([i for i in due.group if i in self._kids])
+
+    async def _start_group(self, group: list[str]) -> None:
+        for child_id in group:
+            child = self._kids.get(child_id)
+            if child is None or child.ref is not None:
+                continue
+            while True:
+                try:
+                    await self._start(child)
+                except StartError as exc:
+                    if not self._allow_restart():
+                        await self._give_up(f"child {child_id!r} failed to restart: {exc.__cause__!r}")
+                    continue
+                child.restarts += 1
+                self._total_restarts += 1
+                self._publish("child_restarted", id=child_id, path=f"{self._base}/{child_id}", restarts=child.restarts)
+                break
+
+    # -- the public API (called through ref.proxy()) ---------------------------------------------
+
+    def which_children(self) -> list[ChildInfo]:
+        """Every child in start order, with its ref (None when not running) and status."""
+        base = self._base
+        return [child.info(base) for child in self._kids.values()]
+
+    def count_children(self) -> dict[str, int]:
+        """Counts: ``specs`` (children known), ``active`` (running), ``supervisors``, ``workers``."""
+        kids = list(self._kids.values())
+        supervisors = sum(1 for c in kids if issubclass(c.spec.actor, SupervisorBase))
+        return {
+            "specs": len(kids),
+            "active": sum(1 for c in kids if c.ref is not None and c.ref.is_alive()),
+            "supervisors": supervisors,
+            "workers": len(kids) - supervisors,
+        }
+
+    def snapshot(self) -> SupervisorSnapshot:
+        """A frozen view of this supervisor and its children."""
+        return SupervisorSnapshot(
+            path=self.path,
+            kind=type(self).__name__,
+            strategy=self._strategy,
+            status=self._status,
+            max_restarts=self._max_restarts,
+            max_seconds=self._max_seconds,
+            restarts=self._total_restarts,
+            children=tuple(self.which_children()),
+        )
+
+    def _require_stopped(self, child: _Child, action: str) -> None:
+        if child.ref is not None or child.status == "restarting":
+            msg = f"cannot {action} child {child.spec.id!r} of {self.path}: it is {child.status}"
+            raise ChildRunningError(msg)

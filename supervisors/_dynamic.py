@@ -1,0 +1,87 @@
+"""`DynamicSupervisor`: children started at run time (sessions, tool executions)."""
+
+from __future__ import annotations
+
+from typing import Any, Self
+
+from weald.runtime import ActorSystem, Ref
+from weald.supervisors._core import SupervisorBase
+from weald.supervisors._errors import ChildNotFoundError, MaxChildrenError
+from weald.supervisors._spec import ChildSpec
+
+__all__ = ["DynamicSupervisor"]
+
+
+class DynamicSupervisor(SupervisorBase):
+    """A one_for_one supervisor whose children are added while it runs.
+
+    Each child restarts by its own spec's restart type; restart intensity
+    and escalation are as for `Supervisor`. Children are addressed by ref.
+
+    Args:
+        max_restarts: restarts allowed within ``max_seconds`` before giving up.
+        max_seconds: the window of the restart intensity.
+        max_children: refuse `start_child` beyond this many children.
+    """
+
+    def __init__(
+        self,
+        max_restarts: int = 3,
+        max_seconds: float = 5.0,
+        max_children: int | None = None,
+    ) -> None:
+        super().__init__(max_restarts, max_seconds)
+        if max_children is not None and (not isinstance(max_children, int) or max_children < 0):
+            msg = f"max_children is None or an integer >= 0, got {max_children!r}"
+            raise ValueError(msg)
+        self._max_children = max_children
+
+    @classmethod
+    def start(
+        cls,
+        max_restarts: int = 3,
+        max_seconds: float = 5.0,
+        max_children: int | None = None,
+        name: str | None = None,
+    ) -> Ref[Self]:
+        """Start a top-level dynamic supervisor in the current system (at ``/<name>`` if named)."""
+        kwargs: dict[str, Any] = {
+            "max_restarts": max_restarts,
+            "max_seconds": max_seconds,
+            "max_children": max_children,
+        }
+        if name is None:
+            return super().start(**kwargs)
+        return ActorSystem.current().spawn(cls, kwargs=kwargs, name=name)
+
+    async def start_child(self, spec: ChildSpec) -> Ref[Any]:
+        """Start a child from ``spec``; its id must be unique among the children.
+
+        Raises:
+            MaxChildrenError: ``max_children`` children are already present.
+            ChildExistsError: a child with that id is present.
+            StartError: the child failed to start (it is not kept).
+        """
+        if self._max_children is not None and len(self._kids) >= self._max_children:
+            msg = f"{self.path} already has its maximum of {self._max_children} children"
+            raise MaxChildrenError(msg)
+        child = self._add(spec)
+        try:
+            return await self._start(child)
+        except BaseException:
+            self._kids.pop(spec.id, None)
+            raise
+
+    async def terminate_child(self, ref: Ref[Any]) -> None:
+        """Stop the child behind ``ref`` and forget it.
+
+        Raises:
+            ChildNotFoundError: ``ref`` is not a child of this supervisor.
+        """
+        child_id = self._by_ref.get(ref)
+        if child_id is None:
+            msg = f"{ref} is not a running child of {self.path}"
+            raise ChildNotFoundError(msg)
+        child = self._kids[child_id]
+        await self._terminate(child)
+        self._kids.pop(child_id, None)

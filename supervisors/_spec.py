@@ -1,0 +1,113 @@
+"""Child specifications: what a supervisor starts, and how it restarts it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any, Literal
+
+import attrs
+from weald.runtime import Actor
+
+__all__ = ["RESTART_TYPES", "STRATEGIES", "Backoff", "ChildInfo", "ChildSpec", "Restart", "Strategy"]
+
+Restart = Literal["permanent", "transient", "temporary"]
+Strategy = Literal["one_for_one", "one_for_all", "rest_for_one"]
+RESTART_TYPES: tuple[str, ...] = ("permanent", "transient", "temporary")
+STRATEGIES: tuple[str, ...] = ("one_for_one", "one_for_all", "rest_for_one")
+
+
+def _check_id(_: object, __: attrs.Attribute[str], value: str) -> None:
+    if not isinstance(value, str) or not value or "/" in value:
+        msg = f"a child id is a non-empty string without '/', got {value!r}"
+        raise ValueError(msg)
+
+
+def _check_restart(_: object, __: attrs.Attribute[str], value: str) -> None:
+    if value not in RESTART_TYPES:
+        msg = f"restart must be one of {', '.join(RESTART_TYPES)}; got {value!r}"
+        raise ValueError(msg)
+
+
+def _check_actor(_: object, __: attrs.Attribute[type], value: type) -> None:
+    if not (isinstance(value, type) and issubclass(value, Actor)):
+        msg = f"a child's actor must be a subclass of weald.runtime.Actor, got {value!r}"
+        raise TypeError(msg)
+
+
+def _check_shutdown(_: object, __: attrs.Attribute[float], value: float) -> None:
+    if not value >= 0:
+        msg = f"shutdown is a number of seconds >= 0, got {value!r}"
+        raise ValueError(msg)
+
+
+def _freeze_kwargs(value: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    return MappingProxyType(dict(value or {}))
+
+
+@attrs.frozen
+class Backoff:
+    """Exponential delay before restarting a child, something OTP lacks.
+
+    The n-th consecutive restart of a child waits ``min(initial * factor**(n-1), cap)``
+    seconds. A child that stayed up for ``reset_after`` seconds starts over at ``initial``.
+    """
+
+    initial: float = 0.1
+    factor: float = 2.0
+    cap: float = 30.0
+    reset_after: float = 60.0
+
+    def delay(self, attempt: int) -> float:
+        """Seconds to wait before restart number ``attempt`` (1-based)."""
+        return float(min(self.initial * self.factor ** max(attempt - 1, 0), self.cap))
+
+
+@attrs.frozen
+class ChildSpec:
+    """How to start a child and when to restart it.
+
+    Attributes:
+        id: the child's name, unique under its supervisor; its path is
+            ``<supervisor path>/<id>``.
+        actor: the `weald.runtime.Actor` subclass to start (loop-hosted or
+            a `ThreadActor`).
+        args: positional arguments for the actor's constructor.
+        kwargs: keyword arguments for the actor's constructor.
+        restart: ``permanent`` (always restarted), ``transient`` (only
+            after a crash) or ``temporary`` (never; removed when it ends).
+        shutdown: seconds the child gets to stop before it is killed (or,
+            for a thread actor, abandoned) and reported.
+        backoff: optional exponential delay between restarts; off by default.
+    """
+
+    id: str = attrs.field(validator=_check_id)
+    actor: type[Actor] = attrs.field(validator=_check_actor)
+    args: tuple[Any, ...] = attrs.field(default=(), converter=tuple)
+    kwargs: Mapping[str, Any] = attrs.field(factory=dict, converter=_freeze_kwargs)
+    restart: Restart = attrs.field(default="permanent", validator=_check_restart)
+    shutdown: float = attrs.field(default=5.0, validator=_check_shutdown)
+    backoff: Backoff | None = None
+
+
+@attrs.frozen
+class ChildInfo:
+    """One child as its supervisor sees it.
+
+    Attributes:
+        id: the child's id.
+        ref: its `Ref` while running, else None.
+        status: ``running``, ``restarting`` or ``stopped``.
+        restarts: how many times the supervisor restarted it.
+        path: its path in the tree.
+        kind: the actor class name.
+        restart: its restart type.
+    """
+
+    id: str
+    ref: Any
+    status: Literal["running", "restarting", "stopped"]
+    restarts: int = 0
+    path: str = ""
+    kind: str = ""
+    restart: Restart = "permanent"
