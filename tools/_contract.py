@@ -1,0 +1,491 @@
+"""The tool contract: `@tool`, `ToolContext`, `ToolResult`, the registry and filters.
+
+A tool is one decorated function in one file::
+
+    from weald.tools import ToolContext, ToolResult, tool
+
+    @tool(
+        name="word_count",
+        description="Count the words in a file of the project.",
+        parameters={
+            "type": "object",
+            "properties": {"path": {"type": "string", "description": "file to count"}},
+            "required": ["path"],
+        },
+    )
+    def word_count(ctx: ToolContext, path: str) -> str:
+        return str(len(ctx.resolve_path(path).read_text().split()))
+
+The schema is what models see; arguments are validated against it before
+the function runs. A plain function runs in a worker thread (it may block,
+and should poll ``ctx.abort.is_set()`` if it can run long); an ``async def``
+runs on the trio loop under a cancel scope, so timeouts and aborts cancel it.
+Tools never raise into the runner: `invoke` turns any exception into an
+error result whose text tells the model what to do next.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import inspect
+import threading
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import attrs
+import jsonschema
+import trio
+
+from weald.runtime import WealdError
+
+__all__ = [
+    "AbortSignal",
+    "Permission",
+    "Tool",
+    "ToolConfig",
+    "ToolContext",
+    "ToolError",
+    "ToolRegistry",
+    "ToolResult",
+    "default_registry",
+    "describe_exception",
+    "invoke",
+    "tool",
+    "validate_arguments",
+]
+
+Permission = Literal["allow", "ask", "deny"]
+Truncate = Literal["head", "tail"]
+
+
+class ToolError(WealdError):
+    """Raised by a tool to end the call with an error result for the model.
+
+    The message is what the model reads, so say what went wrong and what to
+    do next. Any other exception works too; this one just reads better.
+    """
+
+    def __init__(self, message: str, *, hints: Iterable[str] = ()) -> None:
+        super().__init__(message)
+        self.hints = tuple(hints)
+
+
+@attrs.frozen
+class ToolResult:
+    """What a tool call returns to the model.
+
+    Attributes:
+        ok: False for an error result.
+        output: the text the model reads.
+        data: optional structured data for programs (JSON-encodable).
+        hints: optional short suggestions for the model's next step.
+        full_output_path: where the untruncated output was saved, if it was cut.
+    """
+
+    ok: bool
+    output: str
+    data: Any = None
+    hints: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    full_output_path: str | None = None
+
+    @classmethod
+    def success(cls, output: str, *, data: Any = None, hints: Iterable[str] = ()) -> ToolResult:
+        """An ok result."""
+        return cls(ok=True, output=output, data=data, hints=tuple(hints))
+
+    @classmethod
+    def error(cls, message: str, *, data: Any = None, hints: Iterable[str] = ()) -> ToolResult:
+        """An error result; ``message`` tells the model what went wrong and how to recover."""
+        return cls(ok=False, output=message, data=data, hints=tuple(hints))
+
+    def text(self) -> str:
+        """The output as the model sees it, hints appended."""
+        if not self.hints:
+            return self.output
+        return self.output + "\n" + "\n".join(f"Hint: {h}" for h in self.hints)
+
+
+class AbortSignal:
+    """Set when a call is aborted or times out; thread tools poll it, async tools are cancelled.
+
+    Created by the tool runner, one per call.
+    """
+
+    __slots__ = ("_event", "reason")
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self.reason = ""
+
+    def __repr__(self) -> str:
+        return f"<AbortSignal set={self.is_set()} reason={self.reason!r}>"
+
+    def set(self, reason: str = "aborted") -> None:
+        """Signal the abort (idempotent; the first reason is kept)."""
+        if not self._event.is_set():
+            self.reason = reason
+            self._event.set()
+
+    def is_set(self) -> bool:
+        """True once the call was aborted or timed out."""
+        return self._event.is_set()
+
+    def raise_if_set(self) -> None:
+        """Raise `ToolError` if the call was aborted (for long loops in thread tools)."""
+        if self._event.is_set():
+            raise ToolError(f"the call was {self.reason}")
+
+
+@attrs.frozen
+class ToolConfig:
+    """Configuration a tool may read (frozen; from ``weald.toml`` ``[tools]``).
+
+    Attributes:
+        max_output_lines: lines of output that reach the model.
+        max_output_bytes: bytes of output that reach the model.
+        options: per-tool options, by tool name (e.g. ``{"shell": {"env_keep": [...]}}``).
+    """
+
+    max_output_lines: int = 2000
+    max_output_bytes: int = 50 * 1024
+    options: Mapping[str, Mapping[str, Any]] = attrs.field(factory=dict)
+
+    def option(self, tool_name: str, key: str, default: Any = None) -> Any:
+        """Return ``options[tool_name][key]``, or ``default``."""
+        return self.options.get(tool_name, {}).get(key, default)
+
+
+def _emit_nothing(kind: str, data: Mapping[str, Any]) -> None:
+    """The default ``emit``: streaming events go nowhere."""
+
+
+@attrs.frozen
+class ToolContext:
+    """Everything a tool call may use; frozen, one per call.
+
+    Attributes:
+        working_dir: the project directory; relative paths resolve here.
+        allowed_dirs: further directories file tools may touch.
+        session_id: the agent session.
+        agent_id: the agent making the call.
+        call_id: this call's id (from the model).
+        depth: 0 for a top-level agent, 1 for its sub-agent, and so on.
+        config: tool configuration.
+        snapshot: a frozen snapshot of the agent's state at the moment of the call.
+        abort: set when the call is aborted or times out.
+        emit: ``emit(kind, data)`` streams an event (e.g. ``"output"``, ``{"text": ...}``).
+        session: session-scoped services owned by the tool runner (read ledger,
+            background jobs, runtime handles); None outside a runner.
+        tool_name: the name the tool was called by.
+    """
+
+    working_dir: Path = attrs.field(converter=Path)
+    allowed_dirs: tuple[Path, ...] = attrs.field(default=(), converter=lambda ds: tuple(Path(d) for d in ds))
+    session_id: str = ""
+    agent_id: str = ""
+    call_id: str = ""
+    depth: int = 0
+    config: ToolConfig = attrs.field(factory=ToolConfig)
+    snapshot: Any = None
+    abort: AbortSignal = attrs.field(factory=AbortSignal, eq=False)
+    emit: Callable[[str, Mapping[str, Any]], None] = attrs.field(default=_emit_nothing, eq=False)
+    session: Any = attrs.field(default=None, eq=False)
+    tool_name: str = ""
+
+    def resolve_path(self, path: str, *, must_exist: bool = False) -> Path:
+        """Resolve ``path`` inside the sandbox (working dir and allowed dirs).
+
+        Raises:
+            ToolError: the path leads outside the sandbox (``..``, an
+                absolute path elsewhere, or a symlink out), or must exist and does not.
+        """
+        from weald.tools._sandbox import resolve_in_sandbox  # noqa: PLC0415 - sandbox builds on the contract
+
+        return resolve_in_sandbox(self, path, must_exist=must_exist)
+
+
+ToolFunction = Callable[..., "ToolResult | str | Awaitable[ToolResult | str]"]
+
+
+@attrs.frozen
+class Tool:
+    """A registered tool: its schema, its function and its runtime defaults.
+
+    Attributes:
+        name: the name models call it by.
+        description: what models read about it.
+        parameters: its JSON Schema (an object schema).
+        fn: the function ``(ctx, **arguments)``.
+        is_async: True if ``fn`` is ``async def``.
+        permission: default permission (``allow``, ``ask`` or ``deny``).
+        timeout: default timeout in seconds.
+        max_timeout: the largest timeout a call may ask for (with a ``timeout`` argument).
+        truncate: which end of long output reaches the model (``head`` or ``tail``).
+        subject: maps arguments to the string permission patterns match
+            (e.g. the shell command); None matches by tool name only.
+        kind: ``read``, ``write``, ``exec``, ``network`` or ``runtime``; for filters and docs.
+    """
+
+    name: str
+    description: str
+    parameters: Mapping[str, Any]
+    fn: ToolFunction = attrs.field(eq=False)
+    is_async: bool = False
+    permission: Permission = "allow"
+    timeout: float = 10.0
+    max_timeout: float | None = None
+    truncate: Truncate = "head"
+    subject: Callable[[Mapping[str, Any]], str | None] | None = attrs.field(default=None, eq=False)
+    kind: str = "read"
+    _validator: Any = attrs.field(default=None, eq=False, repr=False, alias="_validator")
+
+    def spec(self) -> dict[str, Any]:
+        """The definition a model sees: name, description, parameters."""
+        return {"name": self.name, "description": self.description, "parameters": dict(self.parameters)}
+
+
+def _check_schema(name: str, parameters: Mapping[str, Any]) -> Any:
+    if parameters.get("type") != "object":
+        msg = f"tool {name!r}: parameters must be a JSON Schema of type 'object'"
+        raise ValueError(msg)
+    try:
+        jsonschema.Draft202012Validator.check_schema(dict(parameters))
+    except jsonschema.SchemaError as exc:
+        msg = f"tool {name!r}: invalid parameters schema: {exc.message}"
+        raise ValueError(msg) from exc
+    return jsonschema.Draft202012Validator(dict(parameters))
+
+
+def _describe_expected(error: jsonschema.ValidationError) -> str:
+    validator = error.validator
+    schema = error.schema if isinstance(error.schema, Mapping) else {}
+    if validator == "type":
+        expected = schema.get("type")
+        if isinstance(expected, list):
+            expected = " or ".join(expected)
+        return f"expected {expected}, got {_short(error.instance)}"
+    if validator == "required":
+        return error.message.replace("'", "").replace(" is a required property", "") + " is required"
+    if validator == "additionalProperties":
+        return error.message.replace("Additional properties", "unknown argument(s)")
+    if validator == "enum":
+        options = ", ".join(repr(v) for v in schema.get("enum", []))
+        return f"expected one of {options}, got {_short(error.instance)}"
+    return error.message
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def validate_arguments(tool_: Tool, arguments: Any) -> str | None:
+    """Check ``arguments`` against the tool's schema.
+
+    Returns:
+        None when valid, else an error message naming each bad field and
+        what was expected, for the model to correct its call.
+    """
+    if not isinstance(arguments, Mapping):
+        return f"arguments to {tool_.name} must be a JSON object, got {_short(arguments)}"
+    validator = tool_._validator
+    if validator is None:
+        return None
+    problems = []
+    for error in sorted(validator.iter_errors(dict(arguments)), key=lambda e: list(e.absolute_path)):
+        field = ".".join(str(p) for p in error.absolute_path)
+        where = f"{field}: " if field else ""
+        problems.append(f"{where}{_describe_expected(error)}")
+    if not problems:
+        return None
+    listed = "; ".join(problems)
+    return f"invalid arguments for {tool_.name}: {listed}. Check the tool's parameter schema and call it again."
+
+
+class ToolRegistry:
+    """Tools by name; filters select a subset with patterns like ``["*", "!shell"]``."""
+
+    def __init__(self, tools: Iterable[Tool] = ()) -> None:
+        self._tools: dict[str, Tool] = {}
+        self._lock = threading.Lock()
+        for t in tools:
+            self.register(t)
+
+    def __repr__(self) -> str:
+        return f"<ToolRegistry {sorted(self._tools)}>"
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tools
+
+    def __len__(self) -> int:
+        return len(self._tools)
+
+    def register(self, tool_: Tool, *, replace: bool = False) -> Tool:
+        """Add a tool.
+
+        Raises:
+            ValueError: a different tool already has that name and ``replace`` is False.
+        """
+        with self._lock:
+            existing = self._tools.get(tool_.name)
+            if existing is not None and existing.fn is not tool_.fn and not replace:
+                msg = f"a tool named {tool_.name!r} is already registered"
+                raise ValueError(msg)
+            self._tools[tool_.name] = tool_
+        return tool_
+
+    def unregister(self, name: str) -> bool:
+        """Remove a tool; returns whether it was there."""
+        with self._lock:
+            return self._tools.pop(name, None) is not None
+
+    def get(self, name: str) -> Tool | None:
+        """The tool called ``name``, or None."""
+        return self._tools.get(name)
+
+    def names(self) -> list[str]:
+        """Every tool name, sorted."""
+        return sorted(self._tools)
+
+    def select(self, patterns: Iterable[str] | None = None) -> list[Tool]:
+        """The tools a filter allows, sorted by name.
+
+        Patterns are applied in order: ``name`` or a glob adds, ``!name`` or
+        ``!glob`` removes. None (no filter) means every tool.
+        """
+        tools = dict(self._tools)
+        if patterns is None:
+            return [tools[n] for n in sorted(tools)]
+        chosen: set[str] = set()
+        for pattern in patterns:
+            negate = pattern.startswith("!")
+            glob = pattern[1:] if negate else pattern
+            matched = {n for n in tools if fnmatch.fnmatchcase(n, glob)}
+            chosen = chosen - matched if negate else chosen | matched
+        return [tools[n] for n in sorted(chosen)]
+
+    def copy(self) -> ToolRegistry:
+        """An independent registry holding the same tools."""
+        return ToolRegistry(self._tools.values())
+
+
+default_registry = ToolRegistry()
+"""The registry `@tool` adds to unless given another; holds the built-in tools."""
+
+
+def tool(
+    *,
+    name: str,
+    description: str,
+    parameters: Mapping[str, Any],
+    permission: Permission = "allow",
+    timeout: float = 10.0,
+    max_timeout: float | None = None,
+    truncate: Truncate = "head",
+    subject: Callable[[Mapping[str, Any]], str | None] | None = None,
+    kind: str = "read",
+    registry: ToolRegistry | None = None,
+) -> Callable[[ToolFunction], Tool]:
+    """Declare a tool: decorate ``fn(ctx: ToolContext, **arguments) -> ToolResult | str``.
+
+    Args:
+        name: the name models call it by (letters, digits, ``_``, ``-``).
+        description: what models read about it.
+        parameters: a JSON Schema of type object for its arguments.
+        permission: default permission: ``allow``, ``ask`` or ``deny``.
+        timeout: default timeout in seconds.
+        max_timeout: if set, a call may ask for up to this many seconds with
+            a ``timeout`` argument.
+        truncate: which end of long output the model sees.
+        subject: what permission patterns match for a call (e.g. the command).
+        kind: ``read``, ``write``, ``exec``, ``network`` or ``runtime``.
+        registry: where to register it (`default_registry` if None).
+
+    Returns:
+        The `Tool` (the decorated name now refers to it).
+    """
+    import re  # noqa: PLC0415
+
+    if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", name):
+        msg = f"tool name {name!r} must be 1-64 letters, digits, '_' or '-'"
+        raise ValueError(msg)
+    if permission not in ("allow", "ask", "deny"):
+        msg = f"tool {name!r}: permission must be allow, ask or deny, got {permission!r}"
+        raise ValueError(msg)
+    validator = _check_schema(name, parameters)
+
+    def decorate(fn: ToolFunction) -> Tool:
+        t = Tool(
+            name=name,
+            description=description,
+            parameters=parameters,
+            fn=fn,
+            is_async=inspect.iscoroutinefunction(fn),
+            permission=permission,
+            timeout=timeout,
+            max_timeout=max_timeout,
+            truncate=truncate,
+            subject=subject,
+            kind=kind,
+            _validator=validator,
+        )
+        (registry or default_registry).register(t, replace=True)
+        return t
+
+    return decorate
+
+
+def _as_result(value: Any, tool_name: str) -> ToolResult:
+    if isinstance(value, ToolResult):
+        return value
+    if isinstance(value, str):
+        return ToolResult.success(value)
+    if value is None:
+        return ToolResult.success("")
+    return ToolResult.error(
+        f"tool {tool_name} returned a {type(value).__name__}, not text; this is a bug in the tool",
+    )
+
+
+def describe_exception(tool_name: str, exc: BaseException) -> ToolResult:
+    """Turn an exception escaping a tool into an error result the model can act on."""
+    if isinstance(exc, ToolError):
+        return ToolResult.error(str(exc), hints=exc.hints)
+    if isinstance(exc, FileNotFoundError):
+        where = f" {exc.filename}" if exc.filename else ""
+        return ToolResult.error(f"{tool_name} failed: no such file{where}. Check the path (glob can list files).")
+    if isinstance(exc, PermissionError):
+        return ToolResult.error(f"{tool_name} failed: permission denied ({exc}). Choose another path.")
+    if isinstance(exc, IsADirectoryError):
+        return ToolResult.error(f"{tool_name} failed: {exc.filename} is a directory. Use glob to list it.")
+    return ToolResult.error(
+        f"{tool_name} failed with {type(exc).__name__}: {exc}. "
+        "The tool is fine to call again; change the arguments or try another approach.",
+    )
+
+
+async def invoke(tool_: Tool, ctx: ToolContext, arguments: Mapping[str, Any]) -> ToolResult:
+    """Validate ``arguments`` and run the tool; never raises for the tool's own errors.
+
+    A plain function runs in a worker thread (abandoned if the caller is
+    cancelled: it should poll ``ctx.abort``); an async function runs here.
+    trio's ``Cancelled`` propagates, so the caller's timeout or abort works.
+    """
+    problem = validate_arguments(tool_, arguments)
+    if problem is not None:
+        return ToolResult.error(problem)
+    kwargs = dict(arguments)
+    try:
+        if tool_.is_async:
+            value = await tool_.fn(ctx, **kwargs)  # type: ignore[misc]
+        else:
+            value = await trio.to_thread.run_sync(
+                lambda: tool_.fn(ctx, **kwargs),
+                abandon_on_cancel=True,
+            )
+    except trio.Cancelled:
+        raise
+    except Exception as exc:
+        return describe_exception(tool_.name, exc)
+    return _as_result(value, tool_.name)
