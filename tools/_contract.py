@@ -36,7 +36,6 @@ from typing import Any, Literal
 import attrs
 import jsonschema
 import trio
-
 from weald.runtime import WealdError
 
 __all__ = [
@@ -200,7 +199,7 @@ class ToolContext:
             ToolError: the path leads outside the sandbox (``..``, an
                 absolute path elsewhere, or a symlink out), or must exist and does not.
         """
-        from weald.tools._sandbox import resolve_in_sandbox  # noqa: PLC0415 - sandbox builds on the contract
+        from weald.tools._sandbox import resolve_in_sandbox
 
         return resolve_in_sandbox(self, path, must_exist=must_exist)
 
@@ -405,7 +404,7 @@ def tool(
     Returns:
         The `Tool` (the decorated name now refers to it).
     """
-    import re  # noqa: PLC0415
+    import re
 
     if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", name):
         msg = f"tool name {name!r} must be 1-64 letters, digits, '_' or '-'"
