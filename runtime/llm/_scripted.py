@@ -1,0 +1,340 @@
+"""The scripted provider: replays a JSON script, for tests and demos.
+
+A script is a list of turns, one per model call::
+
+    {"turns": [
+        {"text": "Let me look.",
+         "tool_calls": [{"name": "read_file", "arguments": {"path": "README.md"}}]},
+        {"text": "Done.", "delay": 0.5},
+        {"error": {"status": 500, "message": "upstream overloaded"}}
+    ]}
+
+Each turn may have ``text``; ``tool_calls``, each a ``name`` and
+``arguments`` (an object, or a string sent as is, to script a malformed
+call); ``delay``, seconds to wait before answering (a cancellable
+``trio.sleep``); ``stop_reason`` (default ``"tool_use"`` when the turn calls
+tools, ``"end_turn"`` otherwise); or ``error``, a ``status`` and ``message``
+raised as the error an HTTP provider raises for that status. Unknown fields
+are errors, so a typo does not pass silently.
+
+Everything is deterministic: text comes as at most four ``TextDelta``
+chunks, tool call ids are ``call_<turn>_<n>`` (both counted from 0), and
+usage is estimated as one token per four characters.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import AsyncGenerator, Mapping, Sequence
+from pathlib import Path
+from typing import Annotated
+
+import msgspec
+import trio
+
+from ._exceptions import (
+    MalformedResponseError,
+    MalformedScriptError,
+    ScriptExhausted,
+    StallTimeout,
+)
+from ._faults import (
+    FaultHook,
+    FaultPoint,
+    HTTPErrorFault,
+    MalformedStreamFault,
+    TimeoutFault,
+)
+from ._http import error_for_status
+from ._settings import ProviderSettings
+from ._types import (
+    Completed,
+    Message,
+    ModelRequest,
+    StreamEvent,
+    TextDelta,
+    ToolCall,
+    ToolCallDelta,
+    ToolCallStarted,
+    Usage,
+)
+
+__all__ = ["ScriptedProvider"]
+
+# Text is streamed in at most this many chunks.
+_TEXT_CHUNKS = 4
+
+# One estimated token per this many characters.
+_CHARS_PER_TOKEN = 4
+
+
+class _ScriptToolCall(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    name: str
+    arguments: dict[str, object] | str = {}
+
+
+class _ScriptError(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    status: Annotated[int, msgspec.Meta(ge=100, le=599)] = 500
+    message: str = "scripted provider error"
+
+
+class _ScriptTurn(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    text: str = ""
+    tool_calls: list[_ScriptToolCall] = []
+    delay: Annotated[float, msgspec.Meta(ge=0)] = 0.0
+    stop_reason: str | None = None
+    error: _ScriptError | None = None
+
+
+class _Script(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    turns: list[_ScriptTurn]
+
+
+def _tokens(chars: int) -> int:
+    return math.ceil(chars / _CHARS_PER_TOKEN)
+
+
+def _request_chars(request: ModelRequest) -> int:
+    chars = len(request.system or "")
+    for message in request.messages:
+        chars += len(message.content)
+        chars += sum(len(call.raw_arguments) for call in message.tool_calls)
+    return chars
+
+
+def _chunks(text: str) -> list[str]:
+    if not text:
+        return []
+    size = math.ceil(len(text) / _TEXT_CHUNKS)
+    return [text[i : i + size] for i in range(0, len(text), size)]
+
+
+class ScriptedProvider:
+    """A provider that replays a script instead of calling a model.
+
+    Build one with :meth:`from_file` or :meth:`from_dict`. Each model call
+    answers with the turn at :attr:`position`; the position advances when the
+    turn has been delivered (its ``Completed`` event yielded or its scripted
+    error raised), so a call that is cancelled mid-turn leaves the turn for
+    the next call. Calls are expected one at a time, as an agent makes them.
+
+    The position can be saved and restored, so that an agent restored after a
+    crash continues the script where it was: pass ``start_position`` or call
+    :meth:`seek`.
+
+    Attributes:
+        faults: The fault hook consulted before each model call, or None.
+            Faults are not retried here; see ``weald.runtime.llm.FaultHook``.
+        settings: Only ``stall_timeout`` matters, for ``TimeoutFault``.
+    """
+
+    name = "scripted"
+
+    def __init__(
+        self,
+        turns: Sequence[_ScriptTurn],
+        *,
+        source: str,
+        start_position: int = 0,
+        settings: ProviderSettings | None = None,
+        faults: FaultHook | None = None,
+    ) -> None:
+        """Wrap parsed turns; use :meth:`from_file` or :meth:`from_dict` instead."""
+        self._turns = tuple(turns)
+        self._source = source
+        self.settings = settings if settings is not None else ProviderSettings()
+        self.faults = faults
+        self._position = 0
+        self.seek(start_position)
+
+    @classmethod
+    def from_file(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        start_position: int = 0,
+        settings: ProviderSettings | None = None,
+        faults: FaultHook | None = None,
+    ) -> ScriptedProvider:
+        """Load a script from a JSON file.
+
+        Args:
+            path: The script file.
+            start_position: The turn the first model call gets (0-based).
+            settings: Provider settings (only ``stall_timeout`` is used).
+            faults: A fault hook.
+
+        Returns:
+            The provider; its ``model`` is ``path`` as given.
+
+        Raises:
+            MalformedScriptError: The file cannot be read, or is not a valid
+                script; the message names the file and the bad field.
+        """
+        source = os.fspath(path)
+        try:
+            data = Path(source).read_bytes()
+        except OSError as exc:
+            raise MalformedScriptError(f"cannot read script {source}: {exc.strerror or exc}") from exc
+        try:
+            script = msgspec.json.decode(data, type=_Script)
+        except msgspec.ValidationError as exc:
+            raise MalformedScriptError(f"script {source} is not valid: {exc}") from exc
+        except msgspec.DecodeError as exc:
+            raise MalformedScriptError(f"script {source} is not valid JSON: {exc}") from exc
+        return cls(
+            script.turns,
+            source=source,
+            start_position=start_position,
+            settings=settings,
+            faults=faults,
+        )
+
+    @classmethod
+    def from_dict(
+        cls,
+        data: Mapping[str, object],
+        *,
+        name: str = "inline",
+        start_position: int = 0,
+        settings: ProviderSettings | None = None,
+        faults: FaultHook | None = None,
+    ) -> ScriptedProvider:
+        """Build a script from plain data, shaped as the JSON file is.
+
+        Args:
+            data: ``{"turns": [...]}``.
+            name: What to call the script in messages; also the ``model``.
+            start_position: The turn the first model call gets (0-based).
+            settings: Provider settings (only ``stall_timeout`` is used).
+            faults: A fault hook.
+
+        Returns:
+            The provider.
+
+        Raises:
+            MalformedScriptError: ``data`` is not a valid script.
+        """
+        try:
+            script = msgspec.convert(data, type=_Script)
+        except msgspec.ValidationError as exc:
+            raise MalformedScriptError(f"script {name} is not valid: {exc}") from exc
+        return cls(
+            script.turns,
+            source=name,
+            start_position=start_position,
+            settings=settings,
+            faults=faults,
+        )
+
+    def __repr__(self) -> str:
+        return f"<ScriptedProvider {self._source} at turn {self._position} of {len(self._turns)}>"
+
+    @property
+    def model(self) -> str:
+        """The script's source: its path, or the name given to ``from_dict``."""
+        return self._source
+
+    @property
+    def position(self) -> int:
+        """The 0-based index of the turn the next model call gets."""
+        return self._position
+
+    @property
+    def turn_count(self) -> int:
+        """How many turns the script has."""
+        return len(self._turns)
+
+    def seek(self, position: int) -> None:
+        """Make the next model call get turn ``position``.
+
+        Args:
+            position: 0 to ``turn_count`` (the latter meaning "exhausted").
+
+        Raises:
+            ValueError: ``position`` is out of that range.
+        """
+        if not 0 <= position <= len(self._turns):
+            raise ValueError(f"script {self._source} has {len(self._turns)} turns; position {position} is out of range")
+        self._position = position
+
+    async def aclose(self) -> None:
+        """Nothing to release; here for the ``Provider`` protocol."""
+
+    async def stream(self, request: ModelRequest) -> AsyncGenerator[StreamEvent, None]:
+        """Answer with the next turn; see ``Provider.stream``.
+
+        Raises:
+            ScriptExhausted: There is no turn left.
+            ProviderError: The turn scripts an error, or a fault was injected.
+        """
+        index = self._position
+        if index >= len(self._turns):
+            raise ScriptExhausted(
+                f"script {self._source} has {len(self._turns)} turns; model call {index + 1} has none"
+            )
+        turn = self._turns[index]
+        model = request.model or self._source
+        await self._inject_fault(model)
+        if turn.delay:
+            await trio.sleep(turn.delay)
+        else:
+            # Always a checkpoint, as trio expects of an async call.
+            await trio.lowlevel.checkpoint()
+        if turn.error is not None:
+            self._position = index + 1
+            raise error_for_status(
+                turn.error.status,
+                turn.error.message,
+                provider=self.name,
+                model=model,
+                url=f"script {self._source} turn {index}",
+                key_env=None,
+            )
+        for chunk in _chunks(turn.text):
+            yield TextDelta(chunk)
+        calls: list[ToolCall] = []
+        for n, scripted in enumerate(turn.tool_calls):
+            raw = (
+                scripted.arguments
+                if isinstance(scripted.arguments, str)
+                else msgspec.json.encode(scripted.arguments).decode()
+            )
+            call_id = f"call_{index}_{n}"
+            yield ToolCallStarted(index=n, id=call_id, name=scripted.name)
+            if raw:
+                yield ToolCallDelta(index=n, arguments_fragment=raw)
+            calls.append(ToolCall.parse(id=call_id, name=scripted.name, raw_arguments=raw))
+        output_chars = len(turn.text) + sum(len(call.raw_arguments) for call in calls)
+        usage = Usage(
+            input_tokens=_tokens(_request_chars(request)),
+            output_tokens=_tokens(output_chars),
+        )
+        stop_reason = turn.stop_reason or ("tool_use" if calls else "end_turn")
+        message = Message(role="assistant", content=turn.text, tool_calls=calls)
+        # Advance before the last yield: a consumer may stop at Completed.
+        self._position = index + 1
+        yield Completed(message=message, usage=usage, stop_reason=stop_reason)
+
+    async def _inject_fault(self, model: str) -> None:
+        if self.faults is None:
+            return
+        fault = self.faults(FaultPoint(provider=self.name, model=model, attempt=0))
+        if isinstance(fault, HTTPErrorFault):
+            raise error_for_status(
+                fault.status,
+                fault.message,
+                provider=self.name,
+                model=model,
+                url=f"script {self._source}",
+                key_env=None,
+                retry_after=fault.retry_after,
+            )
+        if isinstance(fault, TimeoutFault):
+            await trio.sleep(self.settings.stall_timeout)
+            raise StallTimeout(
+                f"{self.name}: script {self._source} went silent for {self.settings.stall_timeout} s (stall_timeout)"
+            )
+        if isinstance(fault, MalformedStreamFault):
+            raise MalformedResponseError(f"{self.name}: malformed stream event from script {self._source} (injected)")
