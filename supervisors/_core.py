@@ -92,6 +92,10 @@ class SupervisorBase(Actor):
 
     _strategy: str = "one_for_one"
 
+    def _clock(self) -> float:
+        """The clock restart intensity and backoff resets are measured with (tests replace it)."""
+        return time.monotonic()
+
     def __init__(self, max_restarts: int = 3, max_seconds: float = 5.0) -> None:
         super().__init__()
         if not isinstance(max_restarts, int) or max_restarts < 0:
@@ -140,7 +144,7 @@ class SupervisorBase(Actor):
             raise StartError(msg) from exc
         child.ref = ref
         child.status = "running"
-        child.started_at = time.monotonic()
+        child.started_at = self._clock()
         self._publish("child_started", id=spec.id, path=ref.path, kind=spec.actor.__name__)
         return ref
 
@@ -245,7 +249,7 @@ class SupervisorBase(Actor):
         return [child_id]
 
     def _allow_restart(self) -> bool:
-        now = time.monotonic()
+        now = self._clock()
         times = self._restart_times
         times.append(now)
         while times and times[0] < now - self._max_seconds:
@@ -291,7 +295,7 @@ class SupervisorBase(Actor):
         backoff = child.spec.backoff
         if backoff is None:
             return 0.0
-        if child.started_at and time.monotonic() - child.started_at >= backoff.reset_after:
+        if child.started_at and self._clock() - child.started_at >= backoff.reset_after:
             child.attempt = 0
         child.attempt += 1
         return backoff.delay(child.attempt)

@@ -1,0 +1,120 @@
+"""The event bus: topics, patterns, a ring of recent events, and publishers that never block."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import pytest
+import trio
+from weald.runtime import REDACTED, EventBus, register_secret
+
+
+def test_subscribers_get_events_matching_their_patterns() -> None:
+    bus = EventBus()
+    tools = bus.subscribe("tool.*")
+    everything = bus.subscribe("*")
+    bus.publish("tool.started", "/s/a1/tool_runner", {"tool": "grep"})
+    bus.publish("agent.turn_end", "/s/a1/agent", {})
+    assert [e.topic for e in tools.drain_nowait()] == ["tool.started"]
+    assert [e.topic for e in everything.drain_nowait()] == ["tool.started", "agent.turn_end"]
+
+
+def test_a_subscription_can_be_narrowed_to_one_subtree() -> None:
+    bus = EventBus()
+    one = bus.subscribe("*", source="/sessions/a1")
+    bus.publish("x", "/sessions/a1/agent")
+    bus.publish("x", "/sessions/a2/agent")
+    assert [e.source for e in one.drain_nowait()] == ["/sessions/a1/agent"]
+
+
+def test_a_slow_subscriber_never_blocks_the_publisher_and_counts_what_it_lost() -> None:
+    bus = EventBus()
+    slow = bus.subscribe("*", max_buffer=10)
+    started = time.monotonic()
+    for i in range(10_000):
+        bus.publish("tick", "/x", {"i": i})
+    assert time.monotonic() - started < 5
+    events = slow.drain_nowait()
+    assert len(events) == 10
+    assert [e.data["i"] for e in events] == list(range(9_990, 10_000))
+    assert slow.dropped == 9_990
+
+
+def test_the_ring_keeps_the_most_recent_events_in_order() -> None:
+    bus = EventBus(ring_size=5)
+    for i in range(8):
+        bus.publish("n" if i % 2 else "m", "/x", {"i": i})
+    assert [e.data["i"] for e in bus.recent(10)] == [3, 4, 5, 6, 7]
+    assert [e.data["i"] for e in bus.recent(10, topic="n")] == [3, 5, 7]
+    assert [e.seq for e in bus.recent(2)] == [7, 8]
+
+
+def test_a_thread_can_block_for_the_next_event() -> None:
+    bus = EventBus()
+    sub = bus.subscribe("later")
+    threading.Timer(0.01, lambda: bus.publish("later", "/x")).start()
+    event = sub.get(timeout=5)
+    assert event is not None
+    assert event.topic == "later"
+    assert sub.get(timeout=0.01) is None
+
+
+@pytest.mark.trio
+async def test_a_trio_task_can_iterate_events_published_from_another_thread() -> None:
+    bus = EventBus()
+    sub = bus.subscribe("n")
+
+    def publish() -> None:
+        for i in range(3):
+            bus.publish("n", "/x", {"i": i})
+        sub.close()
+
+    threading.Thread(target=publish).start()
+    seen = [event.data["i"] async for event in sub]
+    assert seen == [0, 1, 2]
+
+
+@pytest.mark.trio
+async def test_receive_wakes_for_an_event_published_on_the_same_loop() -> None:
+    bus = EventBus()
+    sub = bus.subscribe("n")
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(lambda: trio.to_thread.run_sync(lambda: None))
+        bus.publish("n", "/x", {"i": 1})
+        event = await sub.receive()
+    assert event.data == {"i": 1}
+
+
+def test_secrets_never_reach_an_event(monkeypatch: pytest.MonkeyPatch) -> None:
+    register_secret("sk-test-0123456789abcdef")
+    bus = EventBus()
+    event = bus.publish(
+        "provider.request",
+        "/x",
+        {
+            "headers": {"Authorization": "Bearer sk-test-0123456789abcdef", "Accept": "json"},
+            "api_key": "whatever-value",
+            "note": "the key is sk-test-0123456789abcdef, really",
+        },
+    )
+    assert event.data["headers"]["Authorization"] == REDACTED
+    assert event.data["headers"]["Accept"] == "json"
+    assert event.data["api_key"] == REDACTED
+    assert "sk-test" not in event.data["note"]
+    assert "sk-test" not in repr(bus.recent(1))
+
+
+def test_statistics_count_per_topic_and_drops() -> None:
+    bus = EventBus()
+    sub = bus.subscribe("*", max_buffer=1)
+    bus.publish("a", "/x")
+    bus.publish("a", "/x")
+    stats = bus.statistics()
+    assert stats["published"] == 2
+    assert stats["topics"] == {"a": 2}
+    assert stats["dropped"] == 1
+    sub.close()
+    assert bus.statistics()["subscribers"] == 0
+    assert os.environ is not None

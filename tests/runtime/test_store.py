@@ -1,0 +1,220 @@
+"""The persistent store: msgspec JSON values on sqlitedict, committed before returning."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import attrs
+import msgspec
+import pytest
+import trio
+import trio.lowlevel
+from weald.runtime import Store, StoreClosedError, StoreCodecError, StoreCorruptError, StoreError
+
+
+@attrs.frozen
+class Task:
+    id: str
+    title: str
+    status: str = "open"
+
+
+class Note(msgspec.Struct):
+    key: str
+    text: str
+
+
+@pytest.fixture
+def store(tmp_path: Path):
+    s = Store(tmp_path / "s.db")
+    yield s
+    s.close()
+
+
+def test_values_round_trip_and_decode_into_types(store: Store) -> None:
+    store.put("tasks", "1", {"id": "1", "title": "write tests", "status": "open"})
+    store.put("memory", "n", Note("n", "hello"))
+    assert store.get("tasks", "1") == {"id": "1", "title": "write tests", "status": "open"}
+    assert store.get("tasks", "1", type=Task) == Task("1", "write tests")
+    assert store.get("memory", "n", type=Note) == Note("n", "hello")
+    assert store.get("tasks", "missing", "default") == "default"
+
+
+def test_a_write_is_committed_before_put_returns(store: Store) -> None:
+    store.put("sessions", "a1", {"messages": 3})
+    # A separate connection sees the row at once: it was committed.
+    conn = sqlite3.connect(store.path)
+    try:
+        rows = conn.execute('SELECT key, value FROM "sessions"').fetchall()
+    finally:
+        conn.close()
+    assert rows == [("a1", b'{"messages":3}')]
+
+
+def test_values_are_json_never_pickle(store: Store) -> None:
+    store.put("tasks", "1", {"a": [1, 2]})
+    conn = sqlite3.connect(store.path)
+    try:
+        (raw,) = conn.execute('SELECT value FROM "tasks"').fetchone()
+    finally:
+        conn.close()
+    assert msgspec.json.decode(raw) == {"a": [1, 2]}
+    assert not raw.startswith(b"\x80")  # pickle protocol header
+
+
+def test_a_tampered_pickle_value_cannot_execute_code(tmp_path: Path, store: Store) -> None:
+    marker = tmp_path / "pwned"
+
+    class Exploit:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    store.put("tasks", "1", "placeholder")
+    conn = sqlite3.connect(store.path)
+    conn.execute('UPDATE "tasks" SET value = ? WHERE key = ?', (pickle.dumps(Exploit()), "1"))
+    conn.commit()
+    conn.close()
+    with pytest.raises(StoreCodecError, match="tasks/1"):
+        store.get("tasks", "1")
+    assert not marker.exists()
+
+
+def test_keys_items_prefix_count_and_delete(store: Store) -> None:
+    store.put_many("tasks", {"p1/a": 1, "p1/b": 2, "p2/a": 3})
+    assert store.keys("tasks") == ["p1/a", "p1/b", "p2/a"]
+    assert store.items("tasks", "p1/") == [("p1/a", 1), ("p1/b", 2)]
+    assert store.count("tasks") == 3
+    assert store.delete("tasks", "p1/a") is True
+    assert store.delete("tasks", "p1/a") is False
+    assert store.keys("tasks") == ["p1/b", "p2/a"]
+    assert ("tasks", "p2/a") in store
+
+
+def test_a_batch_with_a_value_that_cannot_be_encoded_writes_nothing(store: Store) -> None:
+    store.put("tasks", "keep", 1)
+    with pytest.raises(StoreCodecError, match="tasks/bad"):
+        store.put_many("tasks", {"new": 2, "bad": object()})
+    assert store.keys("tasks") == ["keep"]
+
+
+def test_write_batch_applies_puts_and_deletes_together(store: Store) -> None:
+    store.put_many("tasks", {"a": 1, "b": 2})
+    store.write_batch("tasks", puts={"c": 3}, deletes=["a"])
+    assert store.items("tasks") == [("b", 2), ("c", 3)]
+
+
+def test_a_typed_decode_failure_names_the_key(store: Store) -> None:
+    store.put("tasks", "1", {"id": 1})
+    with pytest.raises(StoreCodecError, match=r"tasks/1.*Expected `str`"):
+        store.get("tasks", "1", type=Task)
+
+
+def test_bad_namespaces_and_keys_are_refused(store: Store) -> None:
+    with pytest.raises(StoreError, match="bad namespace 'Tasks!'"):
+        store.put("Tasks!", "1", 1)
+    with pytest.raises(StoreError, match="non-empty strings"):
+        store.put("tasks", "", 1)
+
+
+def test_a_file_that_is_not_a_database_is_reported_by_name_and_left_untouched(tmp_path: Path) -> None:
+    path = tmp_path / "notes.db"
+    path.write_bytes(b"this is not sqlite at all" * 100)
+    before = hashlib.sha256(path.read_bytes()).hexdigest()
+    with pytest.raises(StoreCorruptError, match=str(path)):
+        Store(path)
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == before
+
+
+def test_a_corrupted_database_is_reported_and_never_replaced(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    s = Store(path)
+    s.put_many("tasks", {str(i): "x" * 200 for i in range(500)})
+    s.close()
+    data = bytearray(path.read_bytes())
+    data[4096 : 4096 + 64] = b"\xff" * 64  # scribble over the second page
+    path.write_bytes(bytes(data))
+    before = hashlib.sha256(path.read_bytes()).hexdigest()
+    with pytest.raises(StoreCorruptError, match=str(path)):
+        Store(path)
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == before
+
+
+def test_a_directory_in_place_of_the_file_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(StoreError, match="is a directory"):
+        Store(tmp_path)
+
+
+def test_a_closed_store_refuses_work(tmp_path: Path) -> None:
+    s = Store(tmp_path / "s.db")
+    s.close()
+    with pytest.raises(StoreClosedError):
+        s.put("tasks", "1", 1)
+
+
+@pytest.mark.trio
+async def test_async_variants_run_off_the_trio_thread(store: Store) -> None:
+    await store.aput("tasks", "1", {"x": 1})
+    assert await store.aget("tasks", "1") == {"x": 1}
+    assert await store.aitems("tasks") == [("1", {"x": 1})]
+    assert await store.adelete("tasks", "1") is True
+
+
+WRITER = textwrap.dedent(
+    """
+    import sys
+    from weald.runtime import Store
+    s = Store(sys.argv[1])
+    i = 0
+    while True:
+        s.put("tasks", f"k{i:06d}", {"n": i, "pad": "x" * 100})
+        print(i, flush=True)
+        i += 1
+    """
+)
+
+
+def test_every_acknowledged_write_survives_kill_9(tmp_path: Path) -> None:
+    path = tmp_path / "crash.db"
+    acked = -1
+    with subprocess.Popen([sys.executable, "-c", WRITER, str(path)], stdout=subprocess.PIPE, text=True) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            acked = int(line)
+            if acked >= 300:
+                break
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    s = Store(path)
+    try:
+        for i in range(acked + 1):
+            assert s.get("tasks", f"k{i:06d}") == {"n": i, "pad": "x" * 100}
+    finally:
+        s.close()
+
+
+def test_statistics_count_reads_and_writes(store: Store) -> None:
+    store.put("tasks", "1", 1)
+    store.get("tasks", "1")
+    stats = store.statistics()
+    assert stats["writes"] == 1
+    assert stats["reads"] == 1
+    assert stats["namespaces"] == ["tasks"]
+    assert store.namespaces() == ["tasks"]
+
+
+def test_trio_thread_is_not_blocked_by_a_write(store: Store) -> None:
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(store.aput, "tasks", "x", 1)
+            await trio.lowlevel.checkpoint()
+        assert store.get("tasks", "x") == 1
+
+    trio.run(main)

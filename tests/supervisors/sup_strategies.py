@@ -1,0 +1,34 @@
+"""Hypothesis strategies for supervision trees and fault schedules."""
+
+from __future__ import annotations
+
+from hypothesis import strategies as st
+from sup_model import SupNode, WorkerNode
+
+restart_types = st.sampled_from(["permanent", "transient", "temporary"])
+strategy_names = st.sampled_from(["one_for_one", "one_for_all", "rest_for_one"])
+
+
+@st.composite
+def trees(draw: st.DrawFn, depth: int = 2, node_id: str = "top") -> SupNode:
+    """A supervisor with 1-4 children, some of them supervisors (to ``depth`` levels)."""
+    count = draw(st.integers(1, 4))
+    children: list[WorkerNode | SupNode] = []
+    for i in range(count):
+        cid = f"c{i}"
+        if depth > 0 and draw(st.booleans()):
+            children.append(draw(trees(depth=depth - 1, node_id=cid)))
+        else:
+            children.append(WorkerNode(cid, draw(restart_types)))
+    return SupNode(
+        id=node_id,
+        restart=draw(restart_types) if node_id != "top" else "permanent",
+        strategy=draw(strategy_names),
+        max_restarts=draw(st.integers(0, 3)),
+        children=tuple(children),
+    )
+
+
+operations = st.lists(
+    st.tuples(st.sampled_from(["crash", "crash", "stop"]), st.integers(0, 10_000)), min_size=1, max_size=8
+)

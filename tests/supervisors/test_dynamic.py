@@ -1,0 +1,85 @@
+"""DynamicSupervisor: children added at run time, addressed by ref."""
+
+from __future__ import annotations
+
+import pytest
+from sup_workers import JOURNAL, ThreadWorker, Worker
+from weald.runtime import Actor, ActorSystem, StartError
+from weald.runtime.testing import wait_until
+from weald.supervisors import ChildNotFoundError, ChildSpec, DynamicSupervisor, MaxChildrenError
+
+
+@pytest.mark.parametrize("worker", [Worker, ThreadWorker])
+def test_children_are_started_at_run_time_and_restarted_by_their_spec(system: ActorSystem, worker: type[Actor]) -> None:
+    sup = DynamicSupervisor.start(name="dyn")
+    a = sup.proxy().start_child(ChildSpec("a", worker)).get(timeout=5)
+    t = sup.proxy().start_child(ChildSpec("t", worker, restart="temporary")).get(timeout=5)
+    assert (a.path, t.path) == ("/dyn/a", "/dyn/t")
+    a.tell("crash")
+    new_a = wait_until(
+        lambda: next(
+            (c.ref for c in sup.proxy().which_children().get() if c.id == "a" and c.ref not in (None, a)), None
+        )
+    )
+    assert new_a.ask("x") == "x"
+    t.tell("crash")
+    wait_until(lambda: [c.id for c in sup.proxy().which_children().get()] == ["a"])
+
+
+def test_terminate_child_by_ref_stops_and_forgets_it(system: ActorSystem) -> None:
+    sup = DynamicSupervisor.start()
+    ref = sup.proxy().start_child(ChildSpec("w", Worker)).get(timeout=5)
+    sup.proxy().terminate_child(ref).get(timeout=5)
+    assert not ref.is_alive()
+    assert sup.proxy().which_children().get() == []
+    with pytest.raises(ChildNotFoundError):
+        sup.proxy().terminate_child(ref).get(timeout=5)
+
+
+def test_max_children_is_enforced(system: ActorSystem) -> None:
+    sup = DynamicSupervisor.start(max_children=2)
+    for i in range(2):
+        sup.proxy().start_child(ChildSpec(f"w{i}", Worker)).get(timeout=5)
+    with pytest.raises(MaxChildrenError, match="maximum of 2"):
+        sup.proxy().start_child(ChildSpec("w2", Worker)).get(timeout=5)
+    assert sup.proxy().count_children().get() == {"specs": 2, "active": 2, "supervisors": 0, "workers": 2}
+
+
+class BadInit(Actor):
+    def on_start(self) -> None:
+        raise RuntimeError("refuses to start")
+
+
+def test_a_child_that_fails_to_start_is_not_kept(system: ActorSystem) -> None:
+    sup = DynamicSupervisor.start()
+    with pytest.raises(StartError, match="refuses to start"):
+        sup.proxy().start_child(ChildSpec("bad", BadInit)).get(timeout=5)
+    assert sup.proxy().which_children().get() == []
+
+
+def test_children_stop_in_reverse_start_order(system: ActorSystem) -> None:
+    sup = DynamicSupervisor.start(name="d")
+    for i in "xyz":
+        sup.proxy().start_child(ChildSpec(i, Worker)).get(timeout=5)
+    sup.stop()
+    assert JOURNAL.of("stop") == ["/d/z", "/d/y", "/d/x"]
+
+
+def test_too_many_restarts_escalate(system: ActorSystem) -> None:
+    sup = DynamicSupervisor.start(max_restarts=1)
+    ref = sup.proxy().start_child(ChildSpec("w", Worker)).get(timeout=5)
+    ref.tell("crash")
+    ref = wait_until(
+        lambda: next((c.ref for c in sup.proxy().which_children().get() if c.ref not in (None, ref)), None)
+    )
+    ref.tell("crash")
+    assert sup.exited().get(timeout=5).kind == "crashed"
+
+
+def test_thousands_of_temporary_children_come_and_go(system: ActorSystem) -> None:
+    sup = DynamicSupervisor.start()
+    proxy = sup.proxy()
+    refs = [proxy.start_child(ChildSpec(f"c{i}", Worker, restart="temporary")).get(timeout=10) for i in range(2000)]
+    for ref in refs:
+        ref.stop(block=False)
+    wait_until(lambda: proxy.count_children().get()["specs"] == 0)
