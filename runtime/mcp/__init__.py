@@ -1,0 +1,79 @@
+"""MCP client layer: connect to Model Context Protocol servers on trio.
+
+One `ServerConfig` describes a server reached over stdio (a subprocess in a
+process group of its own) or Streamable HTTP. `open_connection` starts it,
+runs the handshake and yields an `MCPSession` for tool calls, resources and
+prompts; every failure is an `MCPError` (the tree is drawn in
+``weald.runtime.mcp._exceptions``). The official ``mcp`` SDK is the protocol
+layer underneath; this package adds the transport discipline, timeouts,
+error translation and frozen values the runtime needs.
+
+Example::
+
+    config = ServerConfig(name="time", command="python", args=["-m", "mcp_server_time"])
+    async with open_connection(config) as session:
+        result = await session.call_tool("get_current_time", {"timezone": "UTC"})
+"""
+
+import logging
+
+from ._config import ServerConfig
+from ._exceptions import (
+    MCPClosedError,
+    MCPConfigError,
+    MCPConnectionLost,
+    MCPError,
+    MCPHandshakeTimeout,
+    MCPProtocolError,
+    MCPServerError,
+    MCPStartError,
+    MCPTimeout,
+    MCPToolError,
+)
+from ._names import sanitize_tool_name
+from ._session import MCPSession, open_connection
+from ._values import (
+    MCPCapabilities,
+    MCPLogMessage,
+    MCPPrompt,
+    MCPPromptArgument,
+    MCPPromptMessage,
+    MCPPromptResult,
+    MCPResource,
+    MCPResourceContent,
+    MCPServerInfo,
+    MCPSessionStatistics,
+    MCPTool,
+    MCPToolResult,
+)
+
+__all__ = [
+    "MCPCapabilities",
+    "MCPClosedError",
+    "MCPConfigError",
+    "MCPConnectionLost",
+    "MCPError",
+    "MCPHandshakeTimeout",
+    "MCPLogMessage",
+    "MCPPrompt",
+    "MCPPromptArgument",
+    "MCPPromptMessage",
+    "MCPPromptResult",
+    "MCPProtocolError",
+    "MCPResource",
+    "MCPResourceContent",
+    "MCPServerError",
+    "MCPServerInfo",
+    "MCPSession",
+    "MCPSessionStatistics",
+    "MCPStartError",
+    "MCPTimeout",
+    "MCPTool",
+    "MCPToolError",
+    "MCPToolResult",
+    "ServerConfig",
+    "open_connection",
+    "sanitize_tool_name",
+]
+
+logging.getLogger(__name__).addHandler(logging.NullHandler())

@@ -1,0 +1,950 @@
+"""`open_connection` and `MCPSession`: one live connection to one MCP server.
+
+Task layout inside ``open_connection`` (one trio nursery)::
+
+    nursery
+    ├── runner     the transport, a tap on its inbound stream, the SDK's
+    │              ClientSession; handshake, then waits for close or loss
+    ├── delivery   calls on_log and refreshes the tool list (on_tools_changed)
+    └── (the caller's ``async with`` body)
+
+The SDK (``mcp`` 2.x) is the protocol layer: JSON-RPC framing, request
+correlation, progress, cancellation. It runs on anyio, which runs on trio's
+backend here. Everything it raises is translated at this boundary into the
+`MCPError` tree.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping
+from importlib import metadata
+from typing import Any, Literal, NoReturn, TypeVar
+
+import anyio
+import httpx2
+import mcp
+import mcp_types as types
+import pydantic
+import trio
+from mcp.client import Transport
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.message import SessionMessage
+
+from ._config import ServerConfig
+from ._exceptions import (
+    MCPClosedError,
+    MCPConfigError,
+    MCPConnectionLost,
+    MCPError,
+    MCPHandshakeTimeout,
+    MCPProtocolError,
+    MCPServerError,
+    MCPStartError,
+    MCPTimeout,
+    MCPToolError,
+)
+from ._names import register_tool_names
+from ._stdio import (
+    ReadReceive,
+    ReadSend,
+    StdioServer,
+    WriteSend,
+    describe_exit,
+    open_stdio_transport,
+)
+from ._values import (
+    MCPCapabilities,
+    MCPLogMessage,
+    MCPPrompt,
+    MCPPromptResult,
+    MCPResource,
+    MCPResourceContent,
+    MCPServerInfo,
+    MCPSessionStatistics,
+    MCPTool,
+    MCPToolResult,
+    capabilities_from_wire,
+    prompt_from_wire,
+    prompt_result_from_wire,
+    resource_content_from_wire,
+    resource_from_wire,
+    server_info_from_wire,
+    tool_from_wire,
+    tool_result_from_wire,
+)
+
+__all__ = ["MCPSession", "ProgressCallback", "open_connection"]
+
+logger = logging.getLogger("weald.runtime.mcp")
+
+T = TypeVar("T")
+
+ProgressCallback = Callable[[float, float | None, str | None], None]
+ToolsChangedCallback = Callable[[tuple[MCPTool, ...]], None]
+LogCallback = Callable[[MCPLogMessage], None]
+
+# Bounds, stated where they are used.
+LOG_BUFFER = 256  # log messages waiting for on_log; beyond this they are dropped
+MAX_PAGES = 1000  # pages one listing may take; a cursor loop is a protocol error
+CLOSE_TIMEOUT = 5.0  # graceful close of an HTTP session (the DELETE)
+SETTLE_TIMEOUT = 1.0  # for the runner to record why a connection broke
+EXIT_CODE_WAIT = 0.25  # for a dead server's exit status, to put it in an error
+HTTP_TIMEOUT = httpx2.Timeout(30.0, read=300.0)  # the SDK's own defaults
+
+# What the SDK's dispatcher and HTTP transport say when they fail a request
+# because the connection, not the server, ended it (JSON-RPC code -32000,
+# which servers also use for errors of their own, hence the message check).
+_SDK_CLOSED_MESSAGES = ("Connection closed",)
+_SDK_STREAM_FAILURE_PREFIX = "SSE stream"
+
+_State = Literal["starting", "open", "lost", "closed"]
+
+
+def _client_info() -> types.Implementation:
+    try:
+        version = metadata.version("weald")
+    except metadata.PackageNotFoundError:
+        version = "0"
+    return types.Implementation(name="weald", version=version)
+
+
+class _NoPublicConstructor(type):
+    """Metaclass for classes only this package creates (trio's idiom)."""
+
+    def __call__(cls, *_args: object, **_kwargs: object) -> NoReturn:
+        raise TypeError(f"{cls.__module__}.{cls.__qualname__} has no public constructor")
+
+    def _create(cls: type[T], *args: Any, **kwargs: Any) -> T:
+        return super().__call__(*args, **kwargs)  # type: ignore[misc,no-any-return]
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for sub in exc.exceptions for leaf in _leaves(sub)]
+    return [exc]
+
+
+def _failures(exc: BaseException) -> list[BaseException]:
+    """The leaves of ``exc`` that are not cancellations."""
+    return [leaf for leaf in _leaves(exc) if not isinstance(leaf, trio.Cancelled)]
+
+
+def _describe_failure(exc: BaseException) -> str:
+    if isinstance(exc, httpx2.HTTPError):
+        return f"HTTP error: {exc}"
+    if isinstance(exc, mcp.MCPError):
+        return f"{exc.message} (JSON-RPC error {exc.code})"
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def _with_tail(message: str, tail: str) -> str:
+    return f"{message}\n--- last lines of the server's stderr ---\n{tail}" if tail else message
+
+
+class _ProgressRelay:
+    """Hands progress notifications to a synchronous callback, in order.
+
+    The SDK delivers each notification from a task of its own, and trio may
+    run such tasks in any order, so a value lower than one already delivered
+    is a reordering and is dropped (progress only grows, by the spec). If the
+    callback raises, the call is cancelled and `MCPSession.call_tool`
+    re-raises the exception.
+    """
+
+    def __init__(self, callback: ProgressCallback, scope: trio.CancelScope) -> None:
+        self._callback = callback
+        self._scope = scope
+        self._last: float | None = None
+        self.error: Exception | None = None
+
+    async def __call__(self, progress: float, total: float | None, message: str | None) -> None:
+        if self.error is not None or (self._last is not None and progress < self._last):
+            return
+        self._last = progress
+        try:
+            self._callback(progress, total, message)
+        except Exception as exc:
+            self.error = exc
+            self._scope.cancel()
+
+
+class MCPSession(metaclass=_NoPublicConstructor):
+    """A live connection to one MCP server, created by `open_connection`.
+
+    Every method may be called from any task in the trio run that opened
+    the session, concurrently. Requests take ``timeout`` seconds at most
+    (default: the config's ``call_timeout``) and raise `MCPTimeout` after;
+    the session stays usable. If the server dies, every request in flight
+    and every later one raises `MCPConnectionLost`; after the ``async with``
+    block they raise `MCPClosedError`.
+    """
+
+    def __init__(
+        self,
+        config: ServerConfig,
+        on_tools_changed: ToolsChangedCallback | None,
+        on_log: LogCallback | None,
+    ) -> None:
+        self._config = config
+        self._on_tools_changed = on_tools_changed
+        self._on_log = on_log
+        self._state: _State = "starting"
+        self._lost_reason: str | None = None
+        self._client: mcp.ClientSession | None = None
+        self._stdio: StdioServer | None = None
+        self._last_http_error: str | None = None
+        self._server_info: MCPServerInfo | None = None
+        self._capabilities: MCPCapabilities | None = None
+        self._tools: tuple[MCPTool, ...] = ()
+        self._tools_by_name: dict[str, MCPTool] = {}
+        self._tools_by_registered_name: dict[str, MCPTool] = {}
+        self._done = trio.Event()  # close requested or connection lost
+        self._lost = trio.Event()
+        self._runner_finished = trio.Event()
+        self._runner_scope: trio.CancelScope | None = None
+        self._delivery_scope = trio.CancelScope()
+        self._log_send, self._log_receive = trio.open_memory_channel[MCPLogMessage](LOG_BUFFER)
+        # Capacity 1: list_changed notifications that arrive while a refresh
+        # is pending fold into it.
+        self._refresh_send, self._refresh_receive = trio.open_memory_channel[None](1)
+        self._calls_started = 0
+        self._calls_in_flight = 0
+        self._calls_succeeded = 0
+        self._calls_tool_errors = 0
+        self._calls_failed = 0
+        self._calls_timed_out = 0
+        self._refreshes = 0
+        self._refresh_failures = 0
+        self._messages_received = 0
+        self._invalid_messages = 0
+        self._logs_dropped = 0
+
+    # -- public surface -------------------------------------------------
+
+    @property
+    def config(self) -> ServerConfig:
+        """The config this session was opened with."""
+        return self._config
+
+    @property
+    def tools(self) -> tuple[MCPTool, ...]:
+        """The server's tools, as of the last tools/list (kept current on list_changed)."""
+        return self._tools
+
+    @property
+    def server_info(self) -> MCPServerInfo:
+        """The server's name, version and instructions, and the negotiated protocol."""
+        assert self._server_info is not None  # set before the session is handed out
+        return self._server_info
+
+    @property
+    def capabilities(self) -> MCPCapabilities:
+        """The capabilities the server declared in its initialize result."""
+        assert self._capabilities is not None  # set before the session is handed out
+        return self._capabilities
+
+    def statistics(self) -> MCPSessionStatistics:
+        """Return a frozen snapshot of this session's state and counters."""
+        state: Literal["open", "lost", "closed"] = "open" if self._state == "starting" else self._state
+        return MCPSessionStatistics(
+            server=self._config.name,
+            transport=self._config.transport,
+            state=state,
+            tools=len(self._tools),
+            calls_started=self._calls_started,
+            calls_in_flight=self._calls_in_flight,
+            calls_succeeded=self._calls_succeeded,
+            calls_tool_errors=self._calls_tool_errors,
+            calls_failed=self._calls_failed,
+            calls_timed_out=self._calls_timed_out,
+            tool_list_refreshes=self._refreshes,
+            tool_list_refresh_failures=self._refresh_failures,
+            messages_received=self._messages_received,
+            invalid_messages=self._invalid_messages,
+            log_messages_dropped=self._logs_dropped,
+            pid=self._stdio.pid if self._stdio is not None else None,
+            exit_code=self._stdio.exit_code if self._stdio is not None else None,
+            lost_reason=(
+                self._stdio.describe_loss(self._lost_reason)
+                if self._stdio is not None and self._lost_reason is not None
+                else self._lost_reason
+            ),
+        )
+
+    async def call_tool(
+        self,
+        name: str,
+        arguments: Mapping[str, object] | None = None,
+        *,
+        on_progress: ProgressCallback | None = None,
+        timeout: float | None = None,
+    ) -> MCPToolResult:
+        """Call a tool and return its result.
+
+        Args:
+            name: The tool's name on the server, or its registered name
+                (``mcp__<server>__<tool>``); a name that is neither is sent
+                as it is, for the server to judge.
+            arguments: The tool's arguments (a JSON object).
+            on_progress: Called as ``on_progress(progress, total, message)``
+                for each progress notification of this call, in increasing
+                order of ``progress``. It runs in one of the SDK's tasks and
+                must not block; if it raises, the call is cancelled and the
+                exception propagates from here.
+            timeout: Seconds to wait for the result; defaults to the config's
+                ``call_timeout``. This is also how a hung server is detected.
+
+        Returns:
+            The result; a tool that ran and failed has ``is_error`` set.
+
+        Raises:
+            MCPTimeout: No result within ``timeout``; the call was cancelled
+                on the server and the session is still usable.
+            MCPToolError: The server rejected the call (unknown tool, invalid
+                arguments) with a JSON-RPC error.
+            MCPConnectionLost: The server died or the connection broke.
+            MCPClosedError: The session was closed.
+            MCPProtocolError: The server's answer violates the protocol.
+        """
+        tool = self._tools_by_name.get(name) or self._tools_by_registered_name.get(name)
+        wire_name = tool.name if tool is not None else name
+        limit = self._config.call_timeout if timeout is None else timeout
+        self._calls_started += 1
+        self._calls_in_flight += 1
+        try:
+            result = await self._call_tool(wire_name, arguments, on_progress, limit)
+        except MCPTimeout:
+            self._calls_timed_out += 1
+            raise
+        except BaseException:
+            self._calls_failed += 1
+            raise
+        finally:
+            self._calls_in_flight -= 1
+        outcome = tool_result_from_wire(result)
+        if outcome.is_error:
+            self._calls_tool_errors += 1
+        else:
+            self._calls_succeeded += 1
+        return outcome
+
+    async def _call_tool(
+        self,
+        name: str,
+        arguments: Mapping[str, object] | None,
+        on_progress: ProgressCallback | None,
+        limit: float,
+    ) -> types.CallToolResult:
+        with trio.CancelScope(deadline=trio.current_time() + limit) as scope:
+            relay = _ProgressRelay(on_progress, scope) if on_progress is not None else None
+
+            async def call(client: mcp.ClientSession) -> types.CallToolResult:
+                return await client.call_tool(name, dict(arguments or {}), progress_callback=relay)
+
+            result = await self._request(f"tools/call {name!r}", call, tool=name)
+        if relay is not None and relay.error is not None:
+            raise relay.error
+        if scope.cancelled_caught:
+            raise self._timeout(f"tools/call {name!r}", limit)
+        return result
+
+    async def list_resources(self, *, timeout: float | None = None) -> tuple[MCPResource, ...]:
+        """List the server's resources, following pagination to the end.
+
+        Raises:
+            MCPTimeout: The whole listing took longer than ``timeout``.
+            MCPServerError: The server answered with an error (for example,
+                it has no resources capability).
+            MCPConnectionLost: The connection broke.
+            MCPClosedError: The session was closed.
+        """
+
+        async def page(client: mcp.ClientSession, cursor: str | None) -> types.ListResourcesResult:
+            return await client.list_resources(params=_page_params(cursor))
+
+        items = await self._with_timeout(
+            "resources/list", timeout, lambda client: _paginate(client, page, "resources/list")
+        )
+        return tuple(resource_from_wire(item) for item in _resources(items))
+
+    async def read_resource(self, uri: str, *, timeout: float | None = None) -> tuple[MCPResourceContent, ...]:
+        """Read one resource; a resource may come in several parts.
+
+        Raises:
+            MCPTimeout: No answer within ``timeout``.
+            MCPServerError: The server answered with an error (for example,
+                the resource does not exist).
+            MCPProtocolError: A binary part is not valid base64.
+            MCPConnectionLost: The connection broke.
+            MCPClosedError: The session was closed.
+        """
+
+        async def read(client: mcp.ClientSession) -> types.ReadResourceResult:
+            return await client.read_resource(uri)
+
+        result = await self._with_timeout(f"resources/read {uri!r}", timeout, read)
+        try:
+            return tuple(resource_content_from_wire(content) for content in result.contents)
+        except ValueError as exc:
+            raise MCPProtocolError(f"MCP server {self._config.name!r}: {exc}", server=self._config.name) from exc
+
+    async def list_prompts(self, *, timeout: float | None = None) -> tuple[MCPPrompt, ...]:
+        """List the server's prompt templates, following pagination to the end.
+
+        Raises:
+            MCPTimeout: The whole listing took longer than ``timeout``.
+            MCPServerError: The server answered with an error.
+            MCPConnectionLost: The connection broke.
+            MCPClosedError: The session was closed.
+        """
+
+        async def page(client: mcp.ClientSession, cursor: str | None) -> types.ListPromptsResult:
+            return await client.list_prompts(params=_page_params(cursor))
+
+        items = await self._with_timeout(
+            "prompts/list", timeout, lambda client: _paginate(client, page, "prompts/list")
+        )
+        return tuple(prompt_from_wire(item) for item in _prompts(items))
+
+    async def get_prompt(
+        self,
+        name: str,
+        arguments: Mapping[str, str] | None = None,
+        *,
+        timeout: float | None = None,
+    ) -> MCPPromptResult:
+        """Render a prompt template with the given arguments.
+
+        Raises:
+            MCPTimeout: No answer within ``timeout``.
+            MCPServerError: The server answered with an error (unknown
+                prompt, missing argument).
+            MCPConnectionLost: The connection broke.
+            MCPClosedError: The session was closed.
+        """
+
+        async def get(client: mcp.ClientSession) -> types.GetPromptResult:
+            return await client.get_prompt(name, dict(arguments or {}))
+
+        result = await self._with_timeout(f"prompts/get {name!r}", timeout, get)
+        return prompt_result_from_wire(result)
+
+    async def wait_lost(self) -> NoReturn:
+        """Wait until the connection is lost, then raise `MCPConnectionLost`.
+
+        Meant for the task that owns the session: it learns at once that the
+        server died even while no request is in flight. It never returns; if
+        the session is closed instead, it waits until it is cancelled.
+
+        Raises:
+            MCPConnectionLost: Always, once the connection is lost.
+        """
+        await self._lost.wait()
+        raise await self._loss_error(None)
+
+    # -- requests ---------------------------------------------------------
+
+    async def _with_timeout(
+        self,
+        what: str,
+        timeout: float | None,
+        call: Callable[[mcp.ClientSession], Awaitable[T]],
+    ) -> T:
+        limit = self._config.call_timeout if timeout is None else timeout
+        with trio.move_on_after(limit):
+            return await self._request(what, call)
+        raise self._timeout(what, limit)
+
+    async def _request(
+        self,
+        what: str,
+        call: Callable[[mcp.ClientSession], Awaitable[T]],
+        *,
+        tool: str | None = None,
+    ) -> T:
+        """Run one SDK request, translating what it raises into `MCPError`s."""
+        client = await self._require_open(what)
+        try:
+            return await call(client)
+        except mcp.MCPError as exc:
+            raise await self._translate(exc, what, tool) from exc
+        except pydantic.ValidationError as exc:
+            raise MCPProtocolError(
+                f"MCP server {self._config.name!r} sent an invalid result for {what}: {exc}",
+                server=self._config.name,
+            ) from exc
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
+            raise await self._loss_error(what) from exc
+        except RuntimeError as exc:
+            # The SDK raises RuntimeError when a tool's structured content
+            # does not match its declared output schema.
+            if self._state in ("lost", "closed"):
+                raise await self._loss_error(what) from exc
+            raise MCPProtocolError(
+                f"MCP server {self._config.name!r} sent an invalid result for {what}: {exc}",
+                server=self._config.name,
+            ) from exc
+
+    async def _require_open(self, what: str) -> mcp.ClientSession:
+        if self._state == "open" and self._client is not None:
+            return self._client
+        raise await self._loss_error(what)
+
+    async def _translate(self, exc: mcp.MCPError, what: str, tool: str | None) -> MCPError:
+        sdk_closed = exc.code == types.CONNECTION_CLOSED and exc.message in _SDK_CLOSED_MESSAGES
+        if sdk_closed or self._state in ("lost", "closed"):
+            return await self._loss_error(what)
+        if exc.code == types.CONNECTION_CLOSED and exc.message.startswith(_SDK_STREAM_FAILURE_PREFIX):
+            # Streamable HTTP: this request's response stream broke; the
+            # session itself may still work.
+            return MCPConnectionLost(
+                f"MCP server {self._config.name!r}: the response stream of {what} broke: {exc.message}",
+                server=self._config.name,
+            )
+        message = f"MCP server {self._config.name!r} returned an error for {what}: {exc.message}"
+        if tool is not None:
+            return MCPToolError(
+                message,
+                server=self._config.name,
+                tool=tool,
+                code=exc.code,
+                error_message=exc.message,
+                data=exc.data,
+            )
+        return MCPServerError(
+            message,
+            server=self._config.name,
+            code=exc.code,
+            error_message=exc.message,
+            data=exc.data,
+        )
+
+    def _timeout(self, what: str, limit: float) -> MCPTimeout:
+        return MCPTimeout(
+            f"MCP server {self._config.name!r} did not answer {what} within {limit:g} s; the request was cancelled",
+            server=self._config.name,
+            timeout=limit,
+        )
+
+    async def _loss_error(self, what: str | None) -> MCPConnectionLost | MCPClosedError:
+        """The error for a request that the end of the connection cut off."""
+        if self._state == "open":
+            # The SDK saw the connection end before the runner recorded why.
+            with trio.move_on_after(SETTLE_TIMEOUT):
+                await self._runner_finished.wait()
+        if self._state == "closed":
+            during = f" ({what})" if what else ""
+            return MCPClosedError(
+                f"MCP session with {self._config.name!r} is closed{during}",
+                server=self._config.name,
+            )
+        stdio = self._stdio
+        if stdio is not None and stdio.exit_code is None:
+            with trio.move_on_after(EXIT_CODE_WAIT):
+                await stdio.wait_exited()
+        reason = self._lost_reason or "the connection closed"
+        if stdio is not None:
+            reason = stdio.describe_loss(reason)
+        tail = stdio.stderr_tail() if stdio is not None else ""
+        during = f" during {what}" if what else ""
+        return MCPConnectionLost(
+            _with_tail(f"MCP server {self._config.name!r}: connection lost{during}: {reason}", tail),
+            server=self._config.name,
+            exit_code=stdio.exit_code if stdio is not None else None,
+            stderr_tail=tail,
+        )
+
+    # -- state --------------------------------------------------------
+
+    def _mark_lost(self, reason: str) -> None:
+        if self._state in ("starting", "open"):
+            if self._state == "open":
+                logger.warning("MCP server %r: connection lost: %s", self._config.name, reason)
+            self._state = "lost"
+            self._lost_reason = reason
+            self._done.set()
+            self._lost.set()
+
+    def _close_nowait(self) -> None:
+        if self._state in ("starting", "open"):
+            self._state = "closed"
+        self._done.set()
+        self._delivery_scope.cancel()
+        if self._runner_scope is not None:
+            # Bound the graceful part of closing (the HTTP DELETE); the stdio
+            # shutdown runs shielded and bounds itself.
+            self._runner_scope.deadline = min(self._runner_scope.deadline, trio.current_time() + CLOSE_TIMEOUT)
+
+    def _set_tools(self, wire_tools: list[types.Tool]) -> tuple[MCPTool, ...]:
+        names = register_tool_names(self._config.name, [tool.name for tool in wire_tools])
+        tools = tuple(tool_from_wire(self._config.name, names[tool.name], tool) for tool in wire_tools)
+        self._tools = tools
+        self._tools_by_name = {tool.name: tool for tool in tools}
+        self._tools_by_registered_name = {tool.registered_name: tool for tool in tools}
+        return tools
+
+    # -- the runner task --------------------------------------------------
+
+    async def _run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Own the transport and the SDK session for the session's lifetime.
+
+        Runs in the `open_connection` nursery. Before ``started`` every
+        failure is raised as an `MCPStartError`; after it, a failure marks
+        the connection lost instead of raising, so the caller's block and the
+        other tasks carry on and learn of it from their requests.
+        """
+        started = False
+        deadline = trio.current_time() + self._config.connect_timeout
+        try:
+            with trio.CancelScope(deadline=deadline) as scope:
+                self._runner_scope = scope
+                try:
+                    async with contextlib.AsyncExitStack() as stack:
+                        client = await self._connect(stack)
+                        await self._handshake(client)
+                        self._client = client
+                        self._state = "open"
+                        scope.deadline = math.inf
+                        started = True
+                        task_status.started()
+                        await self._done.wait()
+                except BaseException as exc:
+                    failures = _failures(exc)
+                    if not failures or not all(isinstance(f, Exception) for f in failures):
+                        raise  # cancellation, KeyboardInterrupt and the like pass through
+                    cause = failures[0]
+                    if isinstance(cause, MCPStartError):  # the process could not be spawned
+                        raise cause from cause.__cause__
+                    if not started:
+                        raise self._start_error(cause) from cause
+                    if self._state == "closed":
+                        logger.warning("MCP server %r: error while closing: %s", self._config.name, cause)
+                    self._mark_lost(_describe_failure(cause))
+            if not started and scope.cancelled_caught:
+                raise self._handshake_timeout()
+        finally:
+            self._runner_finished.set()
+
+    async def _connect(self, stack: contextlib.AsyncExitStack) -> mcp.ClientSession:
+        transport: Transport
+        if self._config.command is not None:
+            transport = self._stdio_transport()
+        else:
+            assert self._config.url is not None
+            http = await stack.enter_async_context(
+                httpx2.AsyncClient(
+                    headers=dict(self._config.headers),
+                    timeout=HTTP_TIMEOUT,
+                    event_hooks={"response": [self._note_http_response]},
+                )
+            )
+            transport = streamable_http_client(self._config.url, http_client=http)
+        upstream, write = await stack.enter_async_context(transport)
+        tapped_send, tapped_receive = anyio.create_memory_object_stream[SessionMessage | Exception](0)
+        # Normally closed by the tap and the SDK; these cover a failed start.
+        stack.callback(tapped_receive.close)
+        stack.callback(tapped_send.close)
+        nursery = await stack.enter_async_context(trio.open_nursery())
+        nursery.start_soon(self._tap, upstream, tapped_send)
+        # Unwinds before the nursery: the tap is cancelled once the SDK is done.
+        stack.callback(nursery.cancel_scope.cancel)
+        return await stack.enter_async_context(mcp.ClientSession(tapped_receive, write, client_info=_client_info()))
+
+    async def _note_http_response(self, response: httpx2.Response) -> None:
+        # The SDK turns an HTTP error into a generic JSON-RPC error and drops
+        # the status; keep the last one so a failed start can name it.
+        if response.status_code >= 400:
+            self._last_http_error = f"HTTP {response.status_code} {response.reason_phrase}"
+
+    @contextlib.asynccontextmanager
+    async def _stdio_transport(self) -> AsyncIterator[tuple[ReadReceive, WriteSend]]:
+        async with open_stdio_transport(self._config, on_lost=self._mark_lost, on_stderr_line=self._stderr_line) as (
+            server,
+            read_receive,
+            write_send,
+        ):
+            self._stdio = server
+            yield read_receive, write_send
+
+    async def _handshake(self, client: mcp.ClientSession) -> None:
+        result = await client.initialize()
+        self._server_info = server_info_from_wire(result)
+        self._capabilities = capabilities_from_wire(result.capabilities)
+        if result.capabilities.tools is not None:
+
+            async def page(client: mcp.ClientSession, cursor: str | None) -> types.ListToolsResult:
+                return await client.list_tools(params=_page_params(cursor))
+
+            self._set_tools(_wire_tools(await _paginate(client, page, "tools/list")))
+
+    def _start_error(self, cause: BaseException) -> MCPStartError:
+        name = self._config.name
+        stdio = self._stdio
+        exit_code = stdio.exit_code if stdio is not None else None
+        tail = stdio.stderr_tail() if stdio is not None else ""
+        if isinstance(cause, mcp.MCPError) and cause.code == types.CONNECTION_CLOSED:
+            if exit_code is not None:
+                why = f"the server process {describe_exit(exit_code)} before completing the handshake"
+            else:
+                why = f"the connection closed during the handshake ({self._lost_reason or cause.message})"
+        elif isinstance(cause, mcp.MCPError):
+            why = f"the server rejected initialize: {_describe_failure(cause)}"
+            if self._last_http_error is not None:
+                why += f" after {self._last_http_error}"
+        elif isinstance(cause, httpx2.HTTPError | OSError):
+            why = f"could not reach {self._config.url}: {_describe_failure(cause)}"
+        else:
+            why = _describe_failure(cause)
+        return MCPStartError(
+            _with_tail(f"MCP server {name!r} failed to start: {why}", tail),
+            server=name,
+            exit_code=exit_code,
+            stderr_tail=tail,
+        )
+
+    def _handshake_timeout(self) -> MCPHandshakeTimeout:
+        stdio = self._stdio
+        tail = stdio.stderr_tail() if stdio is not None else ""
+        limit = self._config.connect_timeout
+        return MCPHandshakeTimeout(
+            _with_tail(
+                f"MCP server {self._config.name!r} did not complete the handshake within {limit:g} s (connect_timeout)",
+                tail,
+            ),
+            server=self._config.name,
+            timeout=limit,
+            exit_code=stdio.exit_code if stdio is not None else None,
+            stderr_tail=tail,
+        )
+
+    async def _tap(self, upstream: AsyncIterable[SessionMessage | Exception], downstream: ReadSend) -> None:
+        """Pass inbound messages to the SDK, noting notifications in wire order.
+
+        The SDK hands notifications to callbacks from a task each, and trio
+        may run those in any order; here they are seen in the order the
+        server sent them. The end of the inbound stream is the end of the
+        connection.
+        """
+        async with downstream:
+            try:
+                async for item in upstream:
+                    self._observe(item)
+                    await downstream.send(item)
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                return  # the SDK session is gone: we are closing
+        self._mark_lost("the server closed the connection")
+
+    def _observe(self, item: SessionMessage | Exception) -> None:
+        if isinstance(item, Exception):
+            self._invalid_messages += 1
+            return
+        self._messages_received += 1
+        message = item.message
+        if not isinstance(message, types.JSONRPCNotification):
+            return
+        if message.method == "notifications/tools/list_changed":
+            with contextlib.suppress(trio.WouldBlock):
+                self._refresh_send.send_nowait(None)
+        elif message.method == "notifications/message" and self._on_log is not None:
+            try:
+                params = types.LoggingMessageNotificationParams.model_validate(message.params or {})
+            except pydantic.ValidationError:
+                self._invalid_messages += 1
+                return
+            self._emit_log(
+                MCPLogMessage(
+                    server=self._config.name,
+                    source="notification",
+                    level=str(params.level),
+                    logger=params.logger,
+                    data=params.data,
+                )
+            )
+
+    def _stderr_line(self, line: str) -> None:
+        if self._on_log is not None:
+            self._emit_log(
+                MCPLogMessage(server=self._config.name, source="stderr", level="info", logger=None, data=line)
+            )
+
+    def _emit_log(self, message: MCPLogMessage) -> None:
+        try:
+            self._log_send.send_nowait(message)
+        except trio.WouldBlock:
+            self._logs_dropped += 1
+
+    # -- the delivery task ------------------------------------------------
+
+    async def _deliver(self) -> None:
+        """Run ``on_log`` and ``on_tools_changed`` in this task, in order.
+
+        Runs in the `open_connection` nursery, so an exception from either
+        callback propagates out of the ``async with`` block (after the block
+        is cancelled), as any failure of a task in a nursery does.
+        """
+        with self._delivery_scope:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._deliver_logs)
+                nursery.start_soon(self._refresh_tools)
+
+    async def _deliver_logs(self) -> None:
+        async for message in self._log_receive:
+            assert self._on_log is not None  # nothing is queued without it
+            self._on_log(message)
+
+    async def _refresh_tools(self) -> None:
+        async for _ in self._refresh_receive:
+            if self._state != "open":
+                continue
+
+            async def page(client: mcp.ClientSession, cursor: str | None) -> types.ListToolsResult:
+                return await client.list_tools(params=_page_params(cursor))
+
+            try:
+                wire_tools = await self._with_timeout(
+                    "tools/list", None, lambda client: _paginate(client, page, "tools/list")
+                )
+            except (MCPConnectionLost, MCPClosedError):
+                continue  # reported to every request and to wait_lost()
+            except MCPError as exc:
+                self._refresh_failures += 1
+                logger.warning(
+                    "MCP server %r: could not refresh the tool list after list_changed; keeping the old one: %s",
+                    self._config.name,
+                    exc,
+                )
+                continue
+            tools = self._set_tools(_wire_tools(wire_tools))
+            self._refreshes += 1
+            if self._on_tools_changed is not None:
+                self._on_tools_changed(tools)
+
+
+def _page_params(cursor: str | None) -> types.PaginatedRequestParams | None:
+    return types.PaginatedRequestParams(cursor=cursor) if cursor is not None else None
+
+
+_Page = types.ListToolsResult | types.ListResourcesResult | types.ListPromptsResult
+_Item = types.Tool | types.Resource | types.Prompt
+
+
+async def _paginate(
+    client: mcp.ClientSession,
+    fetch: Callable[[mcp.ClientSession, str | None], Awaitable[_Page]],
+    what: str,
+) -> list[_Item]:
+    """Fetch every page of a listing, following ``nextCursor``."""
+    items: list[_Item] = []
+    seen: set[str] = set()
+    cursor: str | None = None
+    for _ in range(MAX_PAGES):
+        result = await fetch(client, cursor)
+        if isinstance(result, types.ListToolsResult):
+            items.extend(result.tools)
+        elif isinstance(result, types.ListResourcesResult):
+            items.extend(result.resources)
+        else:
+            items.extend(result.prompts)
+        cursor = result.next_cursor
+        if cursor is None:
+            return items
+        if cursor in seen:
+            raise MCPProtocolError(f"{what}: the server repeated the pagination cursor {cursor!r}")
+        seen.add(cursor)
+    raise MCPProtocolError(f"{what}: more than {MAX_PAGES} pages")
+
+
+def _wire_tools(items: list[_Item]) -> list[types.Tool]:
+    # A tool listed twice (across pages) counts once, first listing kept.
+    unique: dict[str, types.Tool] = {}
+    for item in items:
+        if isinstance(item, types.Tool):
+            unique.setdefault(item.name, item)
+    return list(unique.values())
+
+
+def _resources(items: list[_Item]) -> list[types.Resource]:
+    return [item for item in items if isinstance(item, types.Resource)]
+
+
+def _prompts(items: list[_Item]) -> list[types.Prompt]:
+    return [item for item in items if isinstance(item, types.Prompt)]
+
+
+def _reraise_collapsed(group: BaseExceptionGroup[BaseException]) -> NoReturn:
+    """Re-raise the one exception in a (nested) single-member group.
+
+    trio wraps whatever leaves a nursery in an ExceptionGroup, including the
+    caller's own exception from the ``async with`` body; callers of
+    `open_connection` should see ``MCPTimeout``, not a group holding it. The
+    exception's ``__context__`` is restored so its traceback reads as if the
+    group never existed.
+    """
+    exc: BaseException = group
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    if exc is group:
+        raise group
+    context = exc.__context__
+    try:
+        raise exc
+    finally:
+        exc.__context__ = context
+
+
+@contextlib.asynccontextmanager
+async def open_connection(
+    config: ServerConfig,
+    *,
+    on_tools_changed: ToolsChangedCallback | None = None,
+    on_log: LogCallback | None = None,
+) -> AsyncIterator[MCPSession]:
+    """Connect to an MCP server and keep the connection for the ``async with`` block.
+
+    On entry: start the server (stdio) or reach it (Streamable HTTP), run
+    the initialize handshake and fetch the tool list, all within the
+    config's ``connect_timeout``. On exit (normal, error or cancellation):
+    close the connection; for stdio, close the server's stdin, then SIGTERM
+    and, after a short grace, SIGKILL its whole process group, so nothing it
+    started outlives the session.
+
+    Must run inside trio.
+
+    Args:
+        config: Which server, and the timeouts to use.
+        on_tools_changed: Called with the new tool list each time the server
+            sends ``notifications/tools/list_changed`` and the list has been
+            re-fetched. Runs in the session's delivery task; must not block.
+            If it raises, the block is cancelled and the exception
+            propagates from the ``async with``.
+        on_log: Called with each log notification the server sends and each
+            line it writes to stderr (stdio), in order. Same task and
+            failure rule as ``on_tools_changed``. At most 256 messages wait
+            for it; more are dropped and counted in `MCPSession.statistics`.
+
+    Yields:
+        The open session.
+
+    Raises:
+        MCPConfigError: The config is disabled.
+        MCPStartError: The server could not be started or reached, exited
+            or refused the handshake; it carries the exit status and the
+            tail of its stderr when there are any.
+        MCPHandshakeTimeout: Start-up took longer than ``connect_timeout``.
+    """
+    if not config.enabled:
+        raise MCPConfigError(f"MCP server {config.name!r} is disabled in its config", server=config.name)
+    session = MCPSession._create(config, on_tools_changed, on_log)
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(session._run)
+            nursery.start_soon(session._deliver)
+            try:
+                yield session
+            finally:
+                session._close_nowait()
+    except BaseExceptionGroup as group:
+        _reraise_collapsed(group)

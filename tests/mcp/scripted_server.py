@@ -1,0 +1,128 @@
+"""A small MCP server for the tests, written with the SDK's MCPServer (ex-FastMCP).
+
+Run as ``python scripted_server.py [--fail-at-start MESSAGE] [--silent]
+[--spawn-child]``, speaking MCP over stdio:
+
+- ``--fail-at-start MESSAGE``: print MESSAGE to stderr and exit 3 at once.
+- ``--silent``: never answer anything (a server hung before the handshake).
+- ``--noise``: write a line that is not JSON-RPC to stdout before serving.
+- ``--spawn-child``: start a ``sleep`` child that ignores SIGTERM, in the
+  server's process group, to prove that closing kills the whole group. Its
+  pid is reported by the ``child_pid`` tool.
+
+Tools: ``echo``, ``add_tool`` (registers ``extra_<n>`` and sends
+``notifications/tools/list_changed``), ``crash`` (``os._exit`` mid-call),
+``hang`` (never returns), ``slow`` (sleeps, reporting progress), ``fail``
+(a tool that raises: an isError result), ``reject`` (a JSON-RPC error),
+``log`` (sends a log notification), ``child_pid``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import warnings
+
+import anyio
+from mcp import MCPDeprecationWarning, MCPError
+from mcp.server.mcpserver import Context, MCPServer
+
+# The 2025 logging capability is deprecated for 2026-era servers; this one
+# speaks 2025 to the client under test and needs it.
+warnings.filterwarnings("ignore", category=MCPDeprecationWarning)
+
+server = MCPServer("scripted")
+_children: list[subprocess.Popen[bytes]] = []
+
+
+@server.tool()
+def echo(text: str) -> str:
+    """Return the text unchanged."""
+    return text
+
+
+@server.tool()
+async def add_tool(name: str, ctx: Context) -> str:
+    """Register a new tool called ``name`` and tell the client the list changed."""
+
+    def extra() -> str:
+        return f"I am {name}"
+
+    server.add_tool(extra, name=name, description=f"added at run time: {name}")
+    await ctx.session.send_tool_list_changed()
+    return f"added {name}"
+
+
+@server.tool()
+def crash(code: int = 7) -> str:
+    """Exit the whole server process in the middle of the call."""
+    sys.stderr.write("crashing on purpose\n")
+    sys.stderr.flush()
+    os._exit(code)
+
+
+@server.tool()
+async def hang() -> str:
+    """Never return."""
+    await anyio.sleep_forever()
+    return "unreachable"
+
+
+@server.tool()
+async def slow(seconds: float, steps: int, ctx: Context) -> str:
+    """Sleep for ``seconds``, reporting progress ``steps`` times."""
+    for step in range(1, steps + 1):
+        await anyio.sleep(seconds / steps)
+        await ctx.report_progress(step, steps, f"step {step} of {steps}")
+    return f"slept {seconds}"
+
+
+@server.tool()
+def fail(reason: str) -> str:
+    """Raise, which the server reports as a tool result with isError."""
+    raise ValueError(reason)
+
+
+@server.tool()
+def reject(reason: str) -> str:
+    """Answer the call with a JSON-RPC error instead of a result."""
+    raise MCPError(code=-32602, message=f"rejected: {reason}")
+
+
+@server.tool()
+async def log(message: str, ctx: Context) -> str:
+    """Send ``message`` as a warning log notification."""
+    await ctx.warning(message, logger_name="scripted")
+    return "logged"
+
+
+@server.tool()
+def child_pid() -> int:
+    """The pid of the child started by --spawn-child, or 0."""
+    return _children[0].pid if _children else 0
+
+
+def main() -> None:
+    args = sys.argv[1:]
+    if "--fail-at-start" in args:
+        sys.stderr.write(args[args.index("--fail-at-start") + 1] + "\n")
+        sys.stderr.flush()
+        sys.exit(3)
+    if "--silent" in args:
+        sys.stderr.write("listening, but never answering\n")
+        sys.stderr.flush()
+        while True:
+            time.sleep(3600)
+    if "--noise" in args:
+        sys.stdout.write("debug: this line is not JSON-RPC\n")
+        sys.stdout.flush()
+    if "--spawn-child" in args:
+        # Ignores SIGTERM, so only the SIGKILL escalation can end it.
+        _children.append(subprocess.Popen(["sh", "-c", "trap '' TERM; while :; do sleep 1; done"]))
+    server.run("stdio")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,51 @@
+"""The public surface of weald.runtime.mcp (as httpx's test_exported_members)."""
+
+from __future__ import annotations
+
+import pytest
+import weald.runtime.mcp as mcp_layer
+
+
+def test_all_is_sorted_and_lists_exactly_the_public_names():
+    assert mcp_layer.__all__ == sorted(mcp_layer.__all__)
+    public = {name for name in vars(mcp_layer) if not name.startswith("_")} - {"logging"}
+    assert public == set(mcp_layer.__all__)
+    assert set(mcp_layer.__all__) == {
+        "MCPCapabilities",
+        "MCPClosedError",
+        "MCPConfigError",
+        "MCPConnectionLost",
+        "MCPError",
+        "MCPHandshakeTimeout",
+        "MCPLogMessage",
+        "MCPPrompt",
+        "MCPPromptArgument",
+        "MCPPromptMessage",
+        "MCPPromptResult",
+        "MCPProtocolError",
+        "MCPResource",
+        "MCPResourceContent",
+        "MCPServerError",
+        "MCPServerInfo",
+        "MCPSession",
+        "MCPSessionStatistics",
+        "MCPStartError",
+        "MCPTimeout",
+        "MCPTool",
+        "MCPToolError",
+        "MCPToolResult",
+        "ServerConfig",
+        "open_connection",
+        "sanitize_tool_name",
+    }
+
+
+def test_every_exception_derives_from_mcp_error():
+    errors = [getattr(mcp_layer, name) for name in mcp_layer.__all__ if name.endswith("Error")]
+    errors += [mcp_layer.MCPTimeout, mcp_layer.MCPConnectionLost, mcp_layer.MCPHandshakeTimeout]
+    assert all(issubclass(error, mcp_layer.MCPError) for error in errors)
+
+
+def test_sessions_have_no_public_constructor():
+    with pytest.raises(TypeError, match="no public constructor"):
+        mcp_layer.MCPSession()
