@@ -714,6 +714,9 @@ class Actor(pykka.Actor):
                 if result.__class__ is CoroutineType:
                     result = await result
             except trio.Cancelled:
+                if reply_to is not None:
+                    error = pykka.ActorDeadError(f"{self._actor_ref} was killed while handling the message")
+                    reply_to.set_exception((pykka.ActorDeadError, error, None))
                 raise
             except Exception as exc:
                 if reply_to is None:
@@ -790,16 +793,19 @@ class Actor(pykka.Actor):
             parent_actor = parent._actor_weakref()
             if parent_actor is not None and parent_actor._linked is not None:
                 parent_actor._linked.discard(ref)
+        # The parent hears first: whoever waits on exited() and then asks the
+        # parent finds the Down already in the parent's mailbox.
         down = Down(ref, self._path, exit_)
-        ref._exited.resolve(outcome.Value(exit_))
+        told = False
         if parent is not None and parent.is_alive():
             try:
                 parent.tell(down)
+                told = True
             except pykka.ActorDeadError:
-                pass  # the parent died meanwhile: report to the system below
-            else:
-                return
-        self._system._orphan_down(down, parented=parent is not None)
+                pass  # the parent died meanwhile: report to the system instead
+        if not told:
+            self._system._orphan_down(down, parented=parent is not None)
+        ref._exited.resolve(outcome.Value(exit_))
 
     def _kill(self) -> None:
         loop = self._system.loop

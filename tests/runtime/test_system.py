@@ -48,10 +48,12 @@ def test_the_root_supervisor_owns_store_events_and_io_in_that_order(system: Acto
 def test_shutdown_stops_top_level_actors_last_started_first_then_the_tree(tmp_path: Path) -> None:
     Logged.log.clear()
     with ActorSystem(store_path=tmp_path / "s.db"):
+        # Top-level actors start concurrently (trio picks the order), so
+        # wait for each before the next: the start order is then known.
         for name in ["a", "b", "c"]:
-            Logged.start(name)
-        Supervisor.start([ChildSpec("d", Logged, args=("d",)), ChildSpec("e", Logged, args=("e",))], name="sup")
-        wait_until(lambda: len(Logged.log) == 5)
+            Logged.start(name).started().get(timeout=5)
+        sup = Supervisor.start([ChildSpec("d", Logged, args=("d",)), ChildSpec("e", Logged, args=("e",))], name="sup")
+        sup.started().get(timeout=5)
     assert Logged.log == [
         "start a",
         "start b",
