@@ -562,6 +562,11 @@ class Actor(pykka.Actor):
     # -- identity and introspection ---------------------------------------------
 
     @property
+    def actor_ref(self) -> Ref[Self]:
+        """This actor's `Ref` (pykka's ActorRef, with a path)."""
+        return self._actor_ref
+
+    @property
     def path(self) -> str:
         """This actor's path in the tree, e.g. ``/sessions/a1/agent``."""
         return self._path

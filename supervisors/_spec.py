@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 from typing import Any, Literal
 
@@ -39,6 +39,10 @@ def _check_shutdown(_: object, __: attrs.Attribute[float], value: float) -> None
     if not value >= 0:
         msg = f"shutdown is a number of seconds >= 0, got {value!r}"
         raise ValueError(msg)
+
+
+def _as_tuple(values: Iterable[Any]) -> tuple[Any, ...]:
+    return tuple(values)
 
 
 def _freeze_kwargs(value: Mapping[str, Any] | None) -> Mapping[str, Any]:
@@ -83,7 +87,7 @@ class ChildSpec:
 
     id: str = attrs.field(validator=_check_id)
     actor: type[Actor] = attrs.field(validator=_check_actor)
-    args: tuple[Any, ...] = attrs.field(default=(), converter=tuple)
+    args: tuple[Any, ...] = attrs.field(default=(), converter=_as_tuple)
     kwargs: Mapping[str, Any] = attrs.field(factory=dict, converter=_freeze_kwargs)
     restart: Restart = attrs.field(default="permanent", validator=_check_restart)
     shutdown: float = attrs.field(default=5.0, validator=_check_shutdown)

@@ -7,6 +7,15 @@ from __future__ import annotations
 
 import logging as _logging
 
+# The built-in tools: importing their modules registers them in default_registry.
+# (Module imports, not `from ... import name`: the Tool objects must not hide the modules.)
+from weald.tools import edit_file as _edit_file  # noqa: F401
+from weald.tools import fetch as _fetch  # noqa: F401
+from weald.tools import glob as _glob  # noqa: F401
+from weald.tools import grep as _grep  # noqa: F401
+from weald.tools import read_file as _read_file  # noqa: F401
+from weald.tools import shell as _shell  # noqa: F401
+from weald.tools import write_file as _write_file  # noqa: F401
 from weald.tools._contract import (
     AbortSignal,
     Permission,
@@ -22,11 +31,18 @@ from weald.tools._contract import (
     tool,
     validate_arguments,
 )
+from weald.tools._jobs import JobInfo, JobOutput, JobTable, nursery_spawner
+from weald.tools._ledger import ReadLedger
+from weald.tools._limits import limit_output
 from weald.tools._session import SessionServices
 
 __all__ = [
     "AbortSignal",
+    "JobInfo",
+    "JobOutput",
+    "JobTable",
     "Permission",
+    "ReadLedger",
     "SessionServices",
     "Tool",
     "ToolConfig",
@@ -37,6 +53,8 @@ __all__ = [
     "default_registry",
     "describe_exception",
     "invoke",
+    "limit_output",
+    "nursery_spawner",
     "tool",
     "validate_arguments",
 ]

@@ -55,6 +55,16 @@ __all__ = [
 ]
 
 Permission = Literal["allow", "ask", "deny"]
+
+
+def _str_tuple(values: Iterable[str]) -> tuple[str, ...]:
+    return tuple(values)
+
+
+def _path_tuple(values: Iterable[str | Path]) -> tuple[Path, ...]:
+    return tuple(Path(v) for v in values)
+
+
 Truncate = Literal["head", "tail"]
 
 
@@ -85,7 +95,7 @@ class ToolResult:
     ok: bool
     output: str
     data: Any = None
-    hints: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    hints: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)
     full_output_path: str | None = None
 
     @classmethod
@@ -180,7 +190,7 @@ class ToolContext:
     """
 
     working_dir: Path = attrs.field(converter=Path)
-    allowed_dirs: tuple[Path, ...] = attrs.field(default=(), converter=lambda ds: tuple(Path(d) for d in ds))
+    allowed_dirs: tuple[Path, ...] = attrs.field(default=(), converter=_path_tuple)
     session_id: str = ""
     agent_id: str = ""
     call_id: str = ""

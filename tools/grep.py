@@ -1,0 +1,485 @@
+"""The ``grep`` tool: search file contents with ripgrep.
+
+ripgrep runs with ``--json`` in a process group of its own (killed if the
+call is cancelled) and its messages are decoded with msgspec. Files are
+selected as glob selects them: ``.gitignore`` rules apply (in a git
+repository or not), hidden files are included, ``.git`` is not; binary
+files are skipped.
+
+Each line found is shown as ``path:N:hh|line``, context lines as
+``path-N-hh|line``: ``N:hh`` is the anchor read_file shows for that line, so
+an edit can follow a search directly.
+
+Once ``max_results`` matching lines are collected, the rest of ripgrep's
+output is no longer decoded, only its closing summary, which gives the
+totals for the note saying how many more there were. When that rest is
+large (``rg --json`` writes an object per match, slowly) or an ``include``
+path filter makes the summary's totals wrong, ripgrep is stopped there and
+a second ``rg --count`` pass counts instead.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import trio
+from weald.tools._contract import ToolContext, ToolError, ToolResult, tool
+from weald.tools._hashline import line_hash, to_display
+from weald.tools._process import RIPGREP_FILTERS, find_ripgrep, open_group_process
+from weald.tools._sandbox import display_path
+from weald.tools.glob import PathPattern, join_display, strip_dot
+
+__all__ = ["grep"]
+
+# Lines longer than this are shown cut (the anchor still hashes the whole line).
+MAX_LINE_CHARS = 500
+
+_READ_SIZE = 256 * 1024
+# How much of ripgrep's stderr is kept.
+_STDERR_KEEP = 16 * 1024
+# The summary is ripgrep's last line and is much shorter than this.
+_SUMMARY_TAIL = 8192
+# Past the limit, once this much JSON has been skipped, ripgrep is stopped and
+# the rest counted by ``rg --count`` instead, which prints a line per file
+# rather than a JSON object per match: a search matching nearly every line
+# then costs about what ``rg`` alone does.
+_COUNT_INSTEAD = 1024 * 1024
+
+_PARAMETERS = {
+    "type": "object",
+    "properties": {
+        "pattern": {
+            "type": "string",
+            "minLength": 1,
+            "description": (
+                "Regular expression to search for (Rust regex syntax: like Perl/Python, without "
+                "look-around or backreferences), or literal text with fixed_strings."
+            ),
+        },
+        "path": {
+            "type": "string",
+            "description": "File or directory to search, relative to the working directory (default '.').",
+        },
+        "include": {
+            "type": "string",
+            "description": (
+                "Only search files matching this glob: without '/', by file name ('*.py', '*.{ts,tsx}'); "
+                "with '/', by path from `path` ('src/**/*.rs')."
+            ),
+        },
+        "context": {
+            "type": "integer",
+            "minimum": 0,
+            "maximum": 20,
+            "description": "Lines of context to show before and after each match (default 0).",
+        },
+        "max_results": {
+            "type": "integer",
+            "minimum": 1,
+            "maximum": 1000,
+            "description": "The most matching lines to show (default 100); the rest are counted.",
+        },
+        "case_insensitive": {"type": "boolean", "description": "Ignore case (default false)."},
+        "fixed_strings": {
+            "type": "boolean",
+            "description": "Treat pattern as literal text, not a regular expression (default false).",
+        },
+    },
+    "required": ["pattern"],
+    "additionalProperties": False,
+}
+
+_DESCRIPTION = (
+    "Search file contents with a regular expression (ripgrep). Each matching line is shown as "
+    "'path:N:hh|line' (context lines as 'path-N-hh|line'), where 'N:hh' is the line's anchor for "
+    "edit_file, as read_file shows it. Skips files ignored by .gitignore, the .git directory and binary "
+    "files. Shows at most max_results lines (default 100) and says how many more matched."
+)
+
+
+# -- ripgrep's JSON messages (only the fields used) -------------------------------
+
+
+class _Data(msgspec.Struct):
+    text: str | None = None
+    bytes: str | None = None
+
+    def decode(self) -> str:
+        if self.text is not None:
+            return self.text
+        # Not valid UTF-8: decode as read_file does, so the anchors agree.
+        return base64.b64decode(self.bytes or "").decode("utf-8", "surrogateescape")
+
+
+class _Stats(msgspec.Struct):
+    matched_lines: int = 0
+    searches_with_match: int = 0
+
+
+class _PathData(msgspec.Struct):
+    path: _Data
+
+
+class _LineData(msgspec.Struct):
+    path: _Data
+    lines: _Data
+    line_number: int | None = None
+
+
+class _EndData(msgspec.Struct):
+    path: _Data
+    binary_offset: int | None = None
+
+
+class _SummaryData(msgspec.Struct):
+    stats: _Stats
+
+
+class _Begin(msgspec.Struct, tag_field="type", tag="begin"):
+    data: _PathData
+
+
+class _Match(msgspec.Struct, tag_field="type", tag="match"):
+    data: _LineData
+
+
+class _Context(msgspec.Struct, tag_field="type", tag="context"):
+    data: _LineData
+
+
+class _End(msgspec.Struct, tag_field="type", tag="end"):
+    data: _EndData
+
+
+class _Summary(msgspec.Struct, tag_field="type", tag="summary"):
+    data: _SummaryData
+
+
+_Message = _Begin | _Match | _Context | _End | _Summary
+_DECODER = msgspec.json.Decoder(_Message)
+_SUMMARY_DECODER = msgspec.json.Decoder(_Summary)
+
+
+# -- collecting -----------------------------------------------------------------------
+
+
+class _File:
+    __slots__ = ("binary", "lines", "matches", "path")
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.lines: list[tuple[bool, int, str]] = []  # (is_match, number, text)
+        self.matches = 0
+        self.binary = False
+
+
+class _Collector:
+    """Turns ripgrep's message stream into per-file hits, up to ``limit`` matching lines."""
+
+    def __init__(self, limit: int, context: int, path_filter: PathPattern | None) -> None:
+        self.limit = limit
+        self.context = context
+        self.path_filter = path_filter
+        self.files: dict[str, _File] = {}
+        self.shown = 0
+        self.counted = 0
+        self.counted_files = 0
+        self.skipping = False
+        self.skipped_bytes = 0
+        self.summary: _Stats | None = None
+        self._current: _File | None = None
+        self._excluded = False
+        self._file_counted = False
+        self._last_match = 0
+        self._rest = b""
+        self._tail = b""
+
+    def feed(self, chunk: bytes | bytearray) -> None:
+        if self.skipping:
+            self.skipped_bytes += len(chunk)
+            self._tail = (self._tail + chunk)[-_SUMMARY_TAIL:]
+            return
+        data = self._rest + chunk
+        cut = data.rfind(b"\n") + 1
+        self._rest = data[cut:]
+        if not cut:
+            return
+        for message in _DECODER.decode_lines(data[:cut]):
+            if isinstance(message, _Summary):
+                self.summary = message.data.stats
+            elif not self.skipping:
+                self._handle(message)
+        if self.skipping:
+            self._tail = self._rest[-_SUMMARY_TAIL:]
+            self._rest = b""
+
+    def finish(self) -> None:
+        if self.skipping:
+            last = self._tail.rstrip(b"\n").rpartition(b"\n")[2]
+            try:
+                self.summary = _SUMMARY_DECODER.decode(last).data.stats
+            except msgspec.DecodeError:
+                self.summary = None
+        elif self._rest.strip():
+            self.feed(b"\n")
+
+    def _handle(self, message: _Begin | _Match | _Context | _End) -> None:
+        if isinstance(message, _Begin):
+            path = strip_dot(_path_text(message.data.path))
+            self._excluded = self.path_filter is not None and not self.path_filter.matches(path)
+            self._file_counted = False
+            full = self.shown >= self.limit
+            self._current = None if self._excluded or full else _File(path)
+            if full and not self._excluded:
+                # Everything from here on is only counted.
+                self.skipping = True
+            return
+        if self._excluded:
+            return
+        file = self._current
+        if isinstance(message, _End):
+            if file is not None and message.data.binary_offset is not None:
+                file.binary = True
+            return
+        number = message.data.line_number or 0
+        if isinstance(message, _Match):
+            self.counted += 1
+            if not self._file_counted:
+                self._file_counted = True
+                self.counted_files += 1
+            if file is None or self.shown >= self.limit:
+                self._current = None
+                self.skipping = True
+                return
+            self.shown += 1
+            file.matches += 1
+            file.lines.append((True, number, message.data.lines.decode()))
+            self._last_match = number
+            self.files[file.path] = file
+            return
+        # A context line: once the limit is reached, only the after-context of the last match shown.
+        if file is None or (self.shown >= self.limit and number > self._last_match + self.context):
+            return
+        file.lines.append((False, number, message.data.lines.decode()))
+
+    @property
+    def needs_count(self) -> bool:
+        """True when counting the rest is cheaper done by a separate ``rg --count``.
+
+        With a path filter ripgrep's summary counts files the filter drops;
+        without one, reading on only for the summary is fine until the JSON
+        past the limit gets large (``rg --json`` writes slowly).
+        """
+        return self.skipping and (self.path_filter is not None or self.skipped_bytes > _COUNT_INSTEAD)
+
+    def totals(self) -> tuple[int, int]:
+        """Matching lines and files with a match, in all (when no count pass ran)."""
+        if self.summary is not None and self.path_filter is None:
+            return self.summary.matched_lines, self.summary.searches_with_match
+        return self.counted, self.counted_files
+
+
+def _path_text(data: _Data) -> str:
+    if data.text is not None:
+        return data.text
+    return os.fsdecode(base64.b64decode(data.bytes or ""))
+
+
+# -- formatting -------------------------------------------------------------------------
+
+
+def _line_text(text: str, number: int) -> tuple[str, str]:
+    """The line without its ending, and its anchor hash."""
+    text = text.removesuffix("\n").removesuffix("\r")
+    if number == 1:
+        text = text.removeprefix("\ufeff")  # read_file sets a BOM aside
+    shown = to_display(text)
+    if len(shown) > MAX_LINE_CHARS:
+        shown = f"{shown[:MAX_LINE_CHARS]}… [{len(shown) - MAX_LINE_CHARS} more characters]"
+    return shown, line_hash(text)
+
+
+def _format(collector: _Collector, prefix: str) -> list[str]:
+    out: list[str] = []
+    separate = collector.context > 0
+    for path in sorted(collector.files):
+        file = collector.files[path]
+        shown_path = join_display(prefix, path)
+        if file.binary:
+            out.append(f"{shown_path}: binary file matches ({file.matches} line{'s' if file.matches != 1 else ''})")
+            continue
+        previous: int | None = None
+        if separate and out:
+            out.append("--")
+        for is_match, number, text in sorted(file.lines, key=lambda t: t[1]):
+            if number == previous:
+                continue
+            if separate and previous is not None and number > previous + 1:
+                out.append("--")
+            line, digest = _line_text(text, number)
+            sep = ":" if is_match else "-"
+            out.append(f"{shown_path}{sep}{number}{sep}{digest}|{line}")
+            previous = number
+    return out
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n:,} {word}{'' if n == 1 else 's'}"
+
+
+# -- the tool ---------------------------------------------------------------------------
+
+
+async def _run_rg(argv: list[str], cwd: Path, on_output: Callable[[bytes | bytearray], bool]) -> tuple[int | None, str]:
+    """Run ripgrep, handing its output to ``on_output`` until that returns False.
+
+    Returns:
+        ripgrep's exit status (None when it was stopped early) and its error output.
+    """
+    stderr = bytearray()
+    async with open_group_process(argv, cwd=cwd) as process:
+        assert process.stdout is not None
+        assert process.stderr is not None
+        stdout, err = process.stdout, process.stderr
+
+        async def read_stderr() -> None:
+            while chunk := await err.receive_some(65536):
+                if len(stderr) < _STDERR_KEEP:
+                    stderr.extend(chunk)
+
+        stopped = False
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(read_stderr)
+            while chunk := await stdout.receive_some(_READ_SIZE):
+                if not on_output(chunk):
+                    stopped = True
+                    nursery.cancel_scope.cancel()
+                    break
+        # Leaving the block stops ripgrep if it still runs.
+        code = None if stopped else await process.wait()
+    return code, stderr.decode("utf-8", "replace").strip()
+
+
+class _Counter:
+    """Totals from ``rg --count --with-filename --null`` output: ``path NUL count`` lines."""
+
+    def __init__(self, path_filter: PathPattern | None) -> None:
+        self.path_filter = path_filter
+        self.lines = 0
+        self.files = 0
+        self._rest = b""
+
+    def feed(self, chunk: bytes | bytearray) -> bool:
+        data = self._rest + chunk
+        entries = data.split(b"\n")
+        self._rest = entries.pop()
+        for entry in entries:
+            name, _, count = entry.rpartition(b"\0")
+            if self.path_filter is not None and not self.path_filter.matches(strip_dot(os.fsdecode(name))):
+                continue
+            self.lines += int(count)
+            self.files += 1
+        return True
+
+
+@tool(name="grep", description=_DESCRIPTION, parameters=_PARAMETERS, permission="allow", timeout=10.0, kind="read")
+async def grep(
+    ctx: ToolContext,
+    *,
+    pattern: str,
+    path: str = ".",
+    include: str | None = None,
+    context: int = 0,
+    max_results: int = 100,
+    case_insensitive: bool = False,
+    fixed_strings: bool = False,
+) -> ToolResult:
+    """Search the files under ``path`` for ``pattern``."""
+    rg = find_ripgrep()
+    target = ctx.resolve_path(path, must_exist=True)
+    if target.is_dir():
+        cwd, operand = target, "."
+    else:
+        cwd, operand = target.parent, target.name
+    search: list[str] = []
+    if case_insensitive:
+        search.append("--ignore-case")
+    if fixed_strings:
+        search.append("--fixed-strings")
+    path_filter = None
+    if include is not None and target.is_dir():
+        included = PathPattern.compile(include)
+        search += included.ripgrep_args()
+        path_filter = None if included.by_name_only else included
+    search += [*RIPGREP_FILTERS, "--regexp", pattern, "--", operand]
+    show = ["--json", "--context", str(context)] if context else ["--json"]
+
+    collector = _Collector(max_results, context, path_filter)
+
+    def collect(chunk: bytes | bytearray) -> bool:
+        collector.feed(chunk)
+        return not collector.needs_count
+
+    code, errors = await _run_rg([rg, *show, *search], cwd, collect)
+    if code == 2 and not collector.files:
+        raise _rg_failure(pattern, include, errors)
+    if code is None:
+        counter = _Counter(path_filter)
+        await _run_rg([rg, "--count", "--with-filename", "--null", *search], cwd, counter.feed)
+        total, files = counter.lines, counter.files
+    else:
+        collector.finish()
+        total, files = collector.totals()
+
+    prefix = display_path(ctx, cwd)
+    where = display_path(ctx, target)
+    where = "the working directory" if where == "." else where
+    total = max(total, collector.shown)
+    files = max(files, len(collector.files))
+    if not collector.files:
+        hints = []
+        if not case_insensitive and not fixed_strings:
+            hints.append("Try case_insensitive=true, a simpler pattern, or another path.")
+        return ToolResult.success(
+            f"No matches for {pattern!r} in {where} (files ignored by .gitignore and binary files are not searched).",
+            hints=hints,
+            data={"matches": 0, "files": 0, "shown": 0},
+        )
+    lines = _format(collector, prefix)
+    cut = total > collector.shown
+    header = f"Found {_plural(total, 'matching line')} in {_plural(files, 'file')}"
+    header += f"; showing the first {collector.shown}:" if cut else ":"
+    out = [header, *lines]
+    if cut:
+        out.append(
+            f"[{_plural(total - collector.shown, 'more matching line')} not shown (max_results={max_results}). "
+            "Narrow the search with a more specific pattern, a path or include, or raise max_results.]",
+        )
+    if errors:
+        out.append(f"[some files could not be searched: {_first_lines(errors, 3)}]")
+    data: dict[str, Any] = {"matches": total, "files": files, "shown": collector.shown, "truncated": cut}
+    return ToolResult.success("\n".join(out), data=data)
+
+
+def _rg_failure(pattern: str, include: str | None, errors: str) -> ToolError:
+    detail = errors or "ripgrep failed without a message"
+    if "regex" in detail.lower() and "error" in detail.lower():
+        return ToolError(
+            f"invalid regular expression {pattern!r}:\n{detail}\n"
+            "ripgrep uses Rust regex syntax: escape special characters such as ( ) [ ] { } . * + ? | with a "
+            "backslash, or pass fixed_strings=true to search for the text literally.",
+        )
+    if "glob" in detail.lower() and include is not None:
+        return ToolError(f"invalid include glob {include!r}: {detail}. Use a glob such as '*.py' or 'src/**/*.ts'.")
+    return ToolError(f"grep failed: {detail}")
+
+
+def _first_lines(text: str, n: int) -> str:
+    lines = text.splitlines()
+    more = f" (and {len(lines) - n} more)" if len(lines) > n else ""
+    return "; ".join(lines[:n]) + more

@@ -1,0 +1,432 @@
+"""The ``shell`` tool: run a bash command line, in the foreground or as a background job.
+
+A foreground command runs under ``bash -c`` in a process group (and session)
+of its own, in a directory inside the sandbox, with secrets removed from its
+environment and ``/dev/null`` as its stdin. Its stdout and stderr stream out
+as ``output`` events while it runs and come back, interleaved, as the tail
+of the result; when there was more than fits, all of it is in a spool file
+named by ``full_output_path``. When it times out or the call is aborted, its
+whole process group is stopped (SIGTERM, then SIGKILL) before the call ends;
+processes it left running in the background when it exited are stopped too.
+
+``background=true`` starts the command as a job of the session's `JobTable`
+and returns its id at once; ``action`` ``wait``, ``input``, ``kill`` and
+``list`` follow it up.
+
+Options (``[tools.options.shell]``): ``env`` (variables added to the
+environment), ``env_keep`` (secret-looking variables to keep), ``kill_grace``
+(seconds between SIGTERM and SIGKILL, default 2).
+"""
+
+from __future__ import annotations
+
+import functools
+import shutil
+import signal
+import subprocess
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+import trio
+from weald.runtime import sanitized_env
+from weald.tools._contract import ToolContext, ToolError, ToolResult, tool
+from weald.tools._jobs import JobInfo, JobOutput, JobTable
+from weald.tools._process import (
+    DEFAULT_KILL_GRACE,
+    OutputCapture,
+    capture_until_exit,
+    group_alive,
+    open_group_process,
+    own_deadline,
+)
+
+__all__ = ["DEFAULT_TIMEOUT", "MAX_TIMEOUT", "shell"]
+
+DEFAULT_TIMEOUT = 120.0
+"""Seconds a foreground command may run unless the call asks for more."""
+
+MAX_TIMEOUT = 600.0
+"""The longest a call may ask for."""
+
+_DEFAULT_WAIT = 30.0
+_DEFAULT_INPUT_WAIT = 1.0
+
+# Output is still read this long after the command exited, in case a
+# process it left in the background holds the pipes open.
+_DRAIN_AFTER_EXIT = 0.25
+
+# Room in the output limits for the lines this tool adds around the output.
+_RESERVED_BYTES = 1024
+_RESERVED_LINES = 6
+
+# Make the common interactive programs behave in a pipe; config can override.
+_NON_INTERACTIVE = {"PAGER": "cat", "GIT_PAGER": "cat", "GIT_TERMINAL_PROMPT": "0"}
+
+_DESCRIPTION = """\
+Run a bash command line in the project and return its exit code and output (stdout and stderr \
+interleaved; when long, the end of it, with the full output saved to a file).
+Foreground commands time out after 120 s unless `timeout` asks for more (at most 600 s); stdin is empty, \
+so nothing can prompt. For servers, watchers and other long jobs set `background` true: the call returns a \
+job id at once, and `action` follows the job up: `wait` (job_id, timeout: wait for it to end, return its new \
+output), `input` (job_id, text: write to its stdin), `kill` (job_id), `list`.
+Prefer the file tools over cat/sed/grep for reading and editing files."""
+
+_PARAMETERS: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "command": {
+            "type": "string",
+            "minLength": 1,
+            "description": "The bash command line to run (for action 'run', the default).",
+        },
+        "timeout": {
+            "type": "number",
+            "exclusiveMinimum": 0,
+            "maximum": MAX_TIMEOUT,
+            "description": (
+                "Seconds. 'run': how long the command may take (default 120, at most 600). "
+                "'wait': how long to wait for the job to end (default 30). "
+                "'input': how long to wait for the job's reply (default 1)."
+            ),
+        },
+        "cwd": {
+            "type": "string",
+            "description": "Directory to run in, inside the project (default: the working directory).",
+        },
+        "background": {
+            "type": "boolean",
+            "description": "Start the command as a background job and return its job id at once.",
+        },
+        "action": {
+            "type": "string",
+            "enum": ["run", "wait", "input", "kill", "list"],
+            "description": "'run' (default) a command; or follow up a background job: 'wait', 'input', 'kill', 'list'.",
+        },
+        "job_id": {"type": "string", "description": "The background job, for 'wait', 'input' and 'kill'."},
+        "text": {
+            "type": "string",
+            "description": "For 'input': what to write to the job's stdin (end a line with \\n).",
+        },
+        "eof": {"type": "boolean", "description": "For 'input': close the job's stdin after writing."},
+    },
+    "additionalProperties": False,
+}
+
+
+@tool(
+    name="shell",
+    description=_DESCRIPTION,
+    parameters=_PARAMETERS,
+    permission="ask",
+    timeout=DEFAULT_TIMEOUT,
+    max_timeout=MAX_TIMEOUT,
+    truncate="tail",
+    subject=lambda args: args.get("command"),
+    kind="exec",
+)
+async def shell(
+    ctx: ToolContext,
+    *,
+    command: str | None = None,
+    timeout: float | None = None,
+    cwd: str | None = None,
+    background: bool = False,
+    action: str = "run",
+    job_id: str | None = None,
+    text: str | None = None,
+    eof: bool = False,
+) -> ToolResult:
+    """Run a command, start a background job, or follow one up (see the module docstring)."""
+    if action == "run":
+        if command is None:
+            raise ToolError(
+                "command is required to run something. To follow up a background job, "
+                "set action to 'wait', 'input', 'kill' or 'list'.",
+            )
+        if background:
+            return await _start_job(ctx, command, cwd)
+        return await _run(ctx, command, timeout if timeout is not None else DEFAULT_TIMEOUT, cwd)
+    jobs = _job_table(ctx)
+    if action == "list":
+        return _list_jobs(jobs)
+    if job_id is None:
+        raise ToolError(f"job_id is required for action {action!r}. Use action='list' to see the background jobs.")
+    limits = _Limits.of(ctx)
+    if action == "wait":
+        wait = own_deadline(timeout) if timeout is not None else _DEFAULT_WAIT
+        return _job_result(await jobs.wait(job_id, wait, max_lines=limits.lines), waited=wait)
+    if action == "input":
+        if text is None and not eof:
+            raise ToolError("text is required for action 'input' (or eof=true to close the job's stdin).")
+        printed = jobs.get(job_id).output_bytes
+        info = await jobs.send_input(job_id, text or "", eof=eof)
+        wait = own_deadline(timeout) if timeout is not None else _DEFAULT_INPUT_WAIT
+        await jobs.wait_output(job_id, wait, after=printed)
+        sent = f"Sent {len(text or '')} characters to {info.id}" + (" and closed its stdin." if eof else ".")
+        return _job_result(jobs.read_nowait(job_id, max_lines=limits.lines), before=sent)
+    if action == "kill":
+        was_running = jobs.get(job_id).running
+        output = await jobs.kill(job_id, max_lines=limits.lines)
+        note = None if was_running else f"{job_id} had already ended."
+        return _job_result(output, before=note, ok_if_failed=True)
+    raise ToolError(f"unknown action {action!r}; use 'run', 'wait', 'input', 'kill' or 'list'.")
+
+
+# -- shared -----------------------------------------------------------------------
+
+
+class _Limits:
+    __slots__ = ("bytes", "lines")
+
+    def __init__(self, lines: int, size: int) -> None:
+        self.lines = lines
+        self.bytes = size
+
+    @classmethod
+    def of(cls, ctx: ToolContext) -> _Limits:
+        # Keep what we return inside the runner's limits, so that it does
+        # not cut our output again (and our own spool file stays the full one).
+        lines = max(10, ctx.config.max_output_lines - _RESERVED_LINES)
+        size = max(4096, ctx.config.max_output_bytes - _RESERVED_BYTES)
+        return cls(lines, size)
+
+
+@functools.cache
+def _shell_program() -> str:
+    for candidate in (shutil.which("bash"), "/bin/bash"):
+        if candidate and Path(candidate).is_file():
+            return candidate
+    return "/bin/sh"
+
+
+def _argv(command: str) -> list[str]:
+    return [_shell_program(), "-c", command]
+
+
+def _environment(ctx: ToolContext) -> dict[str, str]:
+    keep = tuple(str(name) for name in ctx.config.option("shell", "env_keep", ()))
+    env = sanitized_env(keep=keep)
+    env.update(_NON_INTERACTIVE)
+    extra: Mapping[str, Any] = ctx.config.option("shell", "env", {})
+    env.update({str(k): str(v) for k, v in extra.items()})
+    return env
+
+
+def _workdir(ctx: ToolContext, cwd: str | None) -> Path:
+    path = ctx.resolve_path(cwd if cwd is not None else ".", must_exist=True)
+    if not path.is_dir():
+        raise ToolError(f"cwd {cwd!r} is a file, not a directory. Give a directory (or leave cwd out).")
+    return path
+
+
+def _spool_dir(ctx: ToolContext) -> Path:
+    if ctx.session is not None:
+        return Path(ctx.session.output_dir)
+    return Path(tempfile.gettempdir()) / "weald-output"
+
+
+def _describe_exit(code: int | None) -> str:
+    if code is None:
+        return "no exit code"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"killed by {name}"
+    return f"exit code {code}"
+
+
+def _omitted_note(omitted: int, spool: Path | str | None, error: str | None = None) -> str:
+    if spool is not None:
+        where = f"the full output is in {spool} (read_file or grep it)"
+    elif error is not None:
+        where = f"the full output could not be saved ({error})"
+    else:
+        where = "it was not kept"
+    return f"[{omitted:,} bytes of earlier output not shown; {where}]"
+
+
+def _result(ok: bool, output: str, *, data: Any, hints: list[str]) -> ToolResult:
+    return (
+        ToolResult.success(output, data=data, hints=hints) if ok else ToolResult.error(output, data=data, hints=hints)
+    )
+
+
+def _job_table(ctx: ToolContext) -> JobTable:
+    jobs = getattr(ctx.session, "jobs", None)
+    if not isinstance(jobs, JobTable):
+        raise ToolError(
+            "background jobs are not available in this session. Run the command in the foreground "
+            "(background=false), with a timeout of up to 600 s.",
+        )
+    return jobs
+
+
+# -- foreground -------------------------------------------------------------------
+
+
+async def _run(ctx: ToolContext, command: str, timeout: float, cwd: str | None) -> ToolResult:
+    workdir = _workdir(ctx, cwd)
+    limits = _Limits.of(ctx)
+    grace = float(ctx.config.option("shell", "kill_grace", DEFAULT_KILL_GRACE))
+    capture = OutputCapture(tail_bytes=limits.bytes, spool_dir=_spool_dir(ctx), spool_prefix="shell-", emit=ctx.emit)
+    started = trio.current_time()
+    process: trio.Process | None = None
+    timed_out = False
+    left_running = False
+    try:
+        async with open_group_process(
+            _argv(command),
+            cwd=workdir,
+            env=_environment(ctx),
+            stdin=subprocess.DEVNULL,
+            grace=grace,
+            session=True,
+        ) as process:
+            with trio.move_on_after(own_deadline(timeout)) as deadline:
+                held_open = await capture_until_exit(process, capture, drain=_DRAIN_AFTER_EXIT)
+                left_running = held_open or group_alive(process.pid, session=True)
+            timed_out = deadline.cancelled_caught
+        # Leaving the block stopped whatever was still running: all of it
+        # on a timeout, what the command left in the background otherwise.
+    except OSError as exc:
+        if process is not None:
+            raise
+        raise ToolError(f"the command could not be started: {exc}. Check cwd, and that bash is installed.") from exc
+    finally:
+        with trio.CancelScope(shield=True):
+            await capture.aclose()
+    duration = trio.current_time() - started
+    assert process is not None
+    return _foreground_result(
+        capture,
+        code=process.returncode,
+        timed_out=timed_out,
+        timeout=timeout,
+        left_running=left_running,
+        duration=duration,
+        limits=limits,
+    )
+
+
+def _foreground_result(
+    capture: OutputCapture,
+    *,
+    code: int | None,
+    timed_out: bool,
+    timeout: float,
+    left_running: bool,
+    duration: float,
+    limits: _Limits,
+) -> ToolResult:
+    tail = capture.tail(max_lines=limits.lines)
+    spool = capture.spool_path if tail.omitted else None
+    parts = []
+    if tail.omitted:
+        parts.append(_omitted_note(tail.omitted, spool, capture.spool_error))
+    body = tail.text.rstrip("\n")
+    parts.append(body if body else "(no output)")
+    hints = []
+    if timed_out:
+        ok = False
+        parts.append(
+            f"\nThe command timed out after {timeout:g} s and was stopped (its whole process group was killed).",
+        )
+        hints.append(
+            f"To give it longer, call shell again with a larger timeout (at most {MAX_TIMEOUT:g} s), "
+            "or start it with background=true and follow it with action='wait'.",
+        )
+    else:
+        ok = code == 0
+        if not ok:
+            parts.append(f"\nThe command failed: {_describe_exit(code)}.")
+    if left_running:
+        hints.append(
+            "The command left processes running in the background; they were stopped when it ended. "
+            "Start long-running processes (servers, watchers) with background=true.",
+        )
+    data = {
+        "exit_code": code,
+        "timed_out": timed_out,
+        "duration": round(duration, 3),
+        "output_bytes": capture.total,
+    }
+    result = _result(ok, "\n".join(parts), data=data, hints=hints)
+    return attrs.evolve(result, full_output_path=str(spool)) if spool is not None else result
+
+
+# -- background -------------------------------------------------------------------
+
+
+async def _start_job(ctx: ToolContext, command: str, cwd: str | None) -> ToolResult:
+    jobs = _job_table(ctx)
+    workdir = _workdir(ctx, cwd)
+    info = await jobs.start(_argv(command), command=command, cwd=workdir, env=_environment(ctx))
+    return ToolResult.success(
+        f"Started {info.id} (pid {info.pid}) in the background: {command}\n"
+        f"Use action='wait' with job_id='{info.id}' to read its output and see whether it ended, "
+        "'input' to write to its stdin, 'kill' to stop it.",
+        data={"job_id": info.id, "pid": info.pid},
+    )
+
+
+def _job_state(info: JobInfo) -> str:
+    if info.running:
+        return f"{info.id} is still running (pid {info.pid}, for {info.duration:.1f} s)."
+    if info.status == "failed":
+        return f"{info.id} failed: {info.error}."
+    verb = "was killed" if info.status == "killed" else "ended"
+    return f"{info.id} {verb} after {info.duration:.1f} s: {_describe_exit(info.exit_code)}."
+
+
+def _job_result(
+    output: JobOutput,
+    *,
+    before: str | None = None,
+    waited: float | None = None,
+    ok_if_failed: bool = False,
+) -> ToolResult:
+    info = output.job
+    parts = [before] if before else []
+    parts.append(_job_state(info))
+    if output.omitted:
+        parts.append(_omitted_note(output.omitted, info.output_path))
+    text = output.text.rstrip("\n")
+    parts.append(text if text else "(no new output)")
+    hints = []
+    if info.running and waited is not None:
+        hints.append(
+            f"It did not end within {waited:g} s. Wait again, send it input (action='input') "
+            "or stop it (action='kill').",
+        )
+    failed = info.status == "failed" or (info.status == "exited" and info.exit_code != 0)
+    data = {
+        "job_id": info.id,
+        "status": info.status,
+        "exit_code": info.exit_code,
+        "pid": info.pid,
+        "output_path": info.output_path,
+    }
+    return _result(ok_if_failed or not failed, "\n".join(parts), data=data, hints=hints)
+
+
+def _list_jobs(jobs: JobTable) -> ToolResult:
+    infos = jobs.snapshot()
+    if not infos:
+        return ToolResult.success("No background jobs. Start one with background=true.", data={"jobs": []})
+    lines = []
+    for info in infos:
+        if info.running:
+            state = f"running (pid {info.pid})"
+        elif info.status == "failed":
+            state = "failed to start"
+        else:
+            state = f"{info.status} ({_describe_exit(info.exit_code)})"
+        unread = f", {info.unread_bytes:,} bytes unread" if info.unread_bytes else ""
+        lines.append(f"{info.id}: {state}, {info.duration:.1f} s{unread}: {info.command}")
+    data = {"jobs": [{"job_id": i.id, "status": i.status, "pid": i.pid, "exit_code": i.exit_code} for i in infos]}
+    return ToolResult.success("\n".join(lines), data=data)

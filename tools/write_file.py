@@ -1,0 +1,128 @@
+"""The write_file tool: create a text file, or replace one the session has read."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from weald.tools._contract import ToolContext, ToolError, ToolResult, tool
+from weald.tools._hashline import UTF8_BOM, TextFile, strip_echoed_tags
+from weald.tools._ledger import session_ledger
+from weald.tools._sandbox import display_path, resolve_in_sandbox, write_atomic
+from weald.tools.read_file import read_text
+
+__all__ = ["write_file"]
+
+_PARAMETERS: Mapping[str, Any] = {
+    "type": "object",
+    "properties": {
+        "path": {
+            "type": "string",
+            "description": (
+                "The file to write: relative to the working directory, or absolute inside it. "
+                "Missing parent directories are created."
+            ),
+        },
+        "content": {
+            "type": "string",
+            "description": "The complete new content of the file (plain text, without 'N:hh|' prefixes).",
+        },
+    },
+    "required": ["path", "content"],
+    "additionalProperties": False,
+}
+
+_DESCRIPTION = (
+    "Write a whole text file: create it (with any missing parent directories) or replace all of its content. "
+    "To replace an existing file you must have read it with read_file in this session, and it must not "
+    "have changed since. An existing file keeps its line endings (CRLF or LF), its UTF-8 BOM and its "
+    "permissions. To change part of a file, use edit_file instead."
+)
+
+
+def _subject(arguments: Mapping[str, Any]) -> str | None:
+    path = arguments.get("path")
+    return path if isinstance(path, str) else None
+
+
+@tool(
+    name="write_file",
+    description=_DESCRIPTION,
+    parameters=_PARAMETERS,
+    permission="ask",
+    timeout=10.0,
+    truncate="head",
+    subject=_subject,
+    kind="write",
+)
+def write_file(ctx: ToolContext, path: str, content: str) -> ToolResult:
+    """Create or overwrite a text file atomically.
+
+    Args:
+        ctx: the call's context.
+        path: the file.
+        content: its complete new content (LF line endings are fine for a CRLF file).
+
+    Returns:
+        What was done; ``data`` holds ``path``, ``bytes`` written and ``created``.
+
+    Raises:
+        ToolError: the path leads outside the sandbox or is a directory, or the
+            file exists and this session has not read it or it changed since.
+    """
+    real = resolve_in_sandbox(ctx, path)
+    shown = display_path(ctx, real)
+    ledger = session_ledger(ctx)
+    text = strip_echoed_tags(content.replace("\r\n", "\n"))
+    expect: os.stat_result | None = None
+    old_size = 0
+    notes: list[str] = []
+    if text != content.replace("\r\n", "\n"):
+        notes.append("The 'N:hh|' prefixes copied from read_file output were removed from the content.")
+    if os.path.lexists(real):
+        _, _, old_data, expect = read_text(ctx, path, purpose="write_file replaces")
+        if ledger is not None:
+            ledger.check_fresh(real, data=old_data, st=expect, name=shown)
+        old = TextFile.decode(old_data)
+        old_size = len(old_data)
+        data = _encode_like(old, text)
+        kept = [what for what, flag in (("CRLF line endings", old.eol == "\r\n"), ("UTF-8 BOM", old.bom)) if flag]
+        if kept:
+            notes.append("Kept the file's " + " and ".join(kept) + ".")
+        if data == old_data:
+            return ToolResult.success(
+                f"{shown} already has exactly this content; nothing was written.",
+                data={"path": shown, "bytes": 0, "created": False},
+            )
+    else:
+        data = _encode_like(None, text)
+    ctx.abort.raise_if_set()
+    outcome = write_atomic(ctx, str(real), data, expect=expect, exclusive=expect is None)
+    if ledger is not None:
+        ledger.record(real, data, outcome.stat)
+    lines = TextFile.decode(data).lines()
+    size = f"{len(data)} bytes, {len(lines)} line{'' if len(lines) == 1 else 's'}"
+    if outcome.created:
+        summary = f"Created {shown} ({size})."
+    else:
+        summary = f"Overwrote {shown} ({size}; it had {old_size} bytes)."
+    return ToolResult.success(
+        "\n".join([summary, *notes]),
+        data={"path": shown, "bytes": len(data), "created": outcome.created},
+    )
+
+
+def _encode_like(old: TextFile | None, text: str) -> bytes:
+    """``text`` (LF line endings) as bytes with ``old``'s line ending and BOM (plain UTF-8 if None)."""
+    if old is not None and old.eol == "\r\n":
+        text = text.replace("\n", "\r\n")
+    bom = old is not None and old.bom and not text.startswith("\ufeff")
+    try:
+        body = text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError as exc:
+        raise ToolError(
+            f"the content contains a character that cannot be written as UTF-8 ({exc.reason}); "
+            "remove lone surrogate escapes such as \\ud800 from it.",
+        ) from exc
+    return UTF8_BOM + body if bom else body
