@@ -1,0 +1,734 @@
+"""The tool runner: one per agent session; every tool call a short-lived, supervised child actor.
+
+::
+
+    /sessions/<id>/tool_runner                  ToolRunner
+    /sessions/<id>/tool_runner/calls            DynamicSupervisor (owned by the runner)
+    /sessions/<id>/tool_runner/calls/<call_id>  ToolExecution (temporary), one per call
+
+An agent sends `RunTools` with the calls of one model response and a frozen
+snapshot of its state; the runner checks each call's permission, starts each
+allowed call in its own `ToolExecution` child (which receives the snapshot in
+its `ToolContext`), runs them concurrently, and sends one `ToolResults` back
+with the results in call order. Nothing here blocks the runner's mailbox:
+starting, awaiting and permission prompts all run as I/O tasks whose
+outcomes come back as messages, so `abort` is handled at once.
+
+A call never raises into the runner: a bad call, a denied permission, a
+timeout, an abort, a tool that raises (even a BaseException) or a crashed
+execution actor all become error results telling the model what happened.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import itertools
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import attrs
+import outcome
+import trio
+from weald.runtime import Actor, Future, Ref, redact
+from weald.supervisors import ChildSpec, DynamicSupervisor
+from weald.tools import (
+    AbortSignal,
+    JobTable,
+    Permission,
+    ReadLedger,
+    SessionServices,
+    Tool,
+    ToolConfig,
+    ToolContext,
+    ToolRegistry,
+    ToolResult,
+    default_registry,
+    invoke,
+    limit_output,
+)
+
+__all__ = [
+    "CallOutcome",
+    "PermissionRequest",
+    "RunTools",
+    "RunnerConfig",
+    "RunnerSnapshot",
+    "ToolCallRequest",
+    "ToolExecution",
+    "ToolResults",
+    "ToolRunner",
+    "decide_permission",
+]
+
+PermissionRule = Permission | Mapping[str, Permission]
+Decision = Literal["allow", "deny", "allow_always"]
+_STRICTNESS = {"allow": 0, "ask": 1, "deny": 2}
+
+
+@attrs.frozen
+class RunnerConfig:
+    """How a session's tool runner treats calls (from ``weald.toml`` ``[tools]``).
+
+    Attributes:
+        timeouts: seconds per tool name, overriding each tool's default.
+        permissions: per tool name, a permission, or (for tools with a
+            subject, like shell) a mapping of glob patterns on the subject to
+            permissions. Deny beats ask beats allow.
+        permission_timeout: seconds to wait for an answer to ``ask``; no
+            answer counts as deny.
+        tool_config: what tools may read (output limits, per-tool options).
+        grace: extra seconds the runner allows a tool that enforces its own
+            ``timeout`` argument (shell) before it cancels it from outside.
+    """
+
+    timeouts: Mapping[str, float] = attrs.field(factory=dict)
+    permissions: Mapping[str, PermissionRule] = attrs.field(factory=dict)
+    permission_timeout: float = 300.0
+    tool_config: ToolConfig = attrs.field(factory=ToolConfig)
+    grace: float = 5.0
+
+
+@attrs.frozen
+class ToolCallRequest:
+    """One tool call from a model response.
+
+    Attributes:
+        id: the model's call id.
+        name: the tool called.
+        arguments: the parsed arguments, or None when they could not be parsed.
+        error: why the arguments could not be parsed (then the call fails at once).
+    """
+
+    id: str
+    name: str
+    arguments: Mapping[str, Any] | None
+    error: str | None = None
+
+
+@attrs.frozen
+class RunTools:
+    """Message to the runner: run these calls, send `ToolResults` to ``reply_to``.
+
+    Attributes:
+        batch_id: names this batch in the reply and in `ToolRunner.abort`.
+        calls: the calls, in the model's order.
+        snapshot: the agent's frozen state, handed to every call.
+        reply_to: the agent to send `ToolResults` to.
+        agent_id: the calling agent's id.
+        agent_path: its path (events and permission prompts name it).
+        depth: 0 for the top-level agent, 1 for a sub-agent...
+        tool_filter: which tools this agent may call (patterns; None = all).
+    """
+
+    batch_id: str
+    calls: tuple[ToolCallRequest, ...]
+    snapshot: Any
+    reply_to: Ref[Any] | None
+    agent_id: str = ""
+    agent_path: str = ""
+    depth: int = 0
+    tool_filter: tuple[str, ...] | None = None
+
+
+@attrs.frozen
+class CallOutcome:
+    """The result of one call, as the agent receives it."""
+
+    call_id: str
+    name: str
+    result: ToolResult
+    duration: float
+
+
+@attrs.frozen
+class ToolResults:
+    """Message from the runner: every call of a batch ended, results in call order."""
+
+    batch_id: str
+    outcomes: tuple[CallOutcome, ...]
+    aborted: bool = False
+
+
+@attrs.frozen
+class PermissionRequest:
+    """A call waiting for whoever drives the agent to allow or deny it.
+
+    Published as the ``permission.requested`` event; answered with
+    `ToolRunner.respond_permission`.
+    """
+
+    request_id: str
+    session_id: str
+    agent_path: str
+    call_id: str
+    tool: str
+    subject: str | None
+    arguments: Mapping[str, Any]
+    timeout: float
+
+
+@attrs.frozen
+class RunnerSnapshot:
+    """The runner's state for introspection."""
+
+    path: str
+    session_id: str
+    status: str
+    running_calls: tuple[str, ...]
+    pending_permissions: tuple[str, ...]
+    calls_started: int
+    calls_finished: int
+    allowed_always: tuple[str, ...]
+
+
+def decide_permission(
+    tool: Tool,
+    arguments: Mapping[str, Any],
+    rules: Mapping[str, PermissionRule],
+    allowed_always: frozenset[tuple[str, str | None]] = frozenset(),
+) -> tuple[Permission, str]:
+    """Decide allow, ask or deny for one call, and say why.
+
+    A rule for the tool is either a permission or, for tools with a
+    subject (the shell command), a mapping of glob patterns to permissions:
+    among the patterns that match the subject, the strictest wins (deny
+    beats ask beats allow). No rule, or no matching pattern, falls back to
+    the tool's default.
+    """
+    subject = tool.subject(arguments) if tool.subject is not None else None
+    if (tool.name, subject) in allowed_always or (tool.name, None) in allowed_always:
+        return "allow", "allowed for this session"
+    rule = rules.get(tool.name)
+    if rule is None:
+        return tool.permission, f"default for {tool.name}"
+    if isinstance(rule, str):
+        return rule, f"tools.permissions.{tool.name} = {rule}"
+    matched: list[tuple[Permission, str]] = [
+        (perm, pattern)
+        for pattern, perm in rule.items()
+        if subject is not None and fnmatch.fnmatchcase(subject, pattern)
+    ]
+    if not matched:
+        return tool.permission, f"default for {tool.name} (no pattern matched)"
+    perm, pattern = max(matched, key=lambda m: _STRICTNESS[m[0]])
+    return perm, f'tools.permissions.{tool.name} "{pattern}" = {perm}'
+
+
+# -- messages the runner sends itself ------------------------------------------------------
+
+
+@attrs.frozen
+class _CallDone:
+    batch_id: str
+    index: int
+    result: ToolResult
+    duration: float
+
+
+@attrs.frozen
+class _PermissionTimeout:
+    request_id: str
+
+
+class _Pending:
+    """A call in a batch: where it is, and how to stop it."""
+
+    __slots__ = ("abort", "call", "execution", "index", "request_id", "started", "tool")
+
+    def __init__(self, index: int, call: ToolCallRequest, tool: Tool | None) -> None:
+        self.index = index
+        self.call = call
+        self.tool = tool
+        self.abort = AbortSignal()
+        self.execution: Ref[Any] | None = None
+        self.request_id: str | None = None
+        self.started = time.monotonic()
+
+
+class _Batch:
+    __slots__ = ("dispatching", "msg", "pending", "results")
+
+    def __init__(self, msg: RunTools) -> None:
+        self.msg = msg
+        self.results: list[CallOutcome | None] = [None] * len(msg.calls)
+        self.pending: dict[int, _Pending] = {}
+        # Invariant: no reply while the batch's calls are still being dispatched,
+        # even if every call dispatched so far has already completed.
+        self.dispatching = True
+
+
+# -- the execution child -------------------------------------------------------------------
+
+
+class ToolExecution(Actor):
+    """Runs one tool call; a temporary child of the runner's ``calls`` supervisor.
+
+    Its ``on_start`` launches the call as an I/O task and returns, so the
+    supervisor's start completes at once; the outcome completes ``result``
+    and the actor stops itself. Killing it cancels the call (async tools
+    are cancelled where they wait; thread tools see ``ctx.abort``).
+    """
+
+    def __init__(
+        self,
+        tool: Tool,
+        arguments: Mapping[str, Any],
+        ctx: ToolContext,
+        timeout: float,
+        result: Future[ToolResult],
+    ) -> None:
+        super().__init__()
+        self._tool = tool
+        self._arguments = arguments
+        self._ctx = ctx
+        self._timeout = timeout
+        self._result = result
+
+    def on_start(self) -> None:
+        """Launch the call as an I/O task and return, so the start completes at once."""
+        self.run_io(self._run, reply=self._finished, name=f"tool {self._tool.name}")
+
+    async def _run(self) -> ToolResult:
+        tool, ctx = self._tool, self._ctx
+        with trio.move_on_after(self._timeout) as scope:
+            try:
+                return await invoke(tool, ctx, self._arguments)
+            except trio.Cancelled:
+                raise
+            except BaseException as exc:  # a tool's BaseException is still only an error result
+                return ToolResult.error(
+                    f"{tool.name} crashed with {type(exc).__name__}: {exc}. "
+                    "The tool is fine to call again; change the arguments or try another approach."
+                )
+        ctx.abort.set("timed out")
+        assert scope.cancelled_caught
+        return ToolResult.error(
+            f"{tool.name} timed out after {self._timeout:g} s and was stopped"
+            + (f"; ask for more with the timeout argument (up to {tool.max_timeout:g} s)" if tool.max_timeout else "")
+            + "."
+        )
+
+    def _finished(self, result: outcome.Outcome[ToolResult]) -> object:
+        if self.actor_ref.exit is not None:
+            return None  # killed: the runner reports the call from the exit
+        if isinstance(result, outcome.Value):
+            value = result.value
+        else:
+            assert isinstance(result, outcome.Error)
+            value = ToolResult.error(f"{self._tool.name} was cancelled: {result.error}")
+        with contextlib.suppress(Exception):  # already answered (killed meanwhile)
+            self._result.set(value)
+        self.actor_ref.stop(block=False)
+        return None
+
+
+# -- the runner ------------------------------------------------------------------------------
+
+
+class ToolRunner(Actor):
+    """Runs an agent session's tool calls, each in its own supervised child actor.
+
+    Args:
+        session_id: the session this runner belongs to.
+        working_dir: the project directory; file tools are sandboxed to it.
+        allowed_dirs: further directories file tools may touch.
+        registry: where tools are looked up (built-ins and MCP tools).
+        config: timeouts, permissions, output limits.
+        output_dir: where full outputs and job spools go (default: a
+            ``weald-outputs`` folder in the system's store directory).
+        runtime: handles for tools that talk to the runtime (``ctx.session.runtime``).
+    """
+
+    def __init__(
+        self,
+        session_id: str,
+        working_dir: str | Path,
+        *,
+        allowed_dirs: Sequence[str | Path] = (),
+        registry: ToolRegistry | None = None,
+        config: RunnerConfig | None = None,
+        output_dir: str | Path | None = None,
+        runtime: Any = None,
+    ) -> None:
+        super().__init__()
+        self._session_id = session_id
+        self._working_dir = Path(working_dir).resolve()
+        self._config = config or RunnerConfig()
+        self._registry = registry or default_registry
+        out = Path(output_dir) if output_dir else self.system.store_path.parent / "weald-outputs" / session_id
+        self._output_dir = out
+        # Saved full outputs must stay readable by read_file: they are in the sandbox.
+        self._allowed_dirs = (*(Path(d).resolve() for d in allowed_dirs), out.resolve())
+        self._runtime = runtime
+        self._batches: dict[str, _Batch] = {}
+        self._permissions: dict[str, tuple[str, int]] = {}  # request_id -> (batch_id, index)
+        self._allowed_always: set[tuple[str, str | None]] = set()
+        self._calls: Ref[Any] | None = None
+        self._calls_proxy: Any = None
+        self._services: SessionServices | None = None
+        self._ids = itertools.count(1)
+        self._started_calls = 0
+        self._finished_calls = 0
+
+    # -- lifecycle -----------------------------------------------------------------
+
+    def on_start(self) -> None:
+        """Start the ``calls`` supervisor and the session services (on the runner's task)."""
+        self._calls = self.spawn_child(DynamicSupervisor, kwargs={"max_restarts": 1_000_000}, name="calls")
+        self._calls_proxy = self._calls.proxy()
+        jobs = JobTable(self._spawn_job, output_dir=self._output_dir / "jobs")
+        self._services = SessionServices(
+            output_dir=self._output_dir, ledger=ReadLedger(), jobs=jobs, runtime=self._runtime
+        )
+
+    def on_stop(self) -> Any:
+        """Abort what runs, kill background jobs, stop the calls supervisor (awaited on the runner's task)."""
+        return self._shutdown()
+
+    async def _shutdown(self) -> None:
+        self._abort_all("the session stopped")
+        if self._services is not None and self._services.jobs is not None:
+            with trio.CancelScope(shield=True), trio.move_on_after(10):
+                await self._services.jobs.aclose()
+        if self._calls is not None and self._calls.is_alive():
+            self._calls.stop(block=False)
+            with trio.move_on_after(5):
+                await self._calls.exited()
+
+    def on_failure(self, *_: object) -> None:
+        """After a crash, kill background jobs at once (no grace)."""
+        if self._services is not None and self._services.jobs is not None:
+            self._services.jobs.close_nowait()
+
+    def _spawn_job(self, async_fn: Callable[..., Any], *args: Any) -> Any:
+        # Background jobs live as long as the runner, not the call that started them.
+        return self.run_io(async_fn, *args, name="background job")
+
+    # -- public API (through the proxy) --------------------------------------------------
+
+    @property
+    def services(self) -> SessionServices:
+        """The session services handed to every call (read ledger, jobs, runtime)."""
+        assert self._services is not None
+        return self._services
+
+    def tool_specs(self, tool_filter: Sequence[str] | None = None) -> list[dict[str, Any]]:
+        """Definitions of the tools an agent with ``tool_filter`` may call, for the model."""
+        return [t.spec() for t in self._registry.select(tool_filter)]
+
+    def respond_permission(self, request_id: str, decision: Decision) -> bool:
+        """Answer a permission request; returns False if it is unknown or already answered.
+
+        ``allow_always`` allows this call and every later call of the same
+        tool with the same subject in this session.
+        """
+        where = self._permissions.pop(request_id, None)
+        if where is None:
+            return False
+        batch_id, index = where
+        batch = self._batches.get(batch_id)
+        if batch is None:
+            return False
+        pending = batch.pending[index]
+        tool = pending.tool
+        assert tool is not None
+        self.system.events.publish(
+            "permission.answered", self.path, {"request_id": request_id, "decision": decision, "tool": tool.name}
+        )
+        if decision == "deny":
+            self._complete(
+                batch,
+                index,
+                ToolResult.error(
+                    f"permission to run {tool.name} was denied by the user. Do not retry the same call; "
+                    "ask the user or take another approach."
+                ),
+            )
+            return True
+        if decision == "allow_always":
+            subject = tool.subject(pending.call.arguments or {}) if tool.subject else None
+            self._allowed_always.add((tool.name, subject))
+        self._launch(batch, pending)
+        return True
+
+    def abort(self, batch_id: str | None = None) -> int:
+        """Stop the calls of one batch (or all); unfinished calls end as ``[aborted]``.
+
+        Returns:
+            How many calls were stopped.
+        """
+        if batch_id is None:
+            return self._abort_all("aborted")
+        batch = self._batches.get(batch_id)
+        return 0 if batch is None else self._abort_batch(batch, "aborted")
+
+    def snapshot(self) -> RunnerSnapshot:
+        """A frozen view of running calls and pending permission prompts."""
+        running = tuple(
+            p.call.id for b in self._batches.values() for p in b.pending.values() if p.execution is not None
+        )
+        return RunnerSnapshot(
+            path=self.path,
+            session_id=self._session_id,
+            status=self._status,
+            running_calls=running,
+            pending_permissions=tuple(self._permissions),
+            calls_started=self._started_calls,
+            calls_finished=self._finished_calls,
+            allowed_always=tuple(sorted(f"{t}:{s or '*'}" for t, s in self._allowed_always)),
+        )
+
+    # -- messages ----------------------------------------------------------------------------
+
+    def on_receive(self, message: Any) -> None:
+        """Handle `RunTools`, and the runner's own completion and timeout messages."""
+        if isinstance(message, _CallDone):
+            batch = self._batches.get(message.batch_id)
+            if batch is not None and message.index in batch.pending:
+                self._complete(batch, message.index, message.result)
+        elif isinstance(message, RunTools):
+            self._run(message)
+        elif isinstance(message, _PermissionTimeout):
+            self._permission_timed_out(message.request_id)
+
+    def _run(self, msg: RunTools) -> None:
+        batch = _Batch(msg)
+        self._batches[msg.batch_id] = batch
+        allowed = {t.name: t for t in self._registry.select(msg.tool_filter)}
+        for index, call in enumerate(msg.calls):
+            tool = allowed.get(call.name)
+            pending = _Pending(index, call, tool)
+            batch.pending[index] = pending
+            self._publish("tool.started", batch, call, {"arguments": redact(dict(call.arguments or {}))})
+            problem = self._refuse(call, tool, allowed)
+            if problem is not None:
+                self._complete(batch, index, problem)
+                continue
+            assert tool is not None
+            perm, why = decide_permission(
+                tool, call.arguments or {}, self._config.permissions, frozenset(self._allowed_always)
+            )
+            if perm == "deny":
+                self._complete(
+                    batch,
+                    index,
+                    ToolResult.error(
+                        f"{tool.name} is not allowed here ({why}). Do not retry this call; take another approach."
+                    ),
+                )
+            elif perm == "ask":
+                self._ask_permission(batch, pending)
+            else:
+                self._launch(batch, pending)
+        batch.dispatching = False
+        if not batch.pending:
+            self._reply(batch)
+
+    def _refuse(self, call: ToolCallRequest, tool: Tool | None, allowed: Mapping[str, Tool]) -> ToolResult | None:
+        if call.error is not None or call.arguments is None:
+            return ToolResult.error(
+                call.error or f"the arguments for {call.name} were not a JSON object; call it again with valid JSON."
+            )
+        if tool is None:
+            names = ", ".join(sorted(allowed)) or "none"
+            return ToolResult.error(f"there is no tool named {call.name!r} available here. Available tools: {names}.")
+        return None
+
+    def _timeout_for(self, tool: Tool, arguments: Mapping[str, Any]) -> float:
+        timeout = float(self._config.timeouts.get(tool.name, tool.timeout))
+        asked = arguments.get("timeout")
+        if tool.max_timeout is not None and isinstance(asked, int | float) and asked > 0:
+            # The tool enforces its own timeout; the runner stands by a little longer.
+            return min(float(asked), tool.max_timeout) + self._config.grace
+        if tool.max_timeout is not None:
+            return timeout + self._config.grace
+        return timeout
+
+    def _launch(self, batch: _Batch, pending: _Pending) -> None:
+        tool = pending.tool
+        assert tool is not None
+        call = pending.call
+        msg = batch.msg
+        runner_path = self.path
+
+        def emit(kind: str, data: Mapping[str, Any]) -> None:
+            self.system.events.publish(
+                f"tool.{kind}",
+                runner_path,
+                {"call_id": call.id, "tool": tool.name, "agent": msg.agent_path, **data},
+            )
+
+        ctx = ToolContext(
+            working_dir=self._working_dir,
+            allowed_dirs=self._allowed_dirs,
+            session_id=self._session_id,
+            agent_id=msg.agent_id,
+            call_id=call.id,
+            depth=msg.depth,
+            config=self._config.tool_config,
+            snapshot=msg.snapshot,
+            abort=pending.abort,
+            emit=emit,
+            session=self._services,
+            tool_name=tool.name,
+        )
+        timeout = self._timeout_for(tool, call.arguments or {})
+        self._started_calls += 1
+        pending.started = time.monotonic()
+        result: Future[ToolResult] = Future()
+        child_id = f"{call.id}-{next(self._ids)}"
+        spec = ChildSpec(
+            _child_name(child_id),
+            ToolExecution,
+            args=(tool, call.arguments or {}, ctx, timeout, result),
+            restart="temporary",
+            shutdown=1.0,
+        )
+        batch_id, index = msg.batch_id, pending.index
+
+        async def execute() -> ToolResult:
+            ref = await self._calls_proxy.start_child(spec)
+            pending.execution = ref
+            exit_ = await ref.exited()
+            if result.done():
+                return await result
+            if pending.abort.is_set():
+                return ToolResult.error("[aborted]")
+            return ToolResult.error(
+                f"the {tool.name} call ended without a result ({exit_.describe()}). It is fine to call the tool again."
+            )
+
+        def done(o: outcome.Outcome[ToolResult]) -> _CallDone:
+            if isinstance(o, outcome.Value):
+                value = o.value
+            else:
+                assert isinstance(o, outcome.Error)
+                value = ToolResult.error(
+                    "[aborted]" if pending.abort.is_set() else f"the {tool.name} call could not run: {o.error}"
+                )
+            return _CallDone(batch_id, index, value, time.monotonic() - pending.started)
+
+        self.run_io(execute, reply=done, name=f"call {call.id}")
+
+    # -- permissions ------------------------------------------------------------------------
+
+    def _ask_permission(self, batch: _Batch, pending: _Pending) -> None:
+        tool = pending.tool
+        assert tool is not None
+        request_id = uuid.uuid4().hex[:12]
+        pending.request_id = request_id
+        self._permissions[request_id] = (batch.msg.batch_id, pending.index)
+        arguments = pending.call.arguments or {}
+        request = PermissionRequest(
+            request_id=request_id,
+            session_id=self._session_id,
+            agent_path=batch.msg.agent_path,
+            call_id=pending.call.id,
+            tool=tool.name,
+            subject=tool.subject(arguments) if tool.subject else None,
+            arguments=redact(dict(arguments)),
+            timeout=self._config.permission_timeout,
+        )
+        self.system.events.publish("permission.requested", self.path, attrs.asdict(request))
+        self.run_io(
+            trio.sleep,
+            self._config.permission_timeout,
+            reply=lambda _: _PermissionTimeout(request_id),
+            name=f"permission {request_id}",
+        )
+
+    def _permission_timed_out(self, request_id: str) -> None:
+        where = self._permissions.pop(request_id, None)
+        if where is None:
+            return
+        batch = self._batches.get(where[0])
+        if batch is None:
+            return
+        pending = batch.pending[where[1]]
+        self.system.events.publish("permission.timed_out", self.path, {"request_id": request_id})
+        self._complete(
+            batch,
+            where[1],
+            ToolResult.error(
+                f"nobody answered the permission request for {pending.call.name} within "
+                f"{self._config.permission_timeout:g} s, so it counts as denied. Do not retry it unasked."
+            ),
+        )
+
+    # -- completion ----------------------------------------------------------------------------
+
+    def _complete(self, batch: _Batch, index: int, result: ToolResult) -> None:
+        pending = batch.pending.pop(index, None)
+        if pending is None:
+            return
+        if pending.request_id is not None:
+            self._permissions.pop(pending.request_id, None)
+        tool = pending.tool
+        if tool is not None:
+            result = limit_output(
+                result,
+                keep=tool.truncate,
+                max_lines=self._config.tool_config.max_output_lines,
+                max_bytes=self._config.tool_config.max_output_bytes,
+                save_dir=self._output_dir,
+                call_id=f"{pending.call.id}-{pending.index}",
+            )
+        duration = time.monotonic() - pending.started
+        call = pending.call
+        batch.results[index] = CallOutcome(call.id, call.name, result, duration)
+        self._finished_calls += 1
+        if result.ok:
+            self._publish("tool.finished", batch, call, {"ok": True, "duration_ms": round(duration * 1000, 3)})
+        else:
+            self._publish(
+                "tool.failed",
+                batch,
+                call,
+                {"ok": False, "duration_ms": round(duration * 1000, 3), "error": result.output[:500]},
+            )
+        if not batch.pending and not batch.dispatching:
+            self._reply(batch)
+
+    def _reply(self, batch: _Batch, *, aborted: bool = False) -> None:
+        self._batches.pop(batch.msg.batch_id, None)
+        outcomes = tuple(r for r in batch.results if r is not None)
+        reply_to = batch.msg.reply_to
+        if reply_to is not None and reply_to.is_alive():
+            with contextlib.suppress(Exception):
+                reply_to.tell(ToolResults(batch.msg.batch_id, outcomes, aborted))
+
+    def _abort_batch(self, batch: _Batch, reason: str) -> int:
+        stopped = 0
+        for index, pending in list(batch.pending.items()):
+            pending.abort.set(reason)
+            if pending.execution is not None and pending.execution.is_alive():
+                pending.execution.kill()
+            stopped += 1
+            self._complete(batch, index, ToolResult.error("[aborted]"))
+        return stopped
+
+    def _abort_all(self, reason: str) -> int:
+        return sum(self._abort_batch(b, reason) for b in list(self._batches.values()))
+
+    def _publish(self, topic: str, batch: _Batch, call: ToolCallRequest, data: Mapping[str, Any]) -> None:
+        self.system.events.publish(
+            topic,
+            self.path,
+            {
+                "call_id": call.id,
+                "tool": call.name,
+                "agent": batch.msg.agent_path,
+                "batch_id": batch.msg.batch_id,
+                **data,
+            },
+        )
+
+
+def _child_name(call_id: str) -> str:
+    # Child ids are path components: keep them free of '/' and reasonably short.
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in call_id)
+    return safe[:80] or "call"
