@@ -1,0 +1,454 @@
+"""Finding, reading, merging and checking ``weald.toml`` files.
+
+The pipeline, for one or more sources (home first, then project):
+
+1. parse each file with `tomllib` (a syntax error names the file, line and column);
+2. structure each source on its own, so a wrong type or unknown key is
+   reported against the file that holds it;
+3. normalize each source: relative paths become relative to its file's
+   directory, ``[tools.NAME] timeout`` moves to ``[tools.timeouts]``;
+4. deep-merge the sources (tables merge key by key, anything else is
+   replaced by the later source) and structure the result;
+5. expand ``~`` and fill the socket's default from the environment;
+6. check what only the merged whole can tell: model names that refer to
+   providers and aliases, and each MCP server's transport.
+
+Problems are collected across all steps that can run and raised together
+as one `ConfigError`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+import tomllib
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+import attrs
+from cattrs import BaseValidationError
+from weald.runtime._config_convert import TOOLS_KEYS, KeyPath, format_path, problems_from, structure_config
+from weald.runtime._config_model import Config, ConfigError, ConfigProblem, ValueProblem
+from weald.runtime.llm import PROVIDERS
+
+__all__ = [
+    "CONFIG_ENV",
+    "CONFIG_FILE_NAME",
+    "Source",
+    "config_from_sources",
+    "find_config_files",
+    "load_config",
+    "parse_config",
+    "source_from_data",
+]
+
+#: The config file's name, in a project directory and in ``~/.weald``.
+CONFIG_FILE_NAME = "weald.toml"
+#: The environment variable naming a config file to read instead of the usual ones.
+CONFIG_ENV = "WEALD_CONFIG"
+
+
+@attrs.frozen
+class Source:
+    """One parsed config file (or string, or dict).
+
+    Attributes:
+        label: Names it in error messages (the file's path, or ``<string>``).
+        data: Its tables, as `tomllib` returns them.
+        base_dir: The directory relative paths in it are relative to; None
+            leaves them relative.
+    """
+
+    label: str
+    data: Mapping[str, object]
+    base_dir: Path | None = None
+
+
+def source_from_data(data: Mapping[str, object], label: str, base_dir: Path | None = None) -> Source:
+    """A `Source` from already-parsed data."""
+    return Source(label=label, data=data, base_dir=base_dir)
+
+
+# --- Reading --------------------------------------------------------------------------------------
+
+_AT_END = " (at end of document)"
+_TOML_POSITION = re.compile(r"^(?P<message>.*?) \(at line (?P<line>\d+), column (?P<column>\d+)\)$", re.DOTALL)
+
+
+def _parse_toml(text: str, label: str) -> dict[str, object]:
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        message = str(exc)
+        if match := _TOML_POSITION.match(message):
+            line, column, message = int(match["line"]), int(match["column"]), match["message"]
+        elif message.endswith(_AT_END):
+            # tomllib names no position for an unfinished document: its end is the place.
+            lines = text.split("\n")
+            line, column, message = len(lines), len(lines[-1]) + 1, message.removesuffix(_AT_END)
+        else:
+            raise ConfigError([ConfigProblem(label, "", f"invalid TOML: {message}")]) from exc
+        raise ConfigError([ConfigProblem(label, "", f"invalid TOML: {message}", line=line, column=column)]) from exc
+
+
+def _read_file(path: Path, *, required: bool) -> Source | None:
+    label = str(path)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError as exc:
+        if not required:
+            return None
+        raise ConfigError([ConfigProblem(label, "", f"{CONFIG_ENV} names this file, which does not exist")]) from exc
+    except OSError as exc:
+        raise ConfigError([ConfigProblem(label, "", f"cannot read the file: {exc.strerror or exc}")]) from exc
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError([ConfigProblem(label, "", f"not UTF-8 text (byte {exc.start})")]) from exc
+    return Source(label=label, data=_parse_toml(text, label), base_dir=path.parent)
+
+
+def _expand_home(path: Path, home: Path) -> Path:
+    parts = path.parts
+    if parts and parts[0] == "~":
+        return home.joinpath(*parts[1:])
+    if parts and parts[0].startswith("~"):
+        return path.expanduser()  # ~user
+    return path
+
+
+def find_config_files(
+    project_dir: Path | None = None,
+    *,
+    home: Path | None = None,
+    environ: Mapping[str, str] = os.environ,
+) -> tuple[Path, ...]:
+    """The config files `load_config` reads, lowest precedence first.
+
+    ``$WEALD_CONFIG``, when set and not empty, is the only one (and must
+    exist); otherwise ``~/.weald/weald.toml`` then ``<project_dir>/weald.toml``,
+    whichever exist.
+
+    Args:
+        project_dir: The project's directory; None reads no project file.
+        home: The user's home directory; None means `Path.home`.
+        environ: The environment, for ``WEALD_CONFIG``.
+    """
+    home_dir = Path.home() if home is None else home
+    explicit = environ.get(CONFIG_ENV, "")
+    if explicit:
+        return (_expand_home(Path(explicit), home_dir).absolute(),)
+    candidates = [home_dir / ".weald" / CONFIG_FILE_NAME]
+    if project_dir is not None:
+        candidates.append(Path(project_dir) / CONFIG_FILE_NAME)
+    return tuple(path for path in candidates if path.exists())
+
+
+# --- Normalizing and merging ----------------------------------------------------------------------
+
+# Keys holding paths: (section, key), or ("mcp", "servers", *, key).
+_PATH_KEYS = (("store", "path"), ("server", "socket"), ("faults", "file"))
+
+
+def _resolve_relative(value: object, base_dir: Path) -> object:
+    if not isinstance(value, str) or not value or value.startswith("~") or Path(value).is_absolute():
+        return value
+    return str(base_dir / value)
+
+
+def _normalized(source: Source) -> dict[str, object]:
+    """A copy of the source's data with paths made absolute and tool timeouts in one place."""
+    data = _copy_tables(source.data)
+    if source.base_dir is not None:
+        for section, key in _PATH_KEYS:
+            table = data.get(section)
+            if isinstance(table, dict) and key in table:
+                table[key] = _resolve_relative(table[key], source.base_dir)
+        mcp = data.get("mcp")
+        servers = mcp.get("servers") if isinstance(mcp, dict) else None
+        if isinstance(servers, dict):
+            for server in servers.values():
+                if isinstance(server, dict) and "cwd" in server:
+                    server["cwd"] = _resolve_relative(server["cwd"], source.base_dir)
+    tools = data.get("tools")
+    if isinstance(tools, dict):
+        # [tools.NAME] timeout is [tools.timeouts] NAME; folded before merging
+        # so either spelling in the project overrides either in home.
+        for name, options in list(tools.items()):
+            if name not in TOOLS_KEYS and isinstance(options, dict) and "timeout" in options:
+                timeouts = tools.setdefault("timeouts", {})
+                assert isinstance(timeouts, dict)
+                timeouts[name] = options.pop("timeout")
+    return data
+
+
+def _copy_tables(data: Mapping[str, object]) -> dict[str, object]:
+    return {key: _copy_tables(value) if isinstance(value, Mapping) else value for key, value in data.items()}
+
+
+def _deep_merge(base: dict[str, object], over: Mapping[str, object]) -> dict[str, object]:
+    """``over`` on top of ``base``: tables merge key by key, any other value replaces."""
+    merged = dict(base)
+    for key, value in over.items():
+        below = merged.get(key)
+        if isinstance(below, dict) and isinstance(value, Mapping):
+            merged[key] = _deep_merge(below, value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _has_path(data: Mapping[str, object], path: KeyPath) -> bool:
+    node: object = data
+    for part in path:
+        if not isinstance(node, Mapping) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def _origin(sources: Iterable[Source], path: KeyPath) -> str:
+    """The sources that set ``path`` (joined with `` + ``), for a problem found after merging."""
+    sources = list(sources)
+    labels = [source.label for source in sources if _has_path(source.data, path)]
+    return " + ".join(labels or [source.label for source in sources])
+
+
+# --- Checking -------------------------------------------------------------------------------------
+
+
+def _structure_problems(data: Mapping[str, object]) -> list[tuple[KeyPath, str]]:
+    try:
+        structure_config(data)
+    except (ValueProblem, BaseValidationError) as exc:
+        return list(problems_from(exc))
+    return []
+
+
+def _model_problems(config: Config) -> list[tuple[KeyPath, str]]:
+    known = sorted(set(PROVIDERS) | set(config.providers))
+    problems: list[tuple[KeyPath, str]] = []
+
+    def check(path: KeyPath, spec: str) -> None:
+        provider = spec.partition(":")[0].strip()
+        if provider not in known:
+            problems.append(
+                (path, f'unknown provider "{provider}"; use one of {", ".join(known)} or add [providers.{provider}]')
+            )
+
+    for name, spec in config.models.aliases.items():
+        check(("models", "aliases", name), spec)
+    default = config.models.default
+    if default is not None:
+        if ":" in default:
+            check(("models", "default"), default)
+        elif default not in config.models.aliases:
+            problems.append(
+                (("models", "default"), f'"{default}" is neither a provider:model spec nor a name in [models.aliases]')
+            )
+    return problems
+
+
+def _mcp_problems(config: Config) -> list[tuple[KeyPath, str]]:
+    problems: list[tuple[KeyPath, str]] = []
+    if not config.mcp.servers:
+        return problems
+    from weald.runtime.mcp import MCPConfigError  # see MCPServerConfig.to_server_config
+
+    for name, server in config.mcp.servers.items():
+        try:
+            server.to_server_config(name)
+        except MCPConfigError as exc:
+            # ServerConfig says "invalid MCP server config 'NAME': a; b"; the
+            # path already names the server, so keep the list, one per line.
+            _, _, details = str(exc).partition(": ")
+            problems.extend((("mcp", "servers", name), detail) for detail in (details or str(exc)).split("; "))
+    return problems
+
+
+def _finalize(config: Config, merged: Mapping[str, object], home: Path, environ: Mapping[str, str]) -> Config:
+    server = merged.get("server")
+    socket = config.server.socket
+    if not (isinstance(server, Mapping) and "socket" in server):
+        runtime_dir = environ.get("XDG_RUNTIME_DIR", "")
+        if runtime_dir and Path(runtime_dir).is_absolute():
+            socket = Path(runtime_dir) / "weald.sock"
+    servers = {
+        name: attrs.evolve(server, cwd=None if server.cwd is None else _expand_home(server.cwd, home))
+        for name, server in config.mcp.servers.items()
+    }
+    faults_file = config.faults.file
+    return attrs.evolve(
+        config,
+        store=attrs.evolve(config.store, path=_expand_home(config.store.path, home)),
+        server=attrs.evolve(config.server, socket=_expand_home(socket, home)),
+        faults=attrs.evolve(config.faults, file=None if faults_file is None else _expand_home(faults_file, home)),
+        mcp=attrs.evolve(config.mcp, servers=servers),
+    )
+
+
+def _merged(sources: Iterable[Source]) -> dict[str, object]:
+    merged: dict[str, object] = {}
+    for source in sources:
+        merged = _deep_merge(merged, _normalized(source))
+    return merged
+
+
+def _late_problems(config: Config) -> list[tuple[KeyPath, str]]:
+    return _model_problems(config) + _mcp_problems(config)
+
+
+def _without(data: Mapping[str, object], paths: Iterable[KeyPath]) -> dict[str, object]:
+    """A copy of ``data`` with the key at each path removed (a path into an array removes the array)."""
+    pruned = _copy_tables(data)
+    for path in paths:
+        keys = list(itertools.takewhile(lambda part: isinstance(part, str), path))
+        node: object = pruned
+        for key in keys[:-1]:
+            node = node.get(key) if isinstance(node, dict) else None
+        if keys and isinstance(node, dict):
+            node.pop(keys[-1], None)
+    return pruned
+
+
+def _related(path: KeyPath, other: KeyPath) -> bool:
+    shorter = min(len(path), len(other))
+    return path[:shorter] == other[:shorter]
+
+
+def _late_problems_despite(found: list[tuple[Source, KeyPath, str]], sources: list[Source]) -> list[ConfigProblem]:
+    """The late checks on what is left once the bad keys are dropped, so one run reports those too.
+
+    A late problem that may only be an echo of a bad key (at, above or below
+    its path; or a model check while a provider or model key is bad) is left
+    out: it would vanish or change once that key is fixed.
+    """
+    bad = [path for _, path, _ in found]
+    pruned = [
+        attrs.evolve(source, data=_without(source.data, [path for s, path, _ in found if s is source]))
+        for source in sources
+    ]
+    try:
+        config = structure_config(_merged(pruned))
+    except (ValueProblem, BaseValidationError):
+        return []  # still broken without them (a table that is not a table): report what we have
+    models_shaky = any(path[:1] in (("models",), ("providers",)) for path in bad)
+    return [
+        ConfigProblem(_origin(sources, path), format_path(path), message)
+        for path, message in _late_problems(config)
+        if not any(_related(path, other) for other in bad) and not (models_shaky and path[:1] == ("models",))
+    ]
+
+
+def config_from_sources(
+    sources: list[Source],
+    *,
+    home: Path | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Config:
+    """Check, merge and structure sources (lowest precedence first) into one `Config`.
+
+    Raises:
+        ConfigError: Every problem found.
+    """
+    found = [(source, path, message) for source in sources for path, message in _structure_problems(source.data)]
+    if found:
+        problems = [ConfigProblem(source.label, format_path(path), message) for source, path, message in found]
+        raise ConfigError(problems + _late_problems_despite(found, sources))
+    merged = _merged(sources)
+    try:
+        config = structure_config(merged)
+    except (ValueProblem, BaseValidationError) as exc:
+        # Each source was fine alone, so merging made these; name every file that set the key.
+        raise ConfigError(
+            [ConfigProblem(_origin(sources, path), format_path(path), message) for path, message in problems_from(exc)]
+        ) from exc
+    config = _finalize(
+        config,
+        merged,
+        Path.home() if home is None else home,
+        os.environ if environ is None else environ,
+    )
+    late = _late_problems(config)
+    if late:
+        raise ConfigError([ConfigProblem(_origin(sources, path), format_path(path), message) for path, message in late])
+    return config
+
+
+def parse_config(
+    text: str,
+    *,
+    source: str = "<string>",
+    base_dir: Path | None = None,
+    home: Path | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Config:
+    """Parse and check the text of one ``weald.toml``.
+
+    Args:
+        text: The TOML text.
+        source: Names the text in error messages.
+        base_dir: What relative paths in it are relative to; None leaves
+            them as written.
+        home: What ``~`` in paths means; None means `Path.home`.
+        environ: The environment, for the socket's default
+            (``XDG_RUNTIME_DIR``); None means `os.environ`.
+
+    Returns:
+        The config; anything the text does not set has its default.
+
+    Raises:
+        ConfigError: Every problem in the text, each with its key path (or,
+            for a TOML syntax error, its line and column).
+    """
+    data = _parse_toml(text, source)
+    return config_from_sources([Source(label=source, data=data, base_dir=base_dir)], home=home, environ=environ)
+
+
+def load_config(
+    project_dir: Path | None = None,
+    *,
+    home: Path | None = None,
+    environ: Mapping[str, str] = os.environ,
+) -> Config:
+    """Load the configuration: ``~/.weald/weald.toml``, then the project's ``weald.toml`` over it.
+
+    Project values override home values key by key: tables merge, any
+    other value (arrays included) is replaced. ``$WEALD_CONFIG``, when set,
+    names the one file to read instead of both. Missing files are fine:
+    with none, every value is its default.
+
+    Args:
+        project_dir: The project's directory; None reads no project file.
+        home: The user's home directory (``~``); None means `Path.home`.
+        environ: The environment (``WEALD_CONFIG``, ``XDG_RUNTIME_DIR``).
+
+    Returns:
+        The merged config.
+
+    Raises:
+        ConfigError: Every problem in every file, each line naming the file
+            and the key path (or the line and column of a TOML syntax error).
+    """
+    home_dir = Path.home() if home is None else home
+    explicit = bool(environ.get(CONFIG_ENV, ""))
+    sources: list[Source] = []
+    problems: list[ConfigProblem] = []
+    for path in find_config_files(project_dir, home=home_dir, environ=environ):
+        try:
+            source = _read_file(path, required=explicit)
+        except ConfigError as exc:
+            problems.extend(exc.problems)
+            continue
+        if source is not None:
+            sources.append(source)
+    if problems:
+        # Check the files that did parse too, so one run shows everything.
+        for source in sources:
+            problems.extend(
+                ConfigProblem(source.label, format_path(path), message)
+                for path, message in _structure_problems(source.data)
+            )
+        raise ConfigError(problems)
+    return config_from_sources(sources, home=home_dir, environ=environ)

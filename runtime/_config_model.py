@@ -1,0 +1,692 @@
+"""The frozen attrs classes that ``weald.toml`` is structured into, and their value checks.
+
+Each field that needs more than a type check (a positive number of seconds,
+an environment variable's name, an http URL) carries its check in its attrs
+metadata under `CHECK`. The converter (``_config_convert``) runs that check
+while structuring, so every bad value in a file is reported with its path;
+the same check is the field's attrs validator, so a class built by hand
+cannot hold a value the file could not.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import urllib.parse
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar
+
+import attrs
+from weald.runtime._errors import WealdError
+from weald.runtime._secrets import redact_text
+from weald.runtime.llm import ProviderSettings
+
+if TYPE_CHECKING:
+    # For annotations only; the methods that build these import them when called.
+    from weald.runtime.mcp import ServerConfig
+    from weald.tools import ToolConfig
+
+__all__ = [
+    "CHECK",
+    "DEFAULT_MODEL",
+    "AgentConfig",
+    "Config",
+    "ConfigError",
+    "ConfigProblem",
+    "DaemonConfig",
+    "FaultsConfig",
+    "InvalidValue",
+    "LimitsConfig",
+    "MCPConfig",
+    "MCPServerConfig",
+    "ModelChoice",
+    "ModelsConfig",
+    "Permission",
+    "PermissionRule",
+    "ProviderConfig",
+    "StoreConfig",
+    "ToolsConfig",
+    "ValueProblem",
+    "ValueProblems",
+]
+
+#: The model used when ``[models] default`` is not set: None means "the
+#: bundled demo script" (the daemon decides what that is).
+DEFAULT_MODEL: Final[str | None] = None
+
+Permission = Literal["allow", "ask", "deny"]
+#: A tool's permission rule: one permission, or (for tools whose calls have a
+#: subject, like shell's command) glob patterns on the subject -> permission.
+PermissionRule = Permission | Mapping[str, Permission]
+
+#: The attrs metadata key under which a field keeps its value check.
+CHECK: Final = "weald.config.check"
+
+_T = TypeVar("_T")
+
+
+# --- Problems found in a value ------------------------------------------------------------------
+
+
+class ValueProblem(Exception):
+    """One thing wrong with one value; its path is added by whoever walks the tree."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidValue(ValueProblem):
+    """A value of the wrong type or out of range: ``expected <expected>, got <value>``."""
+
+    def __init__(self, expected: str, value: object) -> None:
+        super().__init__(f"expected {expected}, got {describe_value(value)}")
+        self.expected = expected
+        self.value = value
+
+
+class ValueProblems(ValueProblem):
+    """Several problems below one value, each at a path relative to it."""
+
+    def __init__(self, problems: list[tuple[tuple[str | int, ...], BaseException]]) -> None:
+        super().__init__(f"{len(problems)} problem(s)")
+        self.problems = problems
+
+
+_MAX_SHOWN = 60
+
+
+def describe_value(value: object) -> str:
+    """A value as the TOML file spells it, shortened: ``"abc"``, ``true``, ``3.5``, ``a table``."""
+    if isinstance(value, str):
+        value = redact_text(value)  # a known secret (from the environment) is never echoed
+        shown = value if len(value) <= _MAX_SHOWN else value[: _MAX_SHOWN - 3] + "..."
+        # A TOML basic string: double quotes, backslash escapes.
+        escaped = shown.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\t", "\\t")
+        return f'"{escaped}"'
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, Mapping):
+        return "a table"
+    if isinstance(value, list | tuple):
+        return "an array"
+    return f"a {type(value).__name__}"
+
+
+# --- Value checks: each is a structure hook (value, type) -> value and, wrapped, a validator ----
+
+
+def check_number(value: object, _type: object = None) -> float:
+    """A TOML integer or float (not a boolean), as a float."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidValue("a number", value)
+    return float(value)
+
+
+def check_seconds(value: object, _type: object = None) -> float:
+    """A positive, finite number of seconds."""
+    number = check_number(value)
+    if not math.isfinite(number) or number <= 0:
+        raise InvalidValue("a positive number of seconds", value)
+    return number
+
+
+def check_nonnegative_seconds(value: object, _type: object = None) -> float:
+    """A finite number of seconds, zero or more."""
+    number = check_number(value)
+    if not math.isfinite(number) or number < 0:
+        raise InvalidValue("a number of seconds, zero or more", value)
+    return number
+
+
+def check_integer(value: object, _type: object = None) -> int:
+    """A TOML integer (not a boolean, not a float)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidValue("an integer", value)
+    return value
+
+
+def check_positive_int(value: object, _type: object = None) -> int:
+    """An integer greater than zero."""
+    number = check_integer(value)
+    if number <= 0:
+        raise InvalidValue("a positive integer", value)
+    return number
+
+
+def check_nonnegative_int(value: object, _type: object = None) -> int:
+    """An integer, zero or more."""
+    number = check_integer(value)
+    if number < 0:
+        raise InvalidValue("an integer, zero or more", value)
+    return number
+
+
+def check_bool(value: object, _type: object = None) -> bool:
+    """``true`` or ``false``."""
+    if not isinstance(value, bool):
+        raise InvalidValue("true or false", value)
+    return value
+
+
+def check_string(value: object, _type: object = None) -> str:
+    """Any string."""
+    if not isinstance(value, str):
+        raise InvalidValue("a string", value)
+    return value
+
+
+def check_str_tuple(value: object, _type: object = None) -> tuple[str, ...]:
+    """An array of strings, as a tuple."""
+    if not isinstance(value, list | tuple):
+        raise InvalidValue("an array of strings", value)
+    problems: list[tuple[tuple[str | int, ...], BaseException]] = [
+        ((index,), InvalidValue("a string", item)) for index, item in enumerate(value) if not isinstance(item, str)
+    ]
+    if problems:
+        raise ValueProblems(problems)
+    return tuple(value)
+
+
+def check_str_table(value: object, _type: object = None) -> dict[str, str]:
+    """A table of strings."""
+    if not isinstance(value, Mapping):
+        raise InvalidValue("a table of strings", value)
+    problems: list[tuple[tuple[str | int, ...], BaseException]] = [
+        ((key,), InvalidValue("a string", item)) for key, item in value.items() if not isinstance(item, str)
+    ]
+    if problems:
+        raise ValueProblems(problems)
+    return dict(value)
+
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def check_env_name(value: object, _type: object = None) -> str:
+    """The name of an environment variable; never echoes the value, which may be a key put here by mistake."""
+    if not isinstance(value, str):
+        raise InvalidValue("the name of an environment variable", value)
+    if not _ENV_NAME.fullmatch(value):
+        raise ValueProblem(
+            'expected the name of an environment variable (like "OPENAI_API_KEY"), '
+            "not the key itself: put the key in that variable"
+        )
+    return value
+
+
+def check_http_url(value: object, _type: object = None) -> str:
+    """An absolute ``http://`` or ``https://`` URL."""
+    if not isinstance(value, str):
+        raise InvalidValue("an http:// or https:// URL", value)
+    parsed = urllib.parse.urlsplit(value)
+    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+        raise InvalidValue("an http:// or https:// URL", value)
+    return value
+
+
+def check_model_spec(value: object, _type: object = None) -> str:
+    """A ``provider:model`` spec, or (with no colon) the name of an alias."""
+    if not isinstance(value, str):
+        raise InvalidValue('a "provider:model" string or an alias name', value)
+    provider, colon, model = value.partition(":")
+    if not provider.strip() or (colon and not model.strip()):
+        raise InvalidValue('a "provider:model" string (like "openai:gpt-4.1") or an alias name', value)
+    return value
+
+
+def check_full_model_spec(value: object, _type: object = None) -> str:
+    """A ``provider:model`` spec (an alias's target)."""
+    spec = check_model_spec(value)
+    if ":" not in spec:
+        raise InvalidValue('a "provider:model" string (like "openai:gpt-4.1")', value)
+    return spec
+
+
+def optional(check: Callable[[object, object], _T]) -> Callable[[object, object], _T | None]:
+    """The check, letting None through (from `Config.from_dict`; TOML has no null)."""
+
+    def check_optional(value: object, type_: object = None) -> _T | None:
+        return None if value is None else check(value, type_)
+
+    check_optional.__doc__ = check.__doc__
+    return check_optional
+
+
+def _validator(check: Callable[[object, object], object]) -> Callable[[object, attrs.Attribute[Any], object], None]:
+    def validate(_instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+        try:
+            check(value, None)
+        except ValueProblem as exc:
+            raise ValueError(f"{attribute.name}: {exc.message}") from None
+
+    return validate
+
+
+def checked(default: Any, check: Callable[[object, object], object]) -> Any:
+    """An attrs field with a default, checked when structured and when built by hand."""
+    return attrs.field(default=default, validator=_validator(check), metadata={CHECK: check})
+
+
+def checked_factory(factory: Callable[[], Any], check: Callable[[object, object], object]) -> Any:
+    """Like `checked`, with a default factory (for tables and arrays)."""
+    return attrs.field(
+        factory=factory,
+        validator=_validator(check),
+        metadata={CHECK: check},
+        hash=False,
+    )
+
+
+# --- The sections ---------------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class ModelsConfig:
+    """``[models]``: which model agents use, and short names for models.
+
+    Attributes:
+        default: The model for new agents: a ``provider:model`` spec
+            (``"anthropic:claude-sonnet-4-5"``, ``"ollama:qwen3"`` with a
+            ``[providers.ollama]`` table, ``"scripted:demo.json"``) or an
+            alias name. None (`DEFAULT_MODEL`) means the bundled demo script.
+        aliases: Names for ``provider:model`` specs (``fast = "openai:gpt-4.1-mini"``);
+            usable wherever a model is named.
+    """
+
+    default: str | None = checked(DEFAULT_MODEL, optional(check_model_spec))
+    aliases: Mapping[str, str] = attrs.field(factory=dict, hash=False)
+
+
+@attrs.frozen(kw_only=True)
+class ProviderConfig:
+    """``[providers.NAME]``: how to reach one model server; mirrors `ProviderSettings`.
+
+    The API key is never in the file: ``api_key_env`` names the environment
+    variable that holds it.
+
+    Attributes:
+        kind: The API the server speaks, ``"openai"`` (Chat Completions, also
+            vLLM, llama.cpp, Ollama, LM Studio, OpenRouter...) or
+            ``"anthropic"`` (Messages). Defaults to the table's name when
+            that is ``openai`` or ``anthropic``, else to ``"openai"``.
+        base_url: The API root; None means the public endpoint of ``kind``.
+        api_key_env: The environment variable holding the key; None means
+            ``OPENAI_API_KEY`` / ``ANTHROPIC_API_KEY``.
+        api_key_required: Whether a missing key is an error (false for local
+            servers that need none).
+        extra_headers: Headers added to every request.
+        timeout: Seconds to wait for the server to start answering.
+        connect_timeout: Seconds to wait for a connection.
+        stall_timeout: Seconds a response stream may stay silent.
+        max_retries: Retries of a retryable failure before the first event.
+        backoff_base: Seconds before the first retry (doubling each time).
+        backoff_cap: The longest wait between retries.
+        max_retry_after: The longest ``Retry-After`` honoured, in seconds.
+    """
+
+    kind: Literal["openai", "anthropic"] = "openai"
+    base_url: str | None = checked(None, optional(check_http_url))
+    api_key_env: str | None = checked(None, optional(check_env_name))
+    api_key_required: bool = checked(True, check_bool)
+    extra_headers: Mapping[str, str] = checked_factory(dict, check_str_table)
+    timeout: float = checked(60.0, check_seconds)
+    connect_timeout: float = checked(10.0, check_seconds)
+    stall_timeout: float = checked(60.0, check_seconds)
+    max_retries: int = checked(4, check_nonnegative_int)
+    backoff_base: float = checked(0.5, check_nonnegative_seconds)
+    backoff_cap: float = checked(8.0, check_nonnegative_seconds)
+    max_retry_after: float = checked(60.0, check_nonnegative_seconds)
+
+    def to_settings(self) -> ProviderSettings:
+        """The `ProviderSettings` a provider of this ``kind`` is built with."""
+        return ProviderSettings(
+            base_url=self.base_url,
+            api_key_env=self.api_key_env,
+            api_key_required=self.api_key_required,
+            extra_headers=dict(self.extra_headers),
+            timeout=self.timeout,
+            connect_timeout=self.connect_timeout,
+            stall_timeout=self.stall_timeout,
+            max_retries=self.max_retries,
+            backoff_base=self.backoff_base,
+            backoff_cap=self.backoff_cap,
+            max_retry_after=self.max_retry_after,
+        )
+
+
+@attrs.frozen(kw_only=True)
+class ToolsConfig:
+    """``[tools]``: output limits, permissions, timeouts, the tool filter and per-tool options.
+
+    Attributes:
+        max_output_lines: Lines of a tool's output that reach the model.
+        max_output_bytes: Bytes of a tool's output that reach the model.
+        enabled: Which tools agents get, as filter patterns applied in
+            order: a name or glob adds, ``!name`` removes
+            (``["*", "!fetch"]``).
+        permission_timeout: Seconds to wait for an answer to an ``ask``
+            before it counts as deny.
+        permissions: Per tool name, ``"allow"``, ``"ask"`` or ``"deny"``; or,
+            for tools whose calls have a subject (shell's command), a table
+            of glob patterns on the subject -> permission, where among the
+            patterns that match, deny beats ask beats allow.
+        timeouts: Seconds per tool name, overriding the tool's default
+            (``[tools.NAME] timeout = N`` is the same thing, written there).
+        options: ``[tools.NAME]`` tables, by name, passed to the tools as
+            `ToolConfig.options` (``shell.env_keep``, ``files.max_read_bytes``...).
+    """
+
+    max_output_lines: int = checked(2000, check_positive_int)
+    max_output_bytes: int = checked(50 * 1024, check_positive_int)
+    enabled: tuple[str, ...] = checked(("*",), check_str_tuple)
+    permission_timeout: float = checked(300.0, check_seconds)
+    permissions: Mapping[str, PermissionRule] = attrs.field(factory=dict, hash=False)
+    timeouts: Mapping[str, float] = attrs.field(factory=dict, hash=False)
+    options: Mapping[str, Mapping[str, object]] = attrs.field(factory=dict, hash=False)
+
+    def to_tool_config(self) -> ToolConfig:
+        """The `weald.tools.ToolConfig` every tool call receives."""
+        # Imported here: weald.tools imports weald.runtime, so a module-level
+        # import would tie the runtime package's import to the tools package.
+        from weald.tools import ToolConfig
+
+        return ToolConfig(
+            max_output_lines=self.max_output_lines,
+            max_output_bytes=self.max_output_bytes,
+            options={name: dict(options) for name, options in self.options.items()},
+        )
+
+
+@attrs.frozen(kw_only=True)
+class MCPServerConfig:
+    """``[mcp.servers.NAME]``: one MCP server; `to_server_config` makes the `ServerConfig`.
+
+    Give ``command`` (stdio) or ``url`` (Streamable HTTP), not both.
+
+    Attributes:
+        command: Executable of a stdio server.
+        args: Its arguments.
+        env: Extra environment variables for it.
+        cwd: Its working directory (relative: to the config file's directory).
+        url: Endpoint of a Streamable HTTP server.
+        headers: Extra HTTP headers.
+        enabled: Whether to connect at all.
+        call_timeout: Default deadline of one request, in seconds.
+        connect_timeout: Deadline for start-up and the handshake, in seconds.
+    """
+
+    command: str | None = checked(None, optional(check_string))
+    args: tuple[str, ...] = checked((), check_str_tuple)
+    env: Mapping[str, str] = checked_factory(dict, check_str_table)
+    cwd: Path | None = None
+    url: str | None = checked(None, optional(check_string))
+    headers: Mapping[str, str] = checked_factory(dict, check_str_table)
+    enabled: bool = checked(True, check_bool)
+    call_timeout: float = checked(60.0, check_seconds)
+    connect_timeout: float = checked(30.0, check_seconds)
+
+    def to_server_config(self, name: str) -> ServerConfig:
+        """The `ServerConfig` for the server called ``name``.
+
+        Raises:
+            MCPConfigError: The combination is invalid (no transport, both,
+                or stdio-only fields on an HTTP server); `load_config`
+                reports these with the path ``mcp.servers.NAME``.
+        """
+        # Imported here: the MCP SDK takes most of a second to import, and a
+        # config without MCP servers should not pay for it.
+        from weald.runtime.mcp import ServerConfig
+
+        return ServerConfig(
+            name=name,
+            command=self.command,
+            args=self.args,
+            env=dict(self.env),
+            cwd=None if self.cwd is None else str(self.cwd),
+            url=self.url,
+            headers=dict(self.headers),
+            enabled=self.enabled,
+            call_timeout=self.call_timeout,
+            connect_timeout=self.connect_timeout,
+        )
+
+
+@attrs.frozen(kw_only=True)
+class MCPConfig:
+    """``[mcp]``: the MCP servers to connect to.
+
+    Attributes:
+        servers: ``[mcp.servers.NAME]`` tables, by name.
+    """
+
+    servers: Mapping[str, MCPServerConfig] = attrs.field(factory=dict, hash=False)
+
+
+@attrs.frozen(kw_only=True)
+class AgentConfig:
+    """``[agent]``: how agents run.
+
+    Attributes:
+        max_steps: Model calls one turn may make before it stops.
+        sub_agent_depth: How deep sub-agents may nest (0: no sub-agents).
+        sub_agent_timeout: Seconds a sub-agent may run.
+        system_prompt: Replaces the built-in system prompt when set.
+        debug_state: Whether agents get the ``debug_state`` introspection tool.
+    """
+
+    max_steps: int = checked(50, check_positive_int)
+    sub_agent_depth: int = checked(2, check_nonnegative_int)
+    sub_agent_timeout: float = checked(600.0, check_seconds)
+    system_prompt: str | None = checked(None, optional(check_string))
+    debug_state: bool = checked(False, check_bool)
+
+
+@attrs.frozen(kw_only=True)
+class LimitsConfig:
+    """``[limits]``: bounds on what the daemon holds.
+
+    Attributes:
+        max_agents: Agents alive at once, sub-agents included.
+        max_message_bytes: The largest JSON-RPC message accepted.
+        max_concurrent_turns: Turns running at once; None means no limit
+            beyond ``max_agents``.
+        hibernate_after: Seconds a session may stay idle before it
+            hibernates; None means never.
+    """
+
+    max_agents: int = checked(20_000, check_positive_int)
+    max_message_bytes: int = checked(16 * 1024 * 1024, check_positive_int)
+    max_concurrent_turns: int | None = checked(None, optional(check_positive_int))
+    hibernate_after: float | None = checked(None, optional(check_seconds))
+
+
+@attrs.frozen(kw_only=True)
+class StoreConfig:
+    """``[store]``: the persistent key-value store.
+
+    Attributes:
+        path: The database file. Relative paths are relative to the config
+            file's directory; ``~`` is the home directory.
+        durability: ``"process"`` survives a crash of the daemon;
+            ``"power"`` also survives power loss (an fsync per write).
+    """
+
+    path: Path = Path("~/.weald/store.db")
+    durability: Literal["process", "power"] = "process"
+
+
+@attrs.frozen(kw_only=True)
+class DaemonConfig:
+    """``[server]``: the daemon's JSON-RPC front.
+
+    Attributes:
+        socket: The Unix socket. When not set, `load_config` uses
+            ``$XDG_RUNTIME_DIR/weald.sock`` if that variable is set, else
+            ``~/.weald/weald.sock``.
+    """
+
+    socket: Path = Path("~/.weald/weald.sock")
+
+
+@attrs.frozen(kw_only=True)
+class FaultsConfig:
+    """``[faults]``: fault injection (carried here; the feature reads it).
+
+    Attributes:
+        enabled: Whether fault injection is on.
+        file: A file of fault rules (relative: to the config file's directory).
+    """
+
+    enabled: bool = checked(False, check_bool)
+    file: Path | None = None
+
+
+@attrs.frozen
+class ModelChoice:
+    """A model named in the config, resolved to what `make_provider` takes.
+
+    Attributes:
+        spec: ``kind:model`` for `weald.runtime.llm.make_provider`.
+        settings: The provider's settings, or None for the kind's defaults.
+    """
+
+    spec: str
+    settings: ProviderSettings | None = None
+
+
+@attrs.frozen(kw_only=True)
+class Config:
+    """Everything ``weald.toml`` configures; every field has a default.
+
+    Build one with `load_config` (the files) or `parse_config` (a string);
+    both expand ``~`` in paths and resolve the socket's default, which a
+    ``Config()`` built by hand leaves as written.
+
+    Attributes:
+        models: ``[models]``.
+        providers: ``[providers.NAME]`` tables, by name.
+        tools: ``[tools]``.
+        mcp: ``[mcp]``.
+        agent: ``[agent]``.
+        limits: ``[limits]``.
+        store: ``[store]``.
+        server: ``[server]``.
+        faults: ``[faults]``.
+    """
+
+    models: ModelsConfig = attrs.field(factory=ModelsConfig)
+    providers: Mapping[str, ProviderConfig] = attrs.field(factory=dict, hash=False)
+    tools: ToolsConfig = attrs.field(factory=ToolsConfig)
+    mcp: MCPConfig = attrs.field(factory=MCPConfig)
+    agent: AgentConfig = attrs.field(factory=AgentConfig)
+    limits: LimitsConfig = attrs.field(factory=LimitsConfig)
+    store: StoreConfig = attrs.field(factory=StoreConfig)
+    server: DaemonConfig = attrs.field(factory=DaemonConfig)
+    faults: FaultsConfig = attrs.field(factory=FaultsConfig)
+
+    def to_dict(self) -> dict[str, object]:
+        """The config as plain TOML-compatible data, for ``weald config show``.
+
+        Paths become strings, tuples lists, and keys whose value is None
+        are left out (TOML has no null; None is every such key's default),
+        so `from_dict` reads the result back to an equal config. Values of
+        secret-looking names in ``env``, ``headers`` and ``extra_headers``
+        tables are replaced by ``[redacted]``.
+        """
+        from weald.runtime._config_convert import unstructure_config
+
+        return unstructure_config(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, object], *, source: str = "<dict>") -> Config:
+        """Check and structure plain data shaped like ``weald.toml``.
+
+        Args:
+            data: The file's tables as dicts (what `tomllib` returns).
+            source: Names the data in error messages.
+
+        Raises:
+            ConfigError: Every problem found, each with its key path.
+        """
+        from weald.runtime._config_load import config_from_sources, source_from_data
+
+        return config_from_sources([source_from_data(data, source)])
+
+    def resolve_model(self, name: str | None = None) -> ModelChoice | None:
+        """Resolve a model name (an alias or a ``provider:model`` spec) to a `ModelChoice`.
+
+        A configured provider's name is replaced by its ``kind`` and its
+        settings come along; a built-in kind (``openai``, ``anthropic``,
+        ``scripted``) keeps its defaults.
+
+        Args:
+            name: The model asked for; None means ``[models] default``.
+
+        Returns:
+            The choice, or None when no model is named and no default is
+            configured: use the bundled demo script.
+        """
+        spec = self.models.default if name is None else name
+        if spec is None:
+            return None
+        spec = self.models.aliases.get(spec, spec)
+        provider, colon, model = spec.partition(":")
+        configured = self.providers.get(provider.strip()) if colon else None
+        if configured is None:
+            return ModelChoice(spec=spec)
+        return ModelChoice(spec=f"{configured.kind}:{model.strip()}", settings=configured.to_settings())
+
+
+# --- Errors ---------------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class ConfigProblem:
+    """One problem in one config file.
+
+    Attributes:
+        source: The file (or ``<string>``); several joined by `` + `` when
+            the problem comes from merging them.
+        path: The dotted key path (``tools.shell.timeout``), empty for the
+            file as a whole.
+        message: What is wrong and what was expected.
+        line: For a TOML syntax error, its line (1-based).
+        column: For a TOML syntax error, its column (1-based).
+    """
+
+    source: str
+    path: str
+    message: str
+    line: int | None = None
+    column: int | None = None
+
+    def __str__(self) -> str:
+        where = self.source
+        if self.line is not None:
+            where += f":{self.line}"
+            if self.column is not None:
+                where += f":{self.column}"
+        return f"{where}: {self.path}: {self.message}" if self.path else f"{where}: {self.message}"
+
+    @property
+    def key_message(self) -> str:
+        """``path: message``, without the file."""
+        return f"{self.path}: {self.message}" if self.path else self.message
+
+
+class ConfigError(WealdError, ValueError):
+    """The configuration is invalid; every problem found is listed, one per line.
+
+    Attributes:
+        problems: The problems, in file order.
+    """
+
+    def __init__(self, problems: list[ConfigProblem] | tuple[ConfigProblem, ...]) -> None:
+        self.problems = tuple(problems)
+        count = len(self.problems)
+        header = f"invalid configuration ({count} problem{'s' if count != 1 else ''}):"
+        super().__init__("\n".join([header, *(f"  {problem}" for problem in self.problems)]))

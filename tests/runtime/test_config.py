@@ -1,0 +1,660 @@
+"""weald.toml: defaults, every section, merging, and errors reported with their paths."""
+
+from __future__ import annotations
+
+import re
+import textwrap
+from pathlib import Path
+
+import attrs
+import pytest
+from weald.runtime import WealdError, register_secret
+from weald.runtime import config as config_module
+from weald.runtime.config import (
+    DEFAULT_MODEL,
+    Config,
+    ConfigError,
+    ConfigProblem,
+    MCPServerConfig,
+    ModelChoice,
+    ProviderConfig,
+    find_config_files,
+    load_config,
+    parse_config,
+)
+from weald.runtime.llm import ProviderSettings
+from weald.runtime.mcp import ServerConfig
+
+HOME = Path("/home/user")
+ENV: dict[str, str] = {}
+
+
+def parse(text: str, **kwargs) -> Config:
+    kwargs.setdefault("home", HOME)
+    kwargs.setdefault("environ", ENV)
+    return parse_config(textwrap.dedent(text), **kwargs)
+
+
+def problems(text: str, **kwargs) -> list[str]:
+    """The problems in ``text``, each as ``path: message``."""
+    with pytest.raises(ConfigError) as info:
+        parse(text, **kwargs)
+    return [problem.key_message for problem in info.value.problems]
+
+
+def only_problem(text: str) -> ConfigProblem:
+    with pytest.raises(ConfigError) as info:
+        parse_config(text)
+    (problem,) = info.value.problems
+    return problem
+
+
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+# --- Defaults --------------------------------------------------------------------------------------
+
+
+def test_an_empty_file_gives_every_default() -> None:
+    config = parse("")
+    assert config.models.default is DEFAULT_MODEL is None
+    assert config.models.aliases == {}
+    assert config.providers == {}
+    assert config.tools.max_output_lines == 2000
+    assert config.tools.max_output_bytes == 50 * 1024
+    assert config.tools.enabled == ("*",)
+    assert config.tools.permission_timeout == 300.0
+    assert (config.tools.permissions, config.tools.timeouts, config.tools.options) == ({}, {}, {})
+    assert config.mcp.servers == {}
+    assert attrs.asdict(config.agent) == {
+        "max_steps": 50,
+        "sub_agent_depth": 2,
+        "sub_agent_timeout": 600.0,
+        "system_prompt": None,
+        "debug_state": False,
+    }
+    assert attrs.asdict(config.limits) == {
+        "max_agents": 20_000,
+        "max_message_bytes": 16 * 1024 * 1024,
+        "max_concurrent_turns": None,
+        "hibernate_after": None,
+    }
+    assert config.store.path == HOME / ".weald" / "store.db"
+    assert config.store.durability == "process"
+    assert config.server.socket == HOME / ".weald" / "weald.sock"
+    assert (config.faults.enabled, config.faults.file) == (False, None)
+
+
+def test_the_socket_defaults_to_the_xdg_runtime_dir_when_it_is_set() -> None:
+    assert parse("", environ={"XDG_RUNTIME_DIR": "/run/user/1000"}).server.socket == Path("/run/user/1000/weald.sock")
+    configured = parse('[server]\nsocket = "/tmp/w.sock"', environ={"XDG_RUNTIME_DIR": "/run/user/1000"})
+    assert configured.server.socket == Path("/tmp/w.sock")
+
+
+def test_no_config_files_at_all_is_the_default_config(tmp_path: Path) -> None:
+    config = load_config(tmp_path / "project", home=tmp_path / "home", environ={})
+    assert config == parse("", home=tmp_path / "home")
+
+
+def test_provider_and_mcp_defaults_mirror_the_classes_they_build() -> None:
+    assert ProviderConfig().to_settings() == ProviderSettings()
+    built = MCPServerConfig(command="srv").to_server_config("s")
+    assert built == ServerConfig(name="s", command="srv")
+
+
+# --- Every section ---------------------------------------------------------------------------------
+
+FULL = """
+[models]
+default = "fast"
+
+[models.aliases]
+fast = "ollama:qwen3"
+smart = "anthropic:claude-sonnet-4-5"
+
+[providers.anthropic]
+max_retries = 2
+
+[providers.ollama]
+base_url = "http://127.0.0.1:11434/v1"
+api_key_required = false
+extra_headers = { "X-Team" = "core" }
+timeout = 30
+stall_timeout = 90.5
+
+[providers.proxy]
+kind = "anthropic"
+base_url = "https://proxy.example/anthropic"
+api_key_env = "PROXY_KEY"
+
+[tools]
+max_output_lines = 500
+max_output_bytes = 10_000
+enabled = ["*", "!fetch"]
+permission_timeout = 60
+
+[tools.permissions]
+write_file = "ask"
+fetch = "deny"
+
+[tools.permissions.shell]
+"git status*" = "allow"
+"rm -rf *" = "deny"
+"*" = "ask"
+
+[tools.timeouts]
+shell = 120
+
+[tools.grep]
+timeout = 20
+
+[tools.shell]
+env_keep = ["GOPATH"]
+kill_grace = 2
+
+[tools.files]
+max_read_bytes = 1_000_000
+
+[mcp.servers.time]
+command = "python"
+args = ["-m", "mcp_server_time"]
+env = { TZ = "UTC" }
+call_timeout = 5
+
+[mcp.servers.remote]
+url = "https://mcp.example/mcp"
+headers = { "X-Client" = "weald" }
+enabled = false
+connect_timeout = 3
+
+[agent]
+max_steps = 10
+sub_agent_depth = 0
+sub_agent_timeout = 30
+system_prompt = "Be brief."
+debug_state = true
+
+[limits]
+max_agents = 100
+max_message_bytes = 1_048_576
+max_concurrent_turns = 8
+hibernate_after = 900
+
+[store]
+path = "/var/lib/weald/store.db"
+durability = "power"
+
+[server]
+socket = "/run/weald.sock"
+
+[faults]
+enabled = true
+file = "/etc/weald/faults.toml"
+"""
+
+
+def test_every_section_is_structured_into_its_class() -> None:
+    config = parse(FULL)
+    assert config.models.default == "fast"
+    assert config.models.aliases == {"fast": "ollama:qwen3", "smart": "anthropic:claude-sonnet-4-5"}
+
+    assert config.providers["anthropic"].kind == "anthropic"
+    assert config.providers["anthropic"].max_retries == 2
+    ollama = config.providers["ollama"]
+    assert (ollama.kind, ollama.base_url, ollama.api_key_required) == ("openai", "http://127.0.0.1:11434/v1", False)
+    assert ollama.extra_headers == {"X-Team": "core"}
+    assert (ollama.timeout, ollama.stall_timeout) == (30.0, 90.5)
+    assert isinstance(ollama.timeout, float)
+    assert config.providers["proxy"].kind == "anthropic"
+
+    tools = config.tools
+    assert (tools.max_output_lines, tools.max_output_bytes) == (500, 10_000)
+    assert tools.enabled == ("*", "!fetch")
+    assert tools.permission_timeout == 60.0
+    assert tools.permissions == {
+        "write_file": "ask",
+        "fetch": "deny",
+        "shell": {"git status*": "allow", "rm -rf *": "deny", "*": "ask"},
+    }
+    assert tools.timeouts == {"shell": 120.0, "grep": 20.0}
+    assert tools.options == {
+        "grep": {},
+        "shell": {"env_keep": ["GOPATH"], "kill_grace": 2},
+        "files": {"max_read_bytes": 1_000_000},
+    }
+
+    time = config.mcp.servers["time"]
+    assert (time.command, time.args, time.env, time.call_timeout) == (
+        "python",
+        ("-m", "mcp_server_time"),
+        {"TZ": "UTC"},
+        5.0,
+    )
+    remote = config.mcp.servers["remote"]
+    assert (remote.url, remote.headers, remote.enabled, remote.connect_timeout) == (
+        "https://mcp.example/mcp",
+        {"X-Client": "weald"},
+        False,
+        3.0,
+    )
+
+    assert attrs.astuple(config.agent) == (10, 0, 30.0, "Be brief.", True)
+    assert attrs.astuple(config.limits) == (100, 1_048_576, 8, 900.0)
+    assert (config.store.path, config.store.durability) == (Path("/var/lib/weald/store.db"), "power")
+    assert config.server.socket == Path("/run/weald.sock")
+    assert (config.faults.enabled, config.faults.file) == (True, Path("/etc/weald/faults.toml"))
+
+
+def test_providers_become_provider_settings() -> None:
+    settings = parse(FULL).providers["ollama"].to_settings()
+    assert settings == ProviderSettings(
+        base_url="http://127.0.0.1:11434/v1",
+        api_key_required=False,
+        extra_headers={"X-Team": "core"},
+        timeout=30.0,
+        stall_timeout=90.5,
+    )
+
+
+def test_a_provider_kind_defaults_to_its_name_or_else_openai() -> None:
+    config = parse("[providers.openai]\n[providers.anthropic]\n[providers.vllm]\n")
+    assert {name: p.kind for name, p in config.providers.items()} == {
+        "openai": "openai",
+        "anthropic": "anthropic",
+        "vllm": "openai",
+    }
+
+
+def test_model_names_resolve_through_aliases_and_configured_providers() -> None:
+    config = parse(FULL)
+    fast = config.resolve_model()
+    assert fast == ModelChoice(spec="openai:qwen3", settings=config.providers["ollama"].to_settings())
+    smart = config.resolve_model("smart")
+    assert smart is not None
+    assert smart.spec == "anthropic:claude-sonnet-4-5"
+    assert smart.settings == ProviderSettings(max_retries=2)
+    assert config.resolve_model("proxy:claude-x") == ModelChoice(
+        spec="anthropic:claude-x", settings=config.providers["proxy"].to_settings()
+    )
+    assert config.resolve_model("openai:gpt-4.1") == ModelChoice(spec="openai:gpt-4.1")
+    assert parse("").resolve_model() is None  # the bundled demo script
+
+
+def test_tools_config_becomes_the_tool_config_tools_read() -> None:
+    tool_config = parse(FULL).tools.to_tool_config()
+    assert (tool_config.max_output_lines, tool_config.max_output_bytes) == (500, 10_000)
+    assert tool_config.option("shell", "env_keep") == ["GOPATH"]
+    assert tool_config.option("files", "max_read_bytes") == 1_000_000
+
+
+def test_mcp_servers_become_server_configs() -> None:
+    server = parse(FULL).mcp.servers["time"].to_server_config("time")
+    assert server == ServerConfig(
+        name="time", command="python", args=["-m", "mcp_server_time"], env={"TZ": "UTC"}, call_timeout=5
+    )
+    assert server.transport == "stdio"
+
+
+def test_to_dict_reads_back_to_an_equal_config_and_hides_secret_header_values() -> None:
+    config = parse(FULL + '\n[providers.openrouter]\nextra_headers = { Authorization = "Bearer sk-or-123456789" }\n')
+    data = config.to_dict()
+    assert "system_prompt" in data["agent"]  # type: ignore[operator]
+    assert "api_key_env" not in data["providers"]["ollama"]  # type: ignore[index]  # None is left out
+    assert data["tools"]["shell"] == {"env_keep": ["GOPATH"], "kill_grace": 2}  # type: ignore[index]
+    assert data["providers"]["openrouter"]["extra_headers"] == {"Authorization": "[redacted]"}  # type: ignore[index]
+    assert "sk-or-123456789" not in repr(data)
+    plain = parse(FULL)
+    assert Config.from_dict(plain.to_dict()) == plain
+
+
+# --- Files: where they are and how they merge ------------------------------------------------------
+
+
+def test_project_values_override_home_values_key_by_key(tmp_path: Path) -> None:
+    home, project = tmp_path / "home", tmp_path / "project"
+    write(
+        home / ".weald" / "weald.toml",
+        """
+        [agent]
+        max_steps = 10
+        debug_state = true
+        [providers.openai]
+        base_url = "https://home.example/v1"
+        timeout = 5
+        [tools]
+        enabled = ["*", "!fetch"]
+        [tools.timeouts]
+        shell = 100
+        grep = 7
+        """,
+    )
+    write(
+        project / "weald.toml",
+        """
+        [agent]
+        max_steps = 20
+        [providers.openai]
+        timeout = 9
+        [tools]
+        enabled = ["read_file"]
+        [tools.shell]
+        timeout = 30
+        """,
+    )
+    config = load_config(project, home=home, environ={})
+    assert (config.agent.max_steps, config.agent.debug_state) == (20, True)
+    assert (config.providers["openai"].base_url, config.providers["openai"].timeout) == ("https://home.example/v1", 9.0)
+    assert config.tools.enabled == ("read_file",)  # arrays are replaced, not joined
+    assert config.tools.timeouts == {"shell": 30.0, "grep": 7.0}
+    assert find_config_files(project, home=home, environ={}) == (home / ".weald" / "weald.toml", project / "weald.toml")
+
+
+def test_weald_config_names_the_one_file_to_read(tmp_path: Path) -> None:
+    home, project = tmp_path / "home", tmp_path / "project"
+    write(home / ".weald" / "weald.toml", "[agent]\nmax_steps = 10\n")
+    write(project / "weald.toml", "[agent]\nsub_agent_depth = 5\n")
+    explicit = write(tmp_path / "ci" / "weald.toml", '[agent]\nmax_steps = 1\n[store]\npath = "state/store.db"\n')
+    environ = {"WEALD_CONFIG": str(explicit)}
+    config = load_config(project, home=home, environ=environ)
+    assert (config.agent.max_steps, config.agent.sub_agent_depth) == (1, 2)
+    assert config.store.path == tmp_path / "ci" / "state" / "store.db"
+    assert find_config_files(project, home=home, environ=environ) == (explicit,)
+
+
+def test_a_missing_weald_config_file_is_an_error(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.toml"
+    with pytest.raises(ConfigError) as info:
+        load_config(home=tmp_path, environ={"WEALD_CONFIG": str(missing)})
+    assert str(info.value.problems[0]) == f"{missing}: WEALD_CONFIG names this file, which does not exist"
+
+
+def test_relative_paths_are_relative_to_the_file_that_sets_them(tmp_path: Path) -> None:
+    home, project = tmp_path / "home", tmp_path / "project"
+    write(
+        home / ".weald" / "weald.toml",
+        '[faults]\nfile = "faults.toml"\n[mcp.servers.s]\ncommand = "srv"\ncwd = "srv-dir"\n',
+    )
+    write(project / "weald.toml", '[store]\npath = "data/store.db"\n[server]\nsocket = "~/sockets/w.sock"\n')
+    config = load_config(project, home=home, environ={})
+    assert config.store.path == project / "data" / "store.db"
+    assert config.server.socket == home / "sockets" / "w.sock"
+    assert config.faults.file == home / ".weald" / "faults.toml"
+    assert config.mcp.servers["s"].cwd == home / ".weald" / "srv-dir"
+
+
+def test_a_string_without_a_base_dir_keeps_relative_paths_relative() -> None:
+    assert parse('[store]\npath = "store.db"').store.path == Path("store.db")
+    assert parse('[store]\npath = "store.db"', base_dir=Path("/p")).store.path == Path("/p/store.db")
+
+
+# --- Errors ----------------------------------------------------------------------------------------
+
+
+def test_a_wrong_type_names_its_path_and_what_was_expected() -> None:
+    assert problems('[tools.shell]\ntimeout = "abc"\n') == ['tools.shell.timeout: expected a number, got "abc"']
+    assert problems("[agent]\nmax_steps = true\nsub_agent_timeout = -1\ndebug_state = 1\n") == [
+        "agent.max_steps: expected an integer, got true",
+        "agent.sub_agent_timeout: expected a positive number of seconds, got -1",
+        "agent.debug_state: expected true or false, got 1",
+    ]
+    assert problems('[limits]\nmax_agents = "100"\nmax_message_bytes = 1.5\n') == [
+        'limits.max_agents: expected an integer, got "100"',
+        "limits.max_message_bytes: expected an integer, got 1.5",
+    ]
+    assert problems("agent = 5\n") == ["agent: expected a table, got 5"]
+
+
+def test_the_error_line_names_the_file_and_the_key(tmp_path: Path) -> None:
+    path = write(tmp_path / "weald.toml", '[tools.shell]\ntimeout = "abc"\n')
+    with pytest.raises(ConfigError) as info:
+        load_config(tmp_path, home=tmp_path / "home", environ={})
+    assert (
+        str(info.value)
+        == f'invalid configuration (1 problem):\n  {path}: tools.shell.timeout: expected a number, got "abc"'
+    )
+    assert isinstance(info.value, WealdError)
+
+
+def test_unknown_keys_are_reported_with_their_paths_at_every_level() -> None:
+    assert problems(
+        """
+        colour = "blue"
+        [modles]
+        [models]
+        defualt = "openai:gpt-4.1"
+        [agent]
+        max_step = 3
+        [providers.openai]
+        retries = 2
+        [mcp.servers.s]
+        command = "x"
+        argz = []
+        [tools]
+        max_output_line = 10
+        """
+    ) == [
+        "models.defualt: unknown key; did you mean default?",
+        "providers.openai.retries: unknown key; did you mean max_retries?",
+        "tools.max_output_line: unknown key; did you mean max_output_lines? (a [tools.NAME] table holds a tool's options)",
+        "mcp.servers.s.argz: unknown key; did you mean args?",
+        "agent.max_step: unknown key; did you mean max_steps?",
+        "colour: unknown section; expected one of: agent, faults, limits, mcp, models, providers, server, store, tools",
+        "modles: unknown section; did you mean models?",
+    ]
+
+
+def test_an_api_key_in_the_file_is_refused_without_being_repeated() -> None:
+    text = '[providers.openai]\napi_key = "sk-live-0123456789"\n[providers.my-proxy]\napikey = "sk-live-0123456789"\n'
+    with pytest.raises(ConfigError) as info:
+        parse(text)
+    assert [p.key_message for p in info.value.problems] == [
+        "providers.openai.api_key: API keys do not belong in weald.toml: put the key in an environment variable "
+        'and name that variable here with api_key_env = "OPENAI_API_KEY"',
+        "providers.my-proxy.apikey: API keys do not belong in weald.toml: put the key in an environment variable "
+        'and name that variable here with api_key_env = "MY_PROXY_API_KEY"',
+    ]
+    assert "sk-live" not in str(info.value)
+
+
+def test_a_key_written_where_its_variable_name_belongs_is_refused_without_being_repeated() -> None:
+    with pytest.raises(ConfigError) as info:
+        parse('[providers.openai]\napi_key_env = "sk-live-0123456789"\n')
+    assert "providers.openai.api_key_env: expected the name of an environment variable" in str(info.value)
+    assert "sk-live" not in str(info.value)
+
+
+def test_a_known_secret_is_never_echoed_in_an_error() -> None:
+    register_secret("sk-known-secret-value")
+    assert problems('[providers.x]\nbase_url = "sk-known-secret-value"\n') == [
+        'providers.x.base_url: expected an http:// or https:// URL, got "[redacted]"'
+    ]
+
+
+def test_secrets_are_refused_in_tool_options_too() -> None:
+    assert problems('[tools.fetch]\nauth_token = "t0k3n-t0k3n"\n') == [
+        "tools.fetch.auth_token: secrets do not belong in weald.toml: put the value in an environment variable "
+        "and have the tool read it there"
+    ]
+
+
+def test_permissions_take_a_permission_or_a_table_of_patterns() -> None:
+    assert problems(
+        """
+        [tools.permissions]
+        read_file = "yes"
+        grep = 1
+        [tools.permissions.shell]
+        "git status*" = "allow"
+        "rm -rf *" = "never"
+        """
+    ) == [
+        'tools.permissions.read_file: expected "allow", "ask" or "deny", got "yes"',
+        'tools.permissions.grep: expected "allow", "ask" or "deny", or a table of command patterns, got 1',
+        'tools.permissions.shell."rm -rf *": expected "allow", "ask" or "deny", got "never"',
+    ]
+
+
+def test_known_tool_options_are_checked_and_unknown_ones_pass_through() -> None:
+    assert problems('[tools.shell]\nenv_keep = "HOME"\nkill_grace = -1\n[tools.files]\nallow_hardlinks = "yes"\n') == [
+        'tools.shell.env_keep: expected an array of strings, got "HOME"',
+        "tools.shell.kill_grace: expected a number of seconds, zero or more, got -1",
+        'tools.files.allow_hardlinks: expected true or false, got "yes"',
+    ]
+    assert parse("[tools.my_tool]\nanything = [1, 2]\n").tools.options == {"my_tool": {"anything": [1, 2]}}
+
+
+def test_a_tool_timeout_set_in_both_places_in_one_file_is_an_error() -> None:
+    assert problems("[tools.timeouts]\nshell = 10\n[tools.shell]\ntimeout = 20\n") == [
+        "tools.shell.timeout: also set as tools.timeouts.shell; set it in one place"
+    ]
+
+
+def test_mcp_server_problems_are_reported_under_the_servers_path(tmp_path: Path) -> None:
+    assert problems(
+        """
+        [mcp.servers.both]
+        command = "srv"
+        url = "https://mcp.example/mcp"
+        [mcp.servers.neither]
+        enabled = false
+        [mcp.servers.bad]
+        url = "ftp://mcp.example"
+        args = ["-v"]
+        [mcp.servers.typed]
+        command = "srv"
+        args = ["ok", 3]
+        call_timeout = 0
+        """
+    ) == [
+        "mcp.servers.typed.args[1]: expected a string, got 3",
+        "mcp.servers.typed.call_timeout: expected a positive number of seconds, got 0",
+        "mcp.servers.both: give either command (stdio) or url (Streamable HTTP), not both",
+        "mcp.servers.neither: give either command (stdio) or url (Streamable HTTP)",
+        "mcp.servers.bad: url must be an absolute http:// or https:// URL, not 'ftp://mcp.example'",
+        "mcp.servers.bad: args, env and cwd apply to stdio servers only",
+    ]
+
+    # A clash made by merging names both files.
+    home, project = tmp_path / "home", tmp_path / "project"
+    home_file = write(home / ".weald" / "weald.toml", '[mcp.servers.s]\ncommand = "srv"\n')
+    project_file = write(project / "weald.toml", '[mcp.servers.s]\nurl = "https://mcp.example/mcp"\n')
+    with pytest.raises(ConfigError) as info:
+        load_config(project, home=home, environ={})
+    assert [str(p) for p in info.value.problems] == [
+        f"{home_file} + {project_file}: mcp.servers.s: give either command (stdio) or url (Streamable HTTP), not both"
+    ]
+
+
+def test_a_bad_key_does_not_also_raise_the_problems_it_causes() -> None:
+    # x's command is wrong, so "give either command or url" for x would only echo it.
+    assert problems("[mcp.servers.x]\ncommand = 5\n[mcp.servers.y]\n") == [
+        "mcp.servers.x.command: expected a string, got 5",
+        "mcp.servers.y: give either command (stdio) or url (Streamable HTTP)",
+    ]
+    assert problems('[providers]\nolama = 3\n[models]\ndefault = "olama:x"\n') == [
+        "providers.olama: expected a table, got 3"
+    ]
+
+
+def test_a_project_file_may_just_switch_off_a_server_defined_at_home(tmp_path: Path) -> None:
+    home, project = tmp_path / "home", tmp_path / "project"
+    write(home / ".weald" / "weald.toml", '[mcp.servers.s]\ncommand = "srv"\n')
+    write(project / "weald.toml", "[mcp.servers.s]\nenabled = false\n")
+    server = load_config(project, home=home, environ={}).mcp.servers["s"]
+    assert (server.command, server.enabled) == ("srv", False)
+
+
+def test_model_names_must_refer_to_known_providers_and_aliases() -> None:
+    assert problems('[models]\ndefault = "olama:llama3"\n[models.aliases]\nfast = "gpt"\n') == [
+        'models.aliases.fast: expected a "provider:model" string (like "openai:gpt-4.1"), got "gpt"'
+    ]
+    assert problems('[models]\ndefault = "olama:llama3"\n') == [
+        'models.default: unknown provider "olama"; use one of anthropic, openai, scripted or add [providers.olama]'
+    ]
+    assert problems('[models]\ndefault = "quick"\n[agent]\nmax_steps = 0\n') == [
+        "agent.max_steps: expected a positive integer, got 0",
+        'models.default: "quick" is neither a provider:model spec nor a name in [models.aliases]',
+    ]
+    assert parse('[models]\ndefault = "scripted:demo.json"\n').models.default == "scripted:demo.json"
+
+
+def test_a_toml_syntax_error_names_the_file_line_and_column(tmp_path: Path) -> None:
+    path = write(tmp_path / "weald.toml", "[agent]\nmax_steps = = 3\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(tmp_path, home=tmp_path / "home", environ={})
+    (problem,) = info.value.problems
+    assert (problem.source, problem.line, problem.column) == (str(path), 2, 13)
+    assert str(problem) == f"{path}:2:13: invalid TOML: Invalid value"
+    unfinished = only_problem("a = 1\nb = [")
+    assert (unfinished.line, unfinished.column) == (2, 6)
+
+
+def test_every_problem_in_every_file_is_reported_at_once(tmp_path: Path) -> None:
+    home, project = tmp_path / "home", tmp_path / "project"
+    home_file = write(home / ".weald" / "weald.toml", "[agent\n")
+    project_file = write(project / "weald.toml", '[agent]\nmax_steps = "many"\n[limits]\nmax_agents = 0\nbogus = 1\n')
+    with pytest.raises(ConfigError) as info:
+        load_config(project, home=home, environ={})
+    message = str(info.value)
+    assert message.splitlines() == [
+        "invalid configuration (4 problems):",
+        f"  {home_file}:1:7: invalid TOML: Expected ']' at the end of a table declaration",
+        f'  {project_file}: agent.max_steps: expected an integer, got "many"',
+        f"  {project_file}: limits.max_agents: expected a positive integer, got 0",
+        f"  {project_file}: limits.bogus: unknown key; expected one of: hibernate_after, max_agents, max_concurrent_turns, max_message_bytes",
+    ]
+
+
+def test_a_section_built_by_hand_checks_its_values() -> None:
+    with pytest.raises(ValueError, match="max_steps: expected a positive integer, got 0"):
+        config_module.AgentConfig(max_steps=0)
+    with pytest.raises(ValueError, match="timeout: expected a positive number of seconds"):
+        ProviderConfig(timeout=-1)
+
+
+def test_the_public_names_are_exactly_these() -> None:
+    assert config_module.__all__ == [
+        "CONFIG_ENV",
+        "CONFIG_FILE_NAME",
+        "DEFAULT_MODEL",
+        "AgentConfig",
+        "Config",
+        "ConfigError",
+        "ConfigProblem",
+        "DaemonConfig",
+        "FaultsConfig",
+        "LimitsConfig",
+        "MCPConfig",
+        "MCPServerConfig",
+        "ModelChoice",
+        "ModelsConfig",
+        "Permission",
+        "PermissionRule",
+        "ProviderConfig",
+        "StoreConfig",
+        "ToolsConfig",
+        "find_config_files",
+        "load_config",
+        "parse_config",
+    ]
+
+
+def test_the_example_files_in_the_docs_load(tmp_path: Path) -> None:
+    docs = (Path(__file__).parents[2] / "docs" / "configuration.md").read_text()
+    blocks = re.findall(r"```toml\n(.*?)```", docs, re.DOTALL)
+    home_text = next(block for block in blocks if block.startswith("# ~/.weald/weald.toml"))
+    project_text = next(block for block in blocks if block.startswith("# <project>/weald.toml"))
+    for block in blocks:
+        if block is not project_text:  # that one only adds to the home file
+            parse(block)
+    home, project = tmp_path / "home", tmp_path / "proj"
+    write(home / ".weald" / "weald.toml", home_text)
+    write(project / "weald.toml", project_text)
+    config = load_config(project, home=home, environ={})
+    assert config.resolve_model() == ModelChoice(spec="openai:qwen3", settings=config.providers["ollama"].to_settings())
+    assert config.tools.timeouts == {"shell": 600.0}
+    assert config.mcp.servers["docs"].enabled is False
+    assert config.store.path == home / ".weald" / "store.db"
