@@ -744,7 +744,8 @@ class Actor(pykka.Actor):
             return
         self._status = "stopping"
         self.actor_stopped.set()
-        self._cancel_io()
+        if exit_.kind == "killed":
+            self._cancel_io()
         try:
             if exit_.kind == "normal":
                 result = self.on_stop()
@@ -764,6 +765,8 @@ class Actor(pykka.Actor):
                 exit_ = Exit("crashed", exc)
             else:
                 logger.exception("on_failure of %s raised", self, exc_info=exc)
+        # I/O tasks end after the hooks, which may still need them (to flush).
+        self._cancel_io()
         self._finish(exit_)
 
     def _finish(self, exit_: Exit) -> None:
@@ -774,6 +777,11 @@ class Actor(pykka.Actor):
             self._exit = exit_
         self._status = exit_.kind
         self.actor_stopped.set()
+        if exit_.kind == "killed":
+            try:
+                self._on_killed()
+            except Exception:
+                logger.exception("cleanup after killing %s failed", self)
         ref = self._actor_ref
         if not ref._started.resolved:
             error = pykka.ActorDeadError(f"{ref} ended ({exit_.describe()}) before it started")
@@ -830,6 +838,13 @@ class Actor(pykka.Actor):
             self._finish(KILLED)
         else:
             scope.cancel()
+
+    def _on_killed(self) -> None:
+        """Release what must not hang when the actor is killed (no hook runs then).
+
+        Runs on the thread that finished the actor; must not block. Subclasses
+        that hand out futures answer them here.
+        """
 
     def _stop(self) -> None:
         # pykka's Actor.stop() tells _ActorStop to itself; the receive loop
@@ -966,7 +981,6 @@ class ThreadActor(Actor, pykka.ThreadingActor):
             return
         self._status = "stopping"
         self.actor_stopped.set()
-        self._cancel_io()
         try:
             if exit_.kind == "normal":
                 self._await_on_loop(self.on_stop())
@@ -979,6 +993,7 @@ class ThreadActor(Actor, pykka.ThreadingActor):
                 exit_ = Exit("crashed", exc)
             else:
                 logger.exception("on_failure of %s raised", self, exc_info=exc)
+        self._cancel_io()
         self._finish(exit_)
 
     def _kill(self) -> None:

@@ -16,10 +16,19 @@ histories and memory live here and survive a crash of the daemon.
 
 Methods block the calling thread; trio code uses the ``a``-prefixed variants,
 which run the same operation in a worker thread.
+
+Write-behind: `enqueue_nowait` hands a value to the store's committer thread
+and returns at once; the committer commits everything queued in groups (one
+transaction per namespace per round), so thousands of agents writing their
+histories share commits. `flush` returns a future resolved once everything
+enqueued before it is committed: acknowledge work only after that. The queue
+belongs to the store, not to the writer, so an actor that is killed loses
+nothing it enqueued; `close` drains the queue before closing.
 """
 
 from __future__ import annotations
 
+import queue
 import re
 import sqlite3
 import threading
@@ -31,6 +40,7 @@ import msgspec
 import trio
 from sqlitedict import SqliteDict
 from weald.runtime._errors import StoreClosedError, StoreCodecError, StoreCorruptError, StoreError
+from weald.runtime._future import Future
 
 __all__ = ["Store"]
 
@@ -65,6 +75,12 @@ class Store:
         self._closed = False
         self.writes = 0
         self.reads = 0
+        self.commits = 0
+        self._queue: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        self._committer: threading.Thread | None = None
+        self._committer_lock = threading.Lock()
+        self._write_error: BaseException | None = None
+        self._closing = False
         self._check_file()
 
     def __repr__(self) -> str:
@@ -259,6 +275,7 @@ class Store:
 
         self._run(namespace, op)
         self.writes += len(encoded)
+        self.commits += 1
 
     def delete(self, namespace: str, key: str) -> bool:
         """Delete ``key``; returns whether it existed. Committed before this returns."""
@@ -310,6 +327,115 @@ class Store:
         self._run(namespace, op)
         self.writes += len(encoded) + len(wanted)
 
+    # -- write-behind ------------------------------------------------------------------
+
+    def enqueue_nowait(self, namespace: str, key: str, value: Any) -> None:
+        """Queue a write for the committer thread; returns at once.
+
+        The value is encoded here, so a value that cannot be stored fails in
+        the caller. Use `flush` to learn when it is committed.
+
+        Raises:
+            StoreCodecError: the value cannot be encoded.
+            StoreClosedError: the store is closed.
+            StoreError: an earlier queued write failed for good.
+        """
+        self._check_key(key)
+        if self._closing:
+            msg = f"store {self.path} is closed"
+            raise StoreClosedError(msg)
+        if self._write_error is not None:
+            msg = f"store {self.path} could not commit queued writes: {self._write_error}"
+            raise StoreError(msg) from self._write_error
+        raw = self._encode(namespace, key, value)
+        self._queue.put(("put", namespace, key, raw))
+        self._ensure_committer()
+
+    def flush(self) -> Future[None]:
+        """A future resolved once every write enqueued before this call is committed.
+
+        It fails with `StoreError` if those writes could not be committed.
+        Await it from trio, or ``.get()`` it from a thread.
+        """
+        future: Future[None] = Future()
+        if self._closing and self._committer is None:
+            future.set(None)
+            return future
+        self._queue.put(("flush", future))
+        self._ensure_committer()
+        return future
+
+    def _ensure_committer(self) -> None:
+        if self._committer is not None:
+            return
+        with self._committer_lock:
+            if self._committer is None:
+                thread = threading.Thread(
+                    target=self._commit_loop, name=f"weald-store-committer {self.path.name}", daemon=True
+                )
+                thread.start()
+                self._committer = thread
+
+    def _commit_loop(self) -> None:
+        q = self._queue
+        while True:
+            items = [q.get()]
+            while len(items) < 1024:
+                try:
+                    items.append(q.get_nowait())
+                except queue.Empty:
+                    break
+            stop = False
+            puts: dict[str, dict[str, bytes]] = {}
+            flushes: list[Future[None]] = []
+            for item in items:
+                if item[0] == "put":
+                    puts.setdefault(item[1], {})[item[2]] = item[3]
+                elif item[0] == "flush":
+                    flushes.append(item[1])
+                else:
+                    stop = True
+            error = self._commit_group(puts)
+            for future in flushes:
+                if error is None:
+                    future.set(None)
+                else:
+                    exc = StoreError(f"store {self.path} could not commit queued writes: {error}")
+                    exc.__cause__ = error
+                    future.set_exception((StoreError, exc, None))
+            if stop:
+                return
+
+    def _commit_group(self, puts: dict[str, dict[str, bytes]]) -> BaseException | None:
+        for namespace, values in puts.items():
+            for attempt in range(5):
+                try:
+                    self._write_encoded(namespace, values)
+                    break
+                except StoreClosedError as exc:
+                    self._write_error = exc
+                    return exc
+                except Exception as exc:
+                    if attempt == 4:
+                        self._write_error = exc
+                        return exc
+                    threading.Event().wait(0.05 * 2**attempt)
+        return None
+
+    def _write_encoded(self, namespace: str, values: dict[str, bytes]) -> None:
+        def op(table: SqliteDict) -> None:
+            try:
+                for key, raw in values.items():
+                    table[key] = raw
+                table.commit(blocking=True)
+            except Exception:
+                _rollback(table)
+                raise
+
+        self._run(namespace, op)
+        self.writes += len(values)
+        self.commits += 1
+
     # -- lifecycle -------------------------------------------------------------------
 
     @property
@@ -318,7 +444,12 @@ class Store:
         return self._closed
 
     def close(self) -> None:
-        """Commit and close every namespace; later calls raise `StoreClosedError`."""
+        """Commit what is queued, then close every namespace; later calls raise `StoreClosedError`."""
+        self._closing = True  # refuse new queued writes; drain the ones already queued
+        committer = self._committer
+        if committer is not None and committer is not threading.current_thread():
+            self._queue.put(("stop",))
+            committer.join(30)
         with self._lock:
             if self._closed:
                 return
@@ -340,6 +471,8 @@ class Store:
             "namespaces": sorted(self._tables),
             "reads": self.reads,
             "writes": self.writes,
+            "commits": self.commits,
+            "queued": self._queue.qsize(),
             "closed": self._closed,
         }
 

@@ -218,3 +218,38 @@ def test_trio_thread_is_not_blocked_by_a_write(store: Store) -> None:
         assert store.get("tasks", "x") == 1
 
     trio.run(main)
+
+
+def test_enqueued_writes_are_committed_in_groups_and_flush_waits_for_them(store: Store) -> None:
+    for i in range(500):
+        store.enqueue_nowait("history", f"s/{i:05d}", {"n": i})
+    store.flush().get(timeout=10)
+    assert store.count("history") == 500
+    assert store.get("history", "s/00499") == {"n": 499}
+    assert store.statistics()["commits"] < 500  # grouped, not one commit per write
+
+
+def test_enqueue_refuses_a_value_it_cannot_encode_in_the_caller(store: Store) -> None:
+    with pytest.raises(StoreCodecError, match="history/bad"):
+        store.enqueue_nowait("history", "bad", object())
+
+
+def test_close_drains_the_queue_first(tmp_path: Path) -> None:
+    s = Store(tmp_path / "q.db")
+    for i in range(100):
+        s.enqueue_nowait("history", f"k{i:03d}", i)
+    s.close()
+    reopened = Store(tmp_path / "q.db")
+    try:
+        assert reopened.count("history") == 100
+    finally:
+        reopened.close()
+    with pytest.raises(StoreClosedError):
+        s.enqueue_nowait("history", "late", 1)
+
+
+@pytest.mark.trio
+async def test_flush_is_awaitable_from_trio(store: Store) -> None:
+    store.enqueue_nowait("history", "x", 1)
+    await store.flush()
+    assert store.get("history", "x") == 1
