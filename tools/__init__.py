@@ -9,12 +9,15 @@ import logging as _logging
 
 # The built-in tools: importing their modules registers them in default_registry.
 # (Module imports, not `from ... import name`: the Tool objects must not hide the modules.)
+from weald.tools import ask_user as _ask_user  # noqa: F401
+from weald.tools import debug_state as _debug_state  # noqa: F401
 from weald.tools import edit_file as _edit_file  # noqa: F401
 from weald.tools import fetch as _fetch  # noqa: F401
 from weald.tools import glob as _glob  # noqa: F401
 from weald.tools import grep as _grep  # noqa: F401
 from weald.tools import read_file as _read_file  # noqa: F401
 from weald.tools import shell as _shell  # noqa: F401
+from weald.tools import sub_agent as _sub_agent  # noqa: F401
 from weald.tools import write_file as _write_file  # noqa: F401
 from weald.tools._contract import (
     AbortSignal,

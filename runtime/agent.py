@@ -1,0 +1,913 @@
+"""The Agent actor: the model <-> tools loop as an event-driven state machine.
+
+::
+
+    idle --prompt--> streaming --Completed with tool calls--> executing_tools
+      ^                 |   ^                                      |
+      |      no calls   |   +------------- ToolResults ------------+
+      +---- (flushed) --+          (waiting while a question or a
+                                    permission is open)
+
+The agent never blocks its mailbox: the model stream runs as an I/O task on
+the trio loop and arrives as messages; tool calls go to the session's
+`ToolRunner` and their results come back as messages; history is written by
+a writer task that commits in groups. So `abort` is handled at once in every
+state.
+
+Every message is written to the store as it completes. A turn's result is
+acknowledged (the prompt's future resolved) only after everything the turn
+wrote is committed. An agent that crashes is restarted by its session
+supervisor and reloads its history: an interrupted turn is marked
+``interrupted`` in the store and reported (``agent.recovered``), and tool
+calls it left unanswered get ``[interrupted]`` results so the history stays
+valid for the model.
+
+Store layout (namespaces):
+
+- ``agents``: ``<key>`` -> `AgentRecord` (config, status, restarts, usage,
+  the model provider's position for scripted models).
+- ``history``: ``<key>/<seq:08d>`` -> `HistoryEntry`.
+- ``turns``: ``<key>/<turn id>`` -> `TurnRecord`.
+
+``<key>`` is the session id for a top-level agent and ``<session>.<agent
+id>`` for a sub-agent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import attrs
+import msgspec
+import outcome
+import trio
+from weald.runtime import Actor, Future, Ref, StoreError, redact_text
+from weald.runtime.llm import (
+    Completed,
+    Message,
+    ModelRequest,
+    Provider,
+    ProviderError,
+    TextDelta,
+    ToolCallStarted,
+    ToolSpec,
+    Usage,
+    make_provider,
+)
+from weald.runtime.tool_runner import RunTools, ToolCallRequest, ToolResults
+from weald.tools import ToolRegistry, default_registry
+
+__all__ = [
+    "Agent",
+    "AgentConfig",
+    "AgentRecord",
+    "AgentSnapshot",
+    "AnswerQuestion",
+    "AskUser",
+    "HistoryEntry",
+    "PermissionState",
+    "TurnRecord",
+    "TurnResult",
+    "history_key",
+    "load_history",
+]
+
+AgentStatus = Literal["idle", "streaming", "executing_tools", "waiting"]
+
+
+@attrs.frozen
+class AgentConfig:
+    """What an agent is: its model, prompt, tools and limits.
+
+    Attributes:
+        model: ``provider:model``, e.g. ``openai:gpt-4.1`` or ``scripted:demo.json``.
+        system_prompt: the system prompt, if any.
+        tool_filter: which tools it may call (patterns; None = all).
+        max_steps: model calls per turn before the turn stops.
+        depth: 0 for a top-level agent, 1 for its sub-agent...
+        max_depth: sub-agents may nest this deep; at the limit the
+            ``sub_agent`` tool is not offered.
+        debug_state: offer the ``debug_state`` tool.
+        sub_agent_timeout: seconds a sub-agent may run before it is stopped.
+    """
+
+    model: str
+    system_prompt: str | None = None
+    tool_filter: tuple[str, ...] | None = None
+    max_steps: int = 50
+    depth: int = 0
+    max_depth: int = 2
+    debug_state: bool = False
+    sub_agent_timeout: float = 600.0
+
+
+class AgentRecord(msgspec.Struct, kw_only=True):
+    """An agent as stored: enough to restart it after a crash or a daemon restart."""
+
+    key: str
+    session_id: str
+    agent_id: str
+    working_dir: str
+    model: str
+    system_prompt: str | None = None
+    tool_filter: list[str] | None = None
+    max_steps: int = 50
+    depth: int = 0
+    created: float = 0.0
+    status: str = "active"
+    restarts: int = 0
+    next_seq: int = 0
+    provider_position: int | None = None
+    usage: Usage = msgspec.field(default_factory=Usage)
+
+
+class HistoryEntry(msgspec.Struct, kw_only=True):
+    """One message of an agent's history, as stored."""
+
+    seq: int
+    turn_id: str
+    time: float
+    message: Message
+
+
+class TurnRecord(msgspec.Struct, kw_only=True):
+    """One turn, as stored: running, done, error, aborted or interrupted."""
+
+    turn_id: str
+    status: str
+    started: float
+    ended: float | None = None
+    steps: int = 0
+    error: str | None = None
+    usage: Usage = msgspec.field(default_factory=Usage)
+    text: str = ""
+
+
+@attrs.frozen
+class TurnResult:
+    """How a turn ended; what ``prompt`` resolves to.
+
+    Attributes:
+        turn_id: the turn.
+        ok: True when the model answered without tool calls.
+        text: the final answer (or what there was when it stopped).
+        usage: tokens used by this turn.
+        steps: model calls made.
+        error: why it did not end well, if it did not.
+        aborted: it was aborted.
+        interrupted: the agent crashed during it.
+    """
+
+    turn_id: str
+    ok: bool
+    text: str
+    usage: Usage
+    steps: int
+    error: str | None = None
+    aborted: bool = False
+    interrupted: bool = False
+
+
+@attrs.frozen
+class AgentSnapshot:
+    """A frozen view of an agent, handed to every tool call and to debug_state."""
+
+    path: str
+    session_id: str
+    agent_id: str
+    status: AgentStatus
+    model: str
+    working_dir: str
+    depth: int
+    tool_filter: tuple[str, ...] | None
+    tools: tuple[str, ...]
+    turn_id: str | None
+    step: int
+    pending_prompts: tuple[str, ...]
+    running_tool_calls: tuple[str, ...]
+    open_questions: tuple[str, ...]
+    open_permissions: tuple[str, ...]
+    usage: Usage
+    restarts: int
+    message_count: int
+    messages: tuple[Message, ...]
+
+
+@attrs.frozen
+class AskUser:
+    """A question for whoever drives the top-level agent (from the ask_user tool, or a sub-agent).
+
+    Attributes:
+        question: the question.
+        choices: optional answers to choose from.
+        reply: completed with the answer text.
+        asked_by: path of the agent whose tool asked.
+    """
+
+    question: str
+    choices: tuple[str, ...]
+    reply: Future[str]
+    asked_by: str
+
+
+@attrs.frozen
+class AnswerQuestion:
+    """The answer to an open question (sent by the daemon when a client answers)."""
+
+    question_id: str
+    answer: str
+
+
+@attrs.frozen
+class PermissionState:
+    """From the runner: a permission request opened (True) or closed (False)."""
+
+    request_id: str
+    open: bool
+
+
+# -- internal messages -------------------------------------------------------------------------
+
+
+@attrs.frozen
+class _Prompt:
+    text: str
+    future: Future[TurnResult]
+
+
+@attrs.frozen
+class _ModelEvent:
+    gen: int
+    event: Any
+
+
+@attrs.frozen
+class _ModelDone:
+    gen: int
+    result: outcome.Outcome[None]
+
+
+@attrs.frozen
+class _Flushed:
+    token: int
+
+
+@attrs.frozen
+class _WriterFailed:
+    error: BaseException
+
+
+class _Turn:
+    __slots__ = ("batch", "futures", "id", "pending_calls", "started", "steps", "text", "usage")
+
+    def __init__(self, turn_id: str) -> None:
+        self.id = turn_id
+        self.futures: list[Future[TurnResult]] = []
+        self.started = time.time()
+        self.steps = 0
+        self.usage = Usage()
+        self.text = ""
+        self.batch: str | None = None
+        self.pending_calls: tuple[str, ...] = ()
+
+
+def history_key(session_id: str, agent_id: str, depth: int) -> str:
+    """The store key of an agent's records: the session id, or ``<session>.<agent>`` below the top."""
+    return session_id if depth == 0 else f"{session_id}.{agent_id}"
+
+
+def load_history(store: Any, key: str) -> list[HistoryEntry]:
+    """Read an agent's stored history, oldest first (blocking; for threads and tools)."""
+    return [entry for _, entry in store.items("history", f"{key}/", type=HistoryEntry)]
+
+
+class Agent(Actor):
+    """One agent: a session's model <-> tools loop.
+
+    Args:
+        session_id: the session.
+        agent_id: this agent's id (the session id for the top-level agent).
+        working_dir: the project directory.
+        config: model, prompt, tools and limits.
+        registry: the tools (built-ins and MCP).
+        runner_path: path of the session's ToolRunner.
+        parent: for a sub-agent, the agent that started it (questions go up to it).
+        provider_factory: builds the model provider from ``config.model``.
+    """
+
+    def __init__(
+        self,
+        session_id: str,
+        agent_id: str,
+        working_dir: str | Path,
+        config: AgentConfig,
+        *,
+        registry: ToolRegistry | None = None,
+        runner_path: str | None = None,
+        parent: Ref[Any] | None = None,
+        provider_factory: Callable[[str], Provider] | None = None,
+    ) -> None:
+        super().__init__()
+        self._session_id = session_id
+        self._agent_id = agent_id
+        self._working_dir = str(Path(working_dir).resolve())
+        self._config = config
+        self._registry = registry or default_registry
+        self._runner_path = runner_path
+        self._parent_agent = parent
+        self._provider_factory = provider_factory or make_provider
+        self._key = history_key(session_id, agent_id, config.depth)
+        self._state: AgentStatus = "idle"
+        self._history: list[Message] = []
+        self._record: AgentRecord | None = None
+        self._turn: _Turn | None = None
+        self._queue: list[_Prompt] = []
+        self._gen = 0
+        self._stream_io: Any = None
+        self._stream_text: list[str] = []
+        self._questions: dict[str, AskUser] = {}
+        self._permissions: set[str] = set()
+        self._provider: Provider | None = None
+        self._flush_tokens = itertools.count(1)
+        self._flush_waiters: dict[int, Callable[[], None]] = {}
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def on_start(self) -> Any:
+        """Load (or create) the agent's record and history, and recover an interrupted turn."""
+        return self._load()
+
+    async def _load(self) -> None:
+        store = self.system.store
+        # Writes a previous incarnation queued (it may have been killed) land first.
+        await store.flush()
+        record = await store.aget("agents", self._key, type=AgentRecord)
+        recovered = record is not None and record.status == "active"
+        if record is None:
+            record = AgentRecord(
+                key=self._key,
+                session_id=self._session_id,
+                agent_id=self._agent_id,
+                working_dir=self._working_dir,
+                model=self._config.model,
+                system_prompt=self._config.system_prompt,
+                tool_filter=list(self._config.tool_filter) if self._config.tool_filter is not None else None,
+                max_steps=self._config.max_steps,
+                depth=self._config.depth,
+                created=time.time(),
+            )
+        entries = await store.aitems("history", f"{self._key}/", type=HistoryEntry)
+        self._history = [entry.message for _, entry in entries]
+        record.next_seq = max(record.next_seq, (entries[-1][1].seq + 1) if entries else 0)
+        self._record = record
+        interrupted = await self._recover(store) if recovered else None
+        if recovered:
+            record.restarts += 1
+            record.status = "active"
+            self._persist_record()
+            self._publish("agent.recovered", {"restarts": record.restarts, "interrupted_turn": interrupted})
+        else:
+            record.status = "active"
+            self._persist_record()
+        self._provider = self._provider_factory(self._config.model)
+        seek = getattr(self._provider, "seek", None)
+        if seek is not None and record.provider_position is not None:
+            seek(record.provider_position)
+
+    async def _recover(self, store: Any) -> str | None:
+        """Mark a turn left running as interrupted; answer tool calls it left open."""
+        interrupted = None
+        for _, turn in await store.aitems("turns", f"{self._key}/", type=TurnRecord):
+            if turn.status == "running":
+                turn.status = "interrupted"
+                turn.ended = time.time()
+                turn.error = "the agent crashed during this turn; it was restarted from its stored history"
+                self._enqueue_write("turns", f"{self._key}/{turn.turn_id}", turn)
+                interrupted = turn.turn_id
+        answered = {m.tool_call_id for m in self._history if m.role == "tool"}
+        open_calls = [
+            call for m in self._history if m.role == "assistant" for call in m.tool_calls if call.id not in answered
+        ]
+        for call in open_calls:
+            self._append(
+                Message(
+                    role="tool",
+                    content="[interrupted] the agent crashed while this call ran; its result is unknown.",
+                    tool_call_id=call.id,
+                    name=call.name,
+                    is_error=True,
+                ),
+                interrupted or "recovery",
+            )
+        return interrupted
+
+    def on_stop(self) -> Any:
+        """Abort a running turn and mark the agent stopped, after the last write is committed."""
+        return self._shutdown()
+
+    async def _shutdown(self) -> None:
+        if self._turn is not None:
+            self._abort_turn("the agent was stopped")
+        if self._record is not None:
+            self._record.status = "stopped"
+            self._persist_record()
+        await self._drain_writes()
+        # The receive loop has ended, so flush acknowledgements cannot arrive
+        # as messages any more: everything is committed now, run them here.
+        for done in list(self._flush_waiters.values()):
+            done()
+        self._flush_waiters.clear()
+        if self._provider is not None:
+            with trio.move_on_after(2):
+                await self._provider.aclose()
+
+    def on_failure(self, *exc_info: Any) -> None:
+        """Tell whoever waits on the turn that it was interrupted (the supervisor restarts us)."""
+        self._interrupt_waiters(repr(exc_info[1]))
+
+    def _on_killed(self) -> None:
+        self._interrupt_waiters("killed")
+
+    def _interrupt_waiters(self, error: str) -> None:
+        for future in self._pending_futures():
+            with contextlib.suppress(Exception):
+                future.set(
+                    TurnResult(
+                        turn_id=self._turn.id if self._turn else "",
+                        ok=False,
+                        text="",
+                        usage=Usage(),
+                        steps=self._turn.steps if self._turn else 0,
+                        error=f"the agent crashed ({error}); it is being restarted with its history",
+                        interrupted=True,
+                    )
+                )
+        for question in self._questions.values():
+            with contextlib.suppress(Exception):
+                question.reply.set_exception((RuntimeError, RuntimeError("the agent crashed"), None))
+
+    def _pending_futures(self) -> list[Future[TurnResult]]:
+        futures = [p.future for p in self._queue]
+        if self._turn is not None:
+            futures = self._turn.futures + futures
+        return futures
+
+    # -- public API (through the proxy) ---------------------------------------------------------
+
+    def prompt(self, text: str) -> Future[TurnResult]:
+        """Start a turn with ``text``; returns a future resolved with the `TurnResult`.
+
+        A prompt sent while a turn runs is queued and handed to the model at
+        the next step boundary (steering); its future resolves when that turn ends.
+        """
+        future: Future[TurnResult] = Future()
+        self._queue.append(_Prompt(text, future))
+        if self._turn is None:
+            self._start_turn()
+        else:
+            self._publish("agent.prompt_queued", {"text": text[:200], "queued": len(self._queue)})
+        return future
+
+    def abort(self) -> bool:
+        """Stop the running turn in any state; returns False when there was none.
+
+        The model stream and running tool calls are cancelled, unanswered
+        tool calls get ``[aborted]`` results, queued prompts are dropped
+        (their futures resolve as aborted), and the agent returns to idle.
+        """
+        if self._turn is None and not self._queue:
+            return False
+        self._abort_turn("aborted")
+        return True
+
+    def answer(self, question_id: str, answer: str) -> bool:
+        """Answer an open question; returns False if it is unknown or already answered."""
+        question = self._questions.pop(question_id, None)
+        if question is None:
+            return False
+        with contextlib.suppress(Exception):
+            question.reply.set(answer)
+        self._publish("question.answered", {"question_id": question_id})
+        self._refresh_waiting()
+        return True
+
+    def history(self, limit: int | None = None) -> list[Message]:
+        """The conversation so far (the last ``limit`` messages)."""
+        return list(self._history[-limit:] if limit else self._history)
+
+    def snapshot(self, messages: int = 20) -> AgentSnapshot:
+        """A frozen view of the agent's state, with the last ``messages`` messages."""
+        record = self._record
+        turn = self._turn
+        return AgentSnapshot(
+            path=self.path,
+            session_id=self._session_id,
+            agent_id=self._agent_id,
+            status=self._state,
+            model=self._config.model,
+            working_dir=self._working_dir,
+            depth=self._config.depth,
+            tool_filter=self._config.tool_filter,
+            tools=tuple(s.name for s in self._tool_specs()),
+            turn_id=turn.id if turn else None,
+            step=turn.steps if turn else 0,
+            pending_prompts=tuple(p.text[:200] for p in self._queue),
+            running_tool_calls=turn.pending_calls if turn else (),
+            open_questions=tuple(self._questions),
+            open_permissions=tuple(sorted(self._permissions)),
+            usage=record.usage if record else Usage(),
+            restarts=record.restarts if record else 0,
+            message_count=len(self._history),
+            messages=tuple(self._history[-messages:]) if messages else (),
+        )
+
+    # -- messages ------------------------------------------------------------------------------------
+
+    def on_receive(self, message: Any) -> None:
+        """Model events, tool results, questions, permission states and flushes, in mailbox order."""
+        if isinstance(message, _ModelEvent):
+            if message.gen == self._gen:
+                self._on_model_event(message.event)
+        elif isinstance(message, _ModelDone):
+            if message.gen == self._gen:
+                self._on_model_done(message.result)
+        elif isinstance(message, ToolResults):
+            self._on_tool_results(message)
+        elif isinstance(message, _Flushed):
+            done = self._flush_waiters.pop(message.token, None)
+            if done is not None:
+                done()
+        elif isinstance(message, _WriterFailed):
+            msg = f"{self.path} could not write its history: {message.error}"
+            raise StoreError(msg) from message.error
+        elif isinstance(message, AskUser):
+            self._on_ask(message)
+        elif isinstance(message, AnswerQuestion):
+            self.answer(message.question_id, message.answer)
+        elif isinstance(message, PermissionState):
+            if message.open:
+                self._permissions.add(message.request_id)
+            else:
+                self._permissions.discard(message.request_id)
+            self._refresh_waiting()
+
+    # -- the loop --------------------------------------------------------------------------------------
+
+    def _start_turn(self) -> None:
+        turn = _Turn(uuid.uuid4().hex[:12])
+        self._turn = turn
+        self._publish("agent.turn_start", {"turn_id": turn.id})
+        self._write_turn(turn, "running")
+        self._take_queue(turn)
+        self._step()
+
+    def _take_queue(self, turn: _Turn) -> None:
+        for prompt in self._queue:
+            turn.futures.append(prompt.future)
+            self._append(Message(role="user", content=prompt.text), turn.id)
+        self._queue.clear()
+
+    def _tool_specs(self) -> list[ToolSpec]:
+        specs = []
+        for tool in self._registry.select(self._config.tool_filter):
+            if tool.name == "sub_agent" and self._config.depth >= self._config.max_depth:
+                continue  # past the depth limit the tool is not offered
+            if tool.name == "debug_state" and not self._config.debug_state:
+                continue
+            specs.append(ToolSpec(tool.name, tool.description, dict(tool.parameters)))
+        return specs
+
+    def _step(self) -> None:
+        turn = self._turn
+        assert turn is not None
+        if turn.steps >= self._config.max_steps:
+            self._end_turn(
+                ok=False,
+                error=f"the turn stopped after {self._config.max_steps} model calls (agent.max_steps)",
+            )
+            return
+        turn.steps += 1
+        request = ModelRequest(
+            model="",
+            messages=list(self._history),
+            system=self._config.system_prompt,
+            tools=self._tool_specs(),
+        )
+        self._gen += 1
+        gen = self._gen
+        self._stream_text = []
+        self._set_state("streaming")
+        self._publish("agent.message_start", {"turn_id": turn.id, "step": turn.steps, "role": "assistant"})
+        self._stream_io = self.run_io(
+            self._stream, gen, request, reply=lambda o: _ModelDone(gen, o), name=f"model {turn.id}.{turn.steps}"
+        )
+
+    async def _stream(self, gen: int, request: ModelRequest) -> None:
+        provider = self._provider
+        assert provider is not None
+        ref = self.actor_ref
+        async with contextlib.aclosing(provider.stream(request)) as events:
+            async for event in events:
+                ref.tell(_ModelEvent(gen, event))
+
+    def _on_model_event(self, event: Any) -> None:
+        turn = self._turn
+        if turn is None:
+            return
+        if isinstance(event, TextDelta):
+            self._stream_text.append(event.text)
+            self._publish("agent.message_delta", {"turn_id": turn.id, "text": event.text})
+        elif isinstance(event, ToolCallStarted):
+            self._publish("agent.tool_call", {"turn_id": turn.id, "call_id": event.id, "tool": event.name})
+        elif isinstance(event, Completed):
+            self._on_completed(turn, event)
+
+    def _on_completed(self, turn: _Turn, event: Completed) -> None:
+        message = event.message
+        self._save_provider_position()
+        turn.usage = turn.usage + event.usage
+        record = self._record
+        assert record is not None
+        record.usage = record.usage + event.usage
+        self._append(message, turn.id)
+        self._publish(
+            "agent.message_end",
+            {
+                "turn_id": turn.id,
+                "step": turn.steps,
+                "text": message.content,
+                "tool_calls": [{"id": c.id, "name": c.name} for c in message.tool_calls],
+                "stop_reason": event.stop_reason,
+            },
+        )
+        if message.content:
+            turn.text = message.content
+        if not message.tool_calls:
+            self._end_turn(ok=True)
+            return
+        batch = f"{turn.id}.{turn.steps}"
+        turn.batch = batch
+        turn.pending_calls = tuple(c.id for c in message.tool_calls)
+        self._set_state("executing_tools")
+        calls = tuple(ToolCallRequest(c.id, c.name, c.arguments, c.error) for c in message.tool_calls)
+        runner = self.system.whereis(self._runner_path) if self._runner_path else None
+        if runner is None:
+            results = [
+                Message(
+                    role="tool",
+                    content="the tool runner is not running (it may be restarting); try again shortly.",
+                    tool_call_id=c.id,
+                    name=c.name,
+                    is_error=True,
+                )
+                for c in message.tool_calls
+            ]
+            self._after_tools(turn, results)
+            return
+        runner.tell(
+            RunTools(
+                batch,
+                calls,
+                self.snapshot(messages=50),
+                self.actor_ref,
+                agent_id=self._agent_id,
+                agent_path=self.path,
+                depth=self._config.depth,
+                tool_filter=self._allowed_filter(),
+            )
+        )
+
+    def _allowed_filter(self) -> tuple[str, ...] | None:
+        hidden = []
+        if self._config.depth >= self._config.max_depth:
+            hidden.append("!sub_agent")
+        if not self._config.debug_state:
+            hidden.append("!debug_state")
+        base = self._config.tool_filter if self._config.tool_filter is not None else ("*",)
+        return (*base, *hidden)
+
+    def _on_model_done(self, result: outcome.Outcome[None]) -> None:
+        self._stream_io = None
+        turn = self._turn
+        if turn is None or not isinstance(result, outcome.Error):
+            return
+        self._save_provider_position()
+        error = result.error
+        text = redact_text(str(error)) if isinstance(error, ProviderError) else redact_text(repr(error))
+        self._publish("agent.error", {"turn_id": turn.id, "error": text, "kind": type(error).__name__})
+        self._end_turn(ok=False, error=text)
+
+    def _on_tool_results(self, results: ToolResults) -> None:
+        turn = self._turn
+        if turn is None or results.batch_id != turn.batch:
+            return  # a batch we stopped waiting for (aborted)
+        messages = [
+            Message(
+                role="tool",
+                content=o.result.text(),
+                tool_call_id=o.call_id,
+                name=o.name,
+                is_error=not o.result.ok,
+            )
+            for o in results.outcomes
+        ]
+        self._after_tools(turn, messages)
+
+    def _after_tools(self, turn: _Turn, results: list[Message]) -> None:
+        for message in results:
+            self._append(message, turn.id)
+        turn.batch = None
+        turn.pending_calls = ()
+        if self._queue:
+            self._publish("agent.steering", {"turn_id": turn.id, "prompts": len(self._queue)})
+            self._take_queue(turn)
+        self._step()
+
+    def _end_turn(self, *, ok: bool, error: str | None = None, aborted: bool = False) -> None:
+        turn = self._turn
+        assert turn is not None
+        self._turn = None
+        status = "aborted" if aborted else ("done" if ok else "error")
+        self._write_turn(turn, status, error=error)
+        self._persist_record()
+        result = TurnResult(
+            turn_id=turn.id,
+            ok=ok,
+            text=turn.text,
+            usage=turn.usage,
+            steps=turn.steps,
+            error=error,
+            aborted=aborted,
+        )
+        futures = list(turn.futures)
+        self._set_state("idle")
+
+        def acknowledge() -> None:
+            # Everything the turn wrote is committed: now the result may be seen.
+            for future in futures:
+                with contextlib.suppress(Exception):
+                    future.set(result)
+            self._publish(
+                "agent.turn_end",
+                {
+                    "turn_id": turn.id,
+                    "ok": ok,
+                    "status": status,
+                    "steps": turn.steps,
+                    "error": error,
+                    "usage": msgspec.to_builtins(turn.usage),
+                },
+            )
+
+        self._flush(acknowledge)
+        if self._queue and not aborted:
+            self._start_turn()
+
+    def _abort_turn(self, reason: str) -> None:
+        turn = self._turn
+        self._gen += 1  # events still in flight from the cancelled stream are ignored
+        if self._stream_io is not None:
+            self._stream_io.cancel()
+            self._stream_io = None
+        for question_id, question in list(self._questions.items()):
+            with contextlib.suppress(Exception):
+                question.reply.set_exception(
+                    (RuntimeError, RuntimeError(f"the question was withdrawn: {reason}"), None)
+                )
+            self._questions.pop(question_id, None)
+        queued = list(self._queue)
+        self._queue.clear()
+        if turn is not None:
+            if turn.batch is not None:
+                runner = self.system.whereis(self._runner_path) if self._runner_path else None
+                if runner is not None:
+                    with contextlib.suppress(Exception):
+                        runner.proxy().abort(turn.batch)
+                last = self._history[-1] if self._history else None
+                calls = last.tool_calls if last is not None and last.role == "assistant" else []
+                for call in calls:
+                    self._append(
+                        Message(role="tool", content="[aborted]", tool_call_id=call.id, name=call.name, is_error=True),
+                        turn.id,
+                    )
+                turn.batch = None
+                turn.pending_calls = ()
+            turn.futures.extend(p.future for p in queued)
+            self._publish("agent.aborted", {"turn_id": turn.id, "reason": reason})
+            self._end_turn(ok=False, error=reason, aborted=True)
+        else:
+            for prompt in queued:
+                with contextlib.suppress(Exception):
+                    prompt.future.set(TurnResult("", False, "", Usage(), 0, error=reason, aborted=True))
+        self._set_state("idle")
+
+    # -- questions ---------------------------------------------------------------------------------
+
+    def _on_ask(self, ask: AskUser) -> None:
+        if self._parent_agent is not None and self._parent_agent.is_alive():
+            # A sub-agent's question goes up to its parent, and on up to the top.
+            self._parent_agent.tell(ask)
+            return
+        question_id = uuid.uuid4().hex[:12]
+        self._questions[question_id] = ask
+        self._publish(
+            "question.asked",
+            {
+                "question_id": question_id,
+                "session_id": self._session_id,
+                "question": ask.question,
+                "choices": list(ask.choices),
+                "asked_by": ask.asked_by,
+            },
+        )
+        self._refresh_waiting()
+
+    def _refresh_waiting(self) -> None:
+        if self._state in ("executing_tools", "waiting"):
+            self._set_state("waiting" if (self._questions or self._permissions) else "executing_tools")
+
+    # -- persistence ----------------------------------------------------------------------------------
+
+    def _append(self, message: Message, turn_id: str) -> None:
+        record = self._record
+        assert record is not None
+        seq = record.next_seq
+        record.next_seq += 1
+        self._history.append(message)
+        entry = HistoryEntry(seq=seq, turn_id=turn_id, time=time.time(), message=message)
+        self._enqueue_write("history", f"{self._key}/{seq:08d}", entry)
+
+    def _write_turn(self, turn: _Turn, status: str, *, error: str | None = None) -> None:
+        record = TurnRecord(
+            turn_id=turn.id,
+            status=status,
+            started=turn.started,
+            ended=None if status == "running" else time.time(),
+            steps=turn.steps,
+            error=error,
+            usage=turn.usage,
+            text=turn.text,
+        )
+        self._enqueue_write("turns", f"{self._key}/{turn.id}", record)
+
+    def _persist_record(self) -> None:
+        if self._record is not None:
+            self._enqueue_write("agents", self._key, msgspec.structs.replace(self._record))
+
+    def _save_provider_position(self) -> None:
+        position = getattr(self._provider, "position", None)
+        if isinstance(position, int) and self._record is not None:
+            self._record.provider_position = position
+
+    def _enqueue_write(self, namespace: str, key: str, value: Any) -> None:
+        # The store's committer commits it in a group; the queue outlives this actor.
+        self.system.store.enqueue_nowait(namespace, key, value)
+
+    def _flush(self, then: Callable[[], None]) -> None:
+        """Run ``then`` in this actor's context once everything queued so far is committed."""
+        token = next(self._flush_tokens)
+        self._flush_waiters[token] = then
+        future = self.system.store.flush()
+
+        def landed(o: outcome.Outcome[None]) -> Any:
+            if isinstance(o, outcome.Error):
+                return _WriterFailed(o.error)
+            return _Flushed(token)
+
+        self.run_io(future.wait, reply=landed, name="flush")
+
+    async def _drain_writes(self) -> None:
+        """Wait until every write this agent queued is committed (bounded: the store may be gone)."""
+        with trio.move_on_after(10), contextlib.suppress(StoreError):
+            await self.system.store.flush()
+
+    # -- events ----------------------------------------------------------------------------------
+
+    def _set_state(self, state: AgentStatus) -> None:
+        if state != self._state:
+            previous = self._state
+            self._state = state
+            self._publish("agent.state", {"from": previous, "to": state})
+
+    def _publish(self, topic: str, data: Mapping[str, Any]) -> None:
+        # The bus redacts secrets from every event.
+        self.system.events.publish(
+            topic, self.path, {"session_id": self._session_id, "agent_id": self._agent_id, **data}
+        )
+
+
+def provider_spec_of(model: str) -> tuple[str, str]:
+    """Split ``provider:model`` (the model part may itself contain ``:``)."""
+    provider, _, rest = model.partition(":")
+    return provider, rest
+
+
+def tool_names(specs: Sequence[ToolSpec]) -> list[str]:
+    """The names of the given tool specs."""
+    return [s.name for s in specs]
