@@ -15,9 +15,12 @@ from weald.tools import edit_file as _edit_file  # noqa: F401
 from weald.tools import fetch as _fetch  # noqa: F401
 from weald.tools import glob as _glob  # noqa: F401
 from weald.tools import grep as _grep  # noqa: F401
+from weald.tools import memory as _memory  # noqa: F401
 from weald.tools import read_file as _read_file  # noqa: F401
 from weald.tools import shell as _shell  # noqa: F401
+from weald.tools import skills as _skills  # noqa: F401
 from weald.tools import sub_agent as _sub_agent  # noqa: F401
+from weald.tools import tasks as _tasks  # noqa: F401
 from weald.tools import write_file as _write_file  # noqa: F401
 from weald.tools._contract import (
     AbortSignal,
