@@ -17,6 +17,7 @@ Example::
 
 import logging
 
+from ._actor import MCPConnection, MCPConnectionSnapshot, MCPSupervisor, mcp_supervisor_spec
 from ._config import ServerConfig
 from ._exceptions import (
     MCPClosedError,
@@ -51,7 +52,9 @@ __all__ = [
     "MCPCapabilities",
     "MCPClosedError",
     "MCPConfigError",
+    "MCPConnection",
     "MCPConnectionLost",
+    "MCPConnectionSnapshot",
     "MCPError",
     "MCPHandshakeTimeout",
     "MCPLogMessage",
@@ -67,11 +70,13 @@ __all__ = [
     "MCPSession",
     "MCPSessionStatistics",
     "MCPStartError",
+    "MCPSupervisor",
     "MCPTimeout",
     "MCPTool",
     "MCPToolError",
     "MCPToolResult",
     "ServerConfig",
+    "mcp_supervisor_spec",
     "open_connection",
     "sanitize_tool_name",
 ]

@@ -12,6 +12,8 @@ def test_all_is_sorted_and_lists_exactly_the_public_names():
     assert public == set(mcp_layer.__all__)
     assert set(mcp_layer.__all__) == {
         "MCPCapabilities",
+        "MCPConnection",
+        "MCPConnectionSnapshot",
         "MCPClosedError",
         "MCPConfigError",
         "MCPConnectionLost",
@@ -28,6 +30,7 @@ def test_all_is_sorted_and_lists_exactly_the_public_names():
         "MCPServerError",
         "MCPServerInfo",
         "MCPSession",
+        "MCPSupervisor",
         "MCPSessionStatistics",
         "MCPStartError",
         "MCPTimeout",
@@ -35,6 +38,7 @@ def test_all_is_sorted_and_lists_exactly_the_public_names():
         "MCPToolError",
         "MCPToolResult",
         "ServerConfig",
+        "mcp_supervisor_spec",
         "open_connection",
         "sanitize_tool_name",
     }

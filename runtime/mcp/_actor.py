@@ -1,0 +1,945 @@
+"""`MCPConnection`: one MCP server as a supervised actor; `MCPSupervisor`: the ``mcp`` subtree.
+
+::
+
+    /mcp (MCPSupervisor, one_for_one, backoff per child)
+    ├── /mcp/everything   MCPConnection
+    └── /mcp/time         MCPConnection
+
+An `MCPConnection` owns one `MCPSession` for its whole life: a long-lived
+``run_io`` task holds ``open_connection``'s ``async with`` open, so the
+server process (or HTTP session) lives exactly as long as the actor. Every
+request to the server runs as a ``run_io`` task of its own, so requests run
+concurrently and the actor's mailbox is never held by server I/O; results
+come back to the actor as messages, in its own context.
+
+How a tool call travels::
+
+    agent's tool runner                 MCPConnection actor              loop
+    ToolRoute(ctx, **args) --tell CallTool(reply)--> start run_io -----> session.call_tool
+          await reply  <------------ reply completed <-- io task ends --'
+                                      (_Finished: bookkeeping, hang detection)
+
+Failure model (each incarnation of the actor is one connection, as in OTP):
+
+- the server dies or its connection breaks: requests in flight end with
+  `MCPConnectionLost`, the actor crashes, its tools are unregistered, and its
+  supervisor restarts it after a backoff; the new actor reconnects and
+  registers the tools again;
+- the server hangs: each request times out after ``call_timeout`` with
+  `MCPTimeout` (an error result, the connection stays); after
+  ``max_consecutive_timeouts`` timeouts in a row with no answer in between,
+  the server is judged hung and the actor crashes, so it is restarted;
+- the server never starts: the actor reports why (with the stderr tail) and
+  crashes just after ``on_start``, so restarts go through the backoff (see
+  `MCPConnection.on_start` for why it does not raise there).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import shlex
+import urllib.parse
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from functools import partial
+from typing import TYPE_CHECKING, Any, Literal, NoReturn, TypeVar
+
+import attrs
+import outcome
+import trio
+from weald.runtime import (
+    REDACTED,
+    Actor,
+    ActorDeadError,
+    Future,
+    IOCancelledError,
+    IOHandle,
+    is_secret_name,
+    redact_text,
+    register_secret,
+)
+from weald.supervisors import Backoff, ChildSpec, Supervisor
+from weald.tools import Permission, ToolRegistry
+
+from ._config import ServerConfig
+from ._exceptions import (
+    MCPClosedError,
+    MCPConfigError,
+    MCPConnectionLost,
+    MCPError,
+    MCPStartError,
+    MCPTimeout,
+)
+from ._names import sanitize_tool_name
+from ._registry import (
+    CallTool,
+    CancelCall,
+    NotConnected,
+    ToolRoute,
+    build_tool,
+    settle,
+    settle_error,
+)
+from ._session import MCPSession, open_connection
+from ._values import (
+    MCPPrompt,
+    MCPPromptResult,
+    MCPResource,
+    MCPResourceContent,
+    MCPServerInfo,
+    MCPSessionStatistics,
+    MCPTool,
+)
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+__all__ = ["ConnectionStatus", "MCPConnection", "MCPConnectionSnapshot", "MCPSupervisor", "mcp_supervisor_spec"]
+
+logger = logging.getLogger("weald.runtime.mcp")
+
+T = TypeVar("T")
+
+ConnectionStatus = Literal["connecting", "connected", "disconnected", "failed", "stopped"]
+
+# Consecutive request timeouts (no answer from the server in between) after
+# which the server is judged hung and its connection restarted.
+MAX_CONSECUTIVE_TIMEOUTS = 3
+# How long on_start waits beyond connect_timeout for the connection task to
+# report; open_connection bounds start-up itself, so this is a backstop.
+START_GRACE = 5.0
+# How long on_stop/on_failure wait for the connection to close: the stdio
+# shutdown (stdin EOF, SIGTERM, SIGKILL of the group) takes about 6 s at
+# most, an HTTP close 5 s.
+CLOSE_WAIT = 8.0
+# A connection child's shutdown in its supervisor: CLOSE_WAIT plus margin.
+CONNECTION_SHUTDOWN = 10.0
+# The restart backoff of MCP connections unless configured otherwise.
+DEFAULT_BACKOFF = Backoff(initial=0.5, factor=2.0, cap=30.0, reset_after=60.0)
+
+_request_ids = itertools.count(1)
+
+
+@attrs.frozen
+class MCPConnectionSnapshot:
+    """One MCP server's connection as the daemon shows it; no secrets inside.
+
+    Attributes:
+        path: the connection actor's path (``/mcp/<server>``).
+        server: the configured server name.
+        transport: ``"stdio"`` or ``"http"``.
+        endpoint: the command line or URL, known secrets cut out, URL query
+            and credentials redacted.
+        headers: the configured HTTP header names, every value redacted.
+        env: the names of the extra environment variables (values hidden).
+        status: ``connecting`` (start-up), ``connected``, ``disconnected``
+            (lost; a restart follows), ``failed`` (the last start failed; a
+            retry follows) or ``stopped``.
+        tools: the registered names of the server's tools, sorted.
+        calls_in_flight: tool calls waiting for the server.
+        requests_in_flight: other requests (resources, prompts) waiting.
+        restarts: how many times the connection was restarted.
+        failed_starts: consecutive failed starts (0 once connected).
+        consecutive_timeouts: requests that timed out since the server last answered.
+        last_error: why the connection last failed, with the server's stderr
+            tail when there is one; None if it never failed.
+        server_info: who the server said it is, once connected.
+        session: the live session's counters (the last session's once it ended).
+    """
+
+    path: str
+    server: str
+    transport: Literal["stdio", "http"]
+    endpoint: str
+    headers: Mapping[str, str] = attrs.field(hash=False)
+    env: tuple[str, ...]
+    status: ConnectionStatus
+    tools: tuple[str, ...]
+    calls_in_flight: int
+    requests_in_flight: int
+    restarts: int
+    failed_starts: int
+    consecutive_timeouts: int
+    last_error: str | None
+    server_info: MCPServerInfo | None
+    session: MCPSessionStatistics | None
+
+
+class _ServerRecord:
+    """What one server's connection shows, kept across the actor's restarts.
+
+    Each restart makes a new `MCPConnection` (a new connection, as in OTP);
+    the supervisor hands every incarnation the same record, so restarts and
+    the last error stay visible while the actor is down or starting over.
+    Touched only on the loop thread (by the actor and its supervisor).
+    """
+
+    __slots__ = (
+        "calls_in_flight",
+        "config",
+        "consecutive_timeouts",
+        "failed_starts",
+        "last_error",
+        "path",
+        "requests_in_flight",
+        "server_info",
+        "session",
+        "starts",
+        "statistics",
+        "status",
+        "tools",
+    )
+
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.path = ""
+        self.starts = 0
+        self.failed_starts = 0
+        self.status: ConnectionStatus = "connecting"
+        self.last_error: str | None = None
+        self.server_info: MCPServerInfo | None = None
+        self.tools: tuple[str, ...] = ()
+        self.session: MCPSession | None = None
+        self.statistics: MCPSessionStatistics | None = None
+        self.calls_in_flight = 0
+        self.requests_in_flight = 0
+        self.consecutive_timeouts = 0
+
+    def snapshot(self, restarts: int | None = None) -> MCPConnectionSnapshot:
+        config = self.config
+        session = self.session
+        return MCPConnectionSnapshot(
+            path=self.path,
+            server=config.name,
+            transport=config.transport,
+            endpoint=_endpoint(config),
+            headers=dict.fromkeys(config.headers, REDACTED),
+            env=tuple(sorted(config.env)),
+            status=self.status,
+            tools=self.tools,
+            calls_in_flight=self.calls_in_flight,
+            requests_in_flight=self.requests_in_flight,
+            restarts=max(self.starts - 1, 0) if restarts is None else restarts,
+            failed_starts=self.failed_starts,
+            consecutive_timeouts=self.consecutive_timeouts,
+            last_error=self.last_error,
+            server_info=self.server_info,
+            session=_redacted_statistics(session.statistics() if session is not None else self.statistics),
+        )
+
+
+def _redacted_statistics(statistics: MCPSessionStatistics | None) -> MCPSessionStatistics | None:
+    if statistics is None or statistics.lost_reason is None:
+        return statistics
+    return attrs.evolve(statistics, lost_reason=redact_text(statistics.lost_reason))
+
+
+def _endpoint(config: ServerConfig) -> str:
+    if config.command is not None:
+        return redact_text(shlex.join([config.command, *config.args]))
+    assert config.url is not None
+    parts = urllib.parse.urlsplit(config.url)
+    host = parts.hostname or ""
+    netloc = f"{host}:{parts.port}" if parts.port else host
+    if parts.username or parts.password:
+        netloc = f"{REDACTED}@{netloc}"
+    query = REDACTED if parts.query else ""
+    return redact_text(urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, query, "")))
+
+
+def _register_config_secrets(config: ServerConfig) -> None:
+    # So a token echoed in an error or a stderr tail is cut from every output:
+    # the whole value, and its parts ("Bearer <token>" shows the token alone).
+    for name, value in [*config.headers.items(), *config.env.items()]:
+        if is_secret_name(name):
+            for secret in {value, *value.split()}:
+                register_secret(secret)
+
+
+# -- messages (per-call objects: slots, as pykka's envelopes) ---------------------------
+
+
+class _InFlight:
+    """One request the actor started and has not seen finish."""
+
+    __slots__ = ("handle", "kind", "reply", "what")
+
+    def __init__(self, kind: Literal["call", "request"], what: str, reply: Future[Any]) -> None:
+        self.kind = kind
+        self.what = what
+        self.reply = reply
+        self.handle: IOHandle | None = None
+
+
+class _Finished:
+    """A request's io task ended (its reply is already completed): bookkeeping."""
+
+    __slots__ = ("error", "request_id")
+
+    def __init__(self, request_id: int, error: BaseException | None) -> None:
+        self.request_id = request_id
+        self.error = error
+
+
+class _ConnectionEnded:
+    """The connection task ended; handling this crashes the actor with ``error``."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+class _ToolsChanged:
+    """The server's tool list changed (``notifications/tools/list_changed``, re-fetched)."""
+
+    __slots__ = ("tools",)
+
+    def __init__(self, tools: tuple[MCPTool, ...]) -> None:
+        self.tools = tools
+
+
+# -- the connection actor ------------------------------------------------------------------
+
+
+class MCPConnection(Actor):
+    """One configured MCP server, connected for the actor's lifetime.
+
+    On start it connects and registers each server tool in ``registry`` as a
+    weald `Tool` named ``mcp__<server>__<tool>`` (kind ``mcp``, permission
+    ``permission``, timeout ``call_timeout`` plus a short grace), whose
+    function routes every call through this actor. On
+    ``notifications/tools/list_changed`` it re-registers the new list. When
+    it ends, for any reason, its tools are unregistered and the server's
+    connection is closed (for stdio: its whole process group is killed)
+    before its supervisor hears of it.
+
+    Through ``ref.proxy()``: `snapshot`, and the non-blocking requests
+    `list_resources`, `read_resource`, `list_prompts`, `get_prompt`.
+
+    Events (source: the actor's path): ``mcp.connected`` (server, transport,
+    tools count and names, server_info), ``mcp.disconnected`` (server,
+    during ``start`` or ``session``, reason with the stderr tail, stderr_tail,
+    exit_code, attempt) and ``mcp.tools_changed`` (server, tools, added, removed).
+
+    Args:
+        config: the server; it must be enabled.
+        registry: where the server's tools are registered.
+        permission: the default permission of its tools (``ask``: a human
+            approves each call, since an MCP server is third-party code).
+        max_consecutive_timeouts: timeouts in a row that mark the server as
+            hung, so that the connection is restarted.
+
+    Raises:
+        MCPConfigError: the config is disabled (the actor does not start).
+    """
+
+    def __init__(
+        self,
+        config: ServerConfig,
+        registry: ToolRegistry,
+        *,
+        permission: Permission = "ask",
+        max_consecutive_timeouts: int = MAX_CONSECUTIVE_TIMEOUTS,
+        _record: _ServerRecord | None = None,
+    ) -> None:
+        super().__init__()
+        if not config.enabled:
+            raise MCPConfigError(f"MCP server {config.name!r} is disabled in its config", server=config.name)
+        if max_consecutive_timeouts < 1:
+            raise ValueError(f"max_consecutive_timeouts must be >= 1, not {max_consecutive_timeouts!r}")
+        _register_config_secrets(config)
+        self._config = config
+        self._registry = registry
+        self._permission: Permission = permission
+        self._max_timeouts = max_consecutive_timeouts
+        self._record = _record if _record is not None else _ServerRecord(config)
+        self._session: MCPSession | None = None
+        self._inflight: dict[int, _InFlight] = {}
+        self._registered: dict[str, ToolRoute] = {}  # registered name -> our tool function
+        self._ended: BaseException | None = None  # why the connection task ended
+        self._reported = False  # mcp.disconnected already published for this incarnation
+        self._ready: trio.Event | None = None
+        self._closed: trio.Event | None = None
+        self._connection: IOHandle | None = None
+
+    @property
+    def server(self) -> str:
+        """The configured server name."""
+        return self._config.name
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def on_start(self) -> Any:
+        """Connect, then register the server's tools; runs in the actor's task on the loop.
+
+        Returns once the handshake and the first tools/list are done, so a
+        started connection has its tools registered. If the server cannot be
+        started or reached, this does *not* raise: it reports the failure
+        (``mcp.disconnected`` with the stderr tail, status ``failed``) and
+        returns, and the crash follows as the first message the actor
+        handles. That is OTP's connect-in-``handle_continue`` idiom, and
+        weald's supervisor needs it as much: a child whose ``on_start``
+        raises is retried at once with no backoff (and burns the restart
+        intensity in milliseconds), and one that fails while its supervisor
+        starts makes the whole ``mcp`` subtree fail to start. A crash after
+        start is restarted after the child's backoff like any other.
+        """
+        return self._start_connection()
+
+    async def _start_connection(self) -> None:
+        record = self._record
+        record.path = self.path
+        record.starts += 1
+        record.status = "connecting"
+        record.session = None
+        record.calls_in_flight = record.requests_in_flight = record.consecutive_timeouts = 0
+        record.tools = ()
+        self._ready = trio.Event()
+        self._closed = trio.Event()
+        self._connection = self.run_io(
+            self._connection_main, reply=self._connection_ended, name=f"mcp connection {self.server}"
+        )
+        with trio.move_on_after(self._config.connect_timeout + START_GRACE):
+            await self._ready.wait()
+        if self._ended is None and self._session is None:
+            self._ended = MCPStartError(
+                f"MCP server {self.server!r} did not become ready within "
+                f"{self._config.connect_timeout + START_GRACE:g} s",
+                server=self.server,
+            )
+            self.actor_ref.tell(_ConnectionEnded(self._ended))
+        if self._ended is not None:
+            self._start_failed(self._ended)
+            return
+        session = self._session
+        assert session is not None
+        try:
+            self._connected(session)
+        except Exception as exc:  # a bug, or a registry refusing a tool: crash after start, with backoff
+            self.actor_ref.tell(_ConnectionEnded(exc))
+
+    def on_stop(self) -> Any:
+        """After a normal stop: fail what is in flight, unregister the tools, close the connection.
+
+        Runs in the actor's task (shielded); returns once the server is
+        gone (for stdio, its process group), at most `CLOSE_WAIT` seconds.
+        """
+        error = MCPClosedError(f"the connection to MCP server {self.server!r} was stopped", server=self.server)
+        self._go_down("stopped", error, reason="stopped")
+        return self._wait_closed()
+
+    def on_failure(
+        self,
+        exception_type: type[BaseException] | None,  # noqa: ARG002 - pykka's hook signature
+        exception_value: BaseException | None,
+        traceback: TracebackType | None,  # noqa: ARG002
+    ) -> Any:
+        """After a crash: as `on_stop`, with in-flight requests failed as disconnected.
+
+        The supervisor hears of the crash only after this returns, so a
+        restarted connection never overlaps the old server process.
+        """
+        error = exception_value if exception_value is not None else MCPConnectionLost("unknown failure")
+        lost = MCPConnectionLost(
+            f"MCP server {self.server!r} disconnected; the request did not complete. "
+            "The server is being restarted; try again in a moment.",
+            server=self.server,
+            exit_code=getattr(error, "exit_code", None),
+            stderr_tail=getattr(error, "stderr_tail", ""),
+        )
+        status: ConnectionStatus = "failed" if self._record.status == "failed" else "disconnected"
+        self._go_down(status, lost, reason=str(error), error=error)
+        return self._wait_closed()
+
+    def _go_down(
+        self,
+        status: ConnectionStatus,
+        pending: MCPError,
+        *,
+        reason: str,
+        error: BaseException | None = None,
+    ) -> None:
+        # Runs before any io task can see its cancellation, so every
+        # in-flight reply gets this actor's account of the end. The hooks
+        # cancel the io tasks themselves rather than rely on when the
+        # runtime does: the server must be gone before the supervisor hears.
+        for entry in self._inflight.values():
+            settle_error(entry.reply, pending)
+            if entry.handle is not None:
+                entry.handle.cancel()
+        cut = len(self._inflight)
+        self._inflight.clear()
+        if self._connection is not None:
+            self._connection.cancel()
+        self._unregister_all()
+        record = self._record
+        if record.session is not None:
+            record.statistics = record.session.statistics()
+        record.session = None
+        record.status = status
+        record.calls_in_flight = record.requests_in_flight = 0
+        self._session = None
+        if error is not None:
+            record.last_error = redact_text(str(error))
+        if not self._reported:
+            self._reported = True
+            self._publish(
+                "mcp.disconnected",
+                during="session",
+                reason=redact_text(reason),
+                stderr_tail=redact_text(getattr(error, "stderr_tail", "") or ""),
+                exit_code=getattr(error, "exit_code", None),
+                requests_cut=cut,
+                restarting=error is not None,
+            )
+
+    def _on_killed(self) -> None:
+        # The runtime's hook for a killed actor (no on_stop/on_failure runs):
+        # answer what is in flight and take the tools down, without blocking.
+        lost = MCPConnectionLost(
+            f"the connection to MCP server {self.server!r} was killed; the request did not complete",
+            server=self.server,
+        )
+        self._go_down("stopped", lost, reason="killed")
+
+    async def _wait_closed(self) -> None:
+        closed = self._closed
+        if closed is None:
+            return
+        with trio.move_on_after(CLOSE_WAIT):
+            await closed.wait()
+            return
+        logger.warning("MCP server %r: its connection did not close within %g s", self.server, CLOSE_WAIT)
+
+    # -- the connection task -----------------------------------------------------------------
+
+    async def _connection_main(self) -> NoReturn:
+        """Hold the connection open until the server is lost or the actor ends (then close it)."""
+        assert self._ready is not None
+        assert self._closed is not None
+        try:
+            async with open_connection(self._config, on_tools_changed=self._tools_changed_nowait) as session:
+                self._session = session
+                self._ready.set()
+                await session.wait_lost()
+        finally:
+            self._closed.set()
+
+    def _connection_ended(self, result: outcome.Outcome[NoReturn]) -> _ConnectionEnded:
+        # Runs on the loop thread when the connection task ends: after a
+        # start failure, on_start wakes to find _ended set and this
+        # message queued; after a loss, the message crashes the actor.
+        assert isinstance(result, outcome.Error)
+        self._ended = result.error
+        if self._ready is not None:
+            self._ready.set()
+        return _ConnectionEnded(result.error)
+
+    def _tools_changed_nowait(self, tools: tuple[MCPTool, ...]) -> None:
+        # Called by the session's delivery task; must not block or raise.
+        with contextlib.suppress(ActorDeadError):
+            self.actor_ref.tell(_ToolsChanged(tools))
+
+    def _start_failed(self, error: BaseException) -> None:
+        record = self._record
+        record.failed_starts += 1
+        record.status = "failed"
+        record.last_error = redact_text(str(error))
+        self._reported = True
+        self._publish(
+            "mcp.disconnected",
+            during="start",
+            reason=redact_text(str(error)),
+            stderr_tail=redact_text(getattr(error, "stderr_tail", "") or ""),
+            exit_code=getattr(error, "exit_code", None),
+            attempt=record.failed_starts,
+            restarting=True,
+        )
+
+    def _connected(self, session: MCPSession) -> None:
+        record = self._record
+        record.session = session
+        record.server_info = session.server_info
+        record.failed_starts = 0
+        self._sweep_stale_tools()
+        self._sync_tools(session.tools)
+        record.status = "connected"
+        self._publish(
+            "mcp.connected",
+            transport=self._config.transport,
+            tools=len(self._registered),
+            tool_names=sorted(self._registered),
+            server_info=attrs.asdict(session.server_info),
+            restarts=max(record.starts - 1, 0),
+        )
+
+    # -- messages ----------------------------------------------------------------------------
+
+    def on_receive(self, message: Any) -> None:
+        """Handle the actor's own messages; an unknown message is logged and dropped."""
+        if isinstance(message, CallTool):
+            self._start_call(message)
+        elif isinstance(message, _Finished):
+            self._finished(message)
+        elif isinstance(message, CancelCall):
+            entry = self._inflight.get(message.call_id)
+            if entry is not None and entry.handle is not None:
+                entry.handle.cancel()
+        elif isinstance(message, _ToolsChanged):
+            self._tools_changed(message.tools)
+        elif isinstance(message, _ConnectionEnded):
+            raise message.error
+        else:
+            logger.warning("%s dropped an unexpected message: %r", self, message)
+
+    def _start_call(self, call: CallTool) -> None:
+        session = self._session
+        if session is None:
+            settle_error(call.reply, NotConnected(f"MCP server {self.server!r} is not connected", server=self.server))
+            return
+
+        async def run(session: MCPSession) -> Any:
+            return await session.call_tool(call.tool, call.arguments, on_progress=call.on_progress)
+
+        self._start(call.call_id, "call", f"tool {call.registered_name}", call.reply, run)
+
+    def _start(
+        self,
+        request_id: int,
+        kind: Literal["call", "request"],
+        what: str,
+        reply: Future[Any],
+        run: Callable[[MCPSession], Awaitable[Any]],
+    ) -> None:
+        session = self._session
+        assert session is not None
+        entry = _InFlight(kind, what, reply)
+        self._inflight[request_id] = entry
+        entry.handle = self.run_io(run, session, reply=partial(self._io_finished, request_id, entry), name=what)
+        self._count_in_flight()
+
+    def _io_finished(self, request_id: int, entry: _InFlight, result: outcome.Outcome[Any]) -> _Finished:
+        # Runs on the loop thread as the io task ends, even if the actor has
+        # ended meanwhile (killed, say): so the reply is always completed.
+        if isinstance(result, outcome.Value):
+            settle(entry.reply, result.value)
+            return _Finished(request_id, None)
+        assert isinstance(result, outcome.Error)
+        error = result.error
+        if isinstance(error, IOCancelledError):
+            # Cancelled by its caller (no one waits) or as the actor ends
+            # (the hooks answered first, unless it was killed).
+            error = MCPConnectionLost(
+                f"the connection to MCP server {self.server!r} ended before {entry.what} completed",
+                server=self.server,
+            )
+        settle_error(entry.reply, error)
+        return _Finished(request_id, error)
+
+    def _finished(self, message: _Finished) -> None:
+        if self._inflight.pop(message.request_id, None) is None:
+            return
+        self._count_in_flight()
+        error = message.error
+        record = self._record
+        if isinstance(error, MCPTimeout):
+            record.consecutive_timeouts += 1
+            if record.consecutive_timeouts >= self._max_timeouts:
+                raise MCPConnectionLost(
+                    f"MCP server {self.server!r} did not answer {record.consecutive_timeouts} requests in a row "
+                    f"within {error.timeout:g} s each; treating it as hung and restarting it",
+                    server=self.server,
+                )
+        elif error is None or not isinstance(error, MCPConnectionLost | MCPClosedError):
+            record.consecutive_timeouts = 0  # the server answered (a result or an error)
+
+    def _count_in_flight(self) -> None:
+        calls = sum(1 for entry in self._inflight.values() if entry.kind == "call")
+        self._record.calls_in_flight = calls
+        self._record.requests_in_flight = len(self._inflight) - calls
+
+    # -- tools in the registry -----------------------------------------------------------------
+
+    def _tools_changed(self, tools: tuple[MCPTool, ...]) -> None:
+        before = set(self._registered)
+        self._sync_tools(tools)
+        after = set(self._registered)
+        self._publish(
+            "mcp.tools_changed",
+            tools=sorted(after),
+            added=sorted(after - before),
+            removed=sorted(before - after),
+        )
+
+    def _sync_tools(self, tools: Iterable[MCPTool]) -> None:
+        wanted: dict[str, MCPTool] = {}
+        for tool in tools:
+            wanted[self._name_for(tool)] = tool
+        for name in set(self._registered) - set(wanted):
+            self._unregister(name)
+        for name, tool in wanted.items():
+            route = ToolRoute(self.system, self.path, self.server, tool.name, name)
+            weald_tool = build_tool(
+                tool, name, route, permission=self._permission, call_timeout=self._config.call_timeout
+            )
+            self._registry.register(weald_tool, replace=True)
+            self._registered[name] = route
+        self._record.tools = tuple(sorted(self._registered))
+
+    def _name_for(self, tool: MCPTool) -> str:
+        """The tool's registered name, unless another server's or a built-in tool holds it."""
+        name = tool.registered_name
+        existing = self._registry.get(name)
+        if existing is None or self._owns(existing.fn):
+            return name
+        taken = set(self._registry.names()) - set(self._registered)
+        alternative = sanitize_tool_name(self.server, tool.name, taken=taken)
+        logger.warning(
+            "MCP server %r: the tool name %s is taken by another tool; registered %s instead",
+            self.server,
+            name,
+            alternative,
+        )
+        return alternative
+
+    def _owns(self, fn: object) -> bool:
+        return isinstance(fn, ToolRoute) and fn.path == self.path and fn.server == self.server
+
+    def _sweep_stale_tools(self) -> None:
+        # A previous incarnation that was killed (no on_stop) left its tools.
+        for tool in self._registry.select():
+            if self._owns(tool.fn) and tool.name not in self._registered:
+                self._registry.unregister(tool.name)
+
+    def _unregister(self, name: str) -> None:
+        route = self._registered.pop(name)
+        current = self._registry.get(name)
+        if current is not None and current.fn is route:
+            self._registry.unregister(name)
+
+    def _unregister_all(self) -> None:
+        for name in list(self._registered):
+            self._unregister(name)
+        self._record.tools = ()
+
+    # -- the public API (through ref.proxy()) ---------------------------------------------------
+
+    def snapshot(self) -> MCPConnectionSnapshot:
+        """A frozen view of this connection; header values and known secrets are redacted."""
+        return self._record.snapshot()
+
+    def list_resources(self) -> Future[tuple[MCPResource, ...]]:
+        """Start resources/list; returns a future of the server's resources.
+
+        Not ``async def`` on purpose: an ``async def`` proxy method would
+        hold this actor's mailbox until the server answered (up to
+        ``call_timeout``), stalling every tool call and the crash of a lost
+        connection behind it. This returns as soon as the request has
+        started, and the request runs as an io task like a tool call.
+        Through the proxy the outer future resolves at once with the inner
+        one, which resolves with the result::
+
+            resources = await (await ref.proxy().list_resources())
+            resources = ref.proxy().list_resources().get().get(timeout=30)  # from a thread
+
+        The inner future fails with `MCPError`s: `NotConnected` (an
+        `MCPConnectionLost`) if the connection is not up, `MCPTimeout`,
+        `MCPServerError`, `MCPConnectionLost` if the server dies meanwhile
+        and `MCPClosedError` if the connection is stopped.
+        """
+        return self._request("resources/list", lambda session: session.list_resources())
+
+    def read_resource(self, uri: str) -> Future[tuple[MCPResourceContent, ...]]:
+        """Start resources/read of ``uri``; a future of its parts (see `list_resources`)."""
+        return self._request(f"resources/read {uri!r}", lambda session: session.read_resource(uri))
+
+    def list_prompts(self) -> Future[tuple[MCPPrompt, ...]]:
+        """Start prompts/list; a future of the server's prompt templates (see `list_resources`)."""
+        return self._request("prompts/list", lambda session: session.list_prompts())
+
+    def get_prompt(self, name: str, arguments: Mapping[str, str] | None = None) -> Future[MCPPromptResult]:
+        """Start prompts/get of ``name``; a future of the rendered prompt (see `list_resources`)."""
+        args = dict(arguments or {})
+        return self._request(f"prompts/get {name!r}", lambda session: session.get_prompt(name, args))
+
+    def _request(self, what: str, run: Callable[[MCPSession], Awaitable[T]]) -> Future[T]:
+        reply: Future[T] = Future()
+        if self._session is None:
+            settle_error(reply, NotConnected(f"MCP server {self.server!r} is not connected", server=self.server))
+            return reply
+        self._start(next(_request_ids), "request", what, reply, run)
+        return reply
+
+    # -- helpers ---------------------------------------------------------------------------------
+
+    def _publish(self, topic: str, **data: Any) -> None:
+        self.system.events.publish(topic, self.path, {"server": self.server, **data})
+
+
+# -- the mcp supervisor ------------------------------------------------------------------------
+
+
+def _child_id(config: ServerConfig) -> str:
+    return config.name.replace("/", "_")
+
+
+class MCPSupervisor(Supervisor):
+    """The ``mcp`` supervisor: one `MCPConnection` per enabled server, ``one_for_one``.
+
+    Each child restarts after an exponential backoff (``backoff``, capped)
+    and is retried for ever: a server that never starts, or keeps dying, is
+    reported (``mcp.disconnected``, the snapshot's ``last_error``) and tried
+    again every ``backoff.cap`` seconds at most, without this supervisor
+    ever giving up and escalating to the root, because the daemon must keep
+    running whatever its MCP servers do. Marking a server "failed" after N
+    attempts was the alternative; it was rejected because the usual causes
+    (a network outage, a package still installing, an expired token being
+    replaced) go away on their own, and a retry every 30 s costs nothing.
+
+    The restart intensity is derived from the backoff (see `intensity_for`)
+    so that backoff-spaced restarts can never exceed it, however many
+    servers fail at once; it still trips if something restarts a child
+    without its backoff, which would be a bug.
+
+    Through ``ref.proxy()``, besides `Supervisor`'s API: `servers`.
+
+    Args:
+        configs: the servers; disabled ones are skipped.
+        registry: where their tools are registered.
+        permission: default permission of their tools.
+        backoff: restart backoff of every connection.
+        max_consecutive_timeouts: see `MCPConnection`.
+
+    Raises:
+        MCPConfigError: two enabled servers share a name.
+        ValueError: the backoff cannot bound restarts (``initial <= 0`` or ``factor < 1``).
+    """
+
+    def __init__(
+        self,
+        configs: Iterable[ServerConfig],
+        registry: ToolRegistry,
+        *,
+        permission: Permission = "ask",
+        backoff: Backoff = DEFAULT_BACKOFF,
+        max_consecutive_timeouts: int = MAX_CONSECUTIVE_TIMEOUTS,
+    ) -> None:
+        enabled = [config for config in configs if config.enabled]
+        self._records: dict[str, _ServerRecord] = {}
+        specs: list[ChildSpec] = []
+        for config in enabled:
+            child_id = _child_id(config)
+            if child_id in self._records:
+                raise MCPConfigError(f"two MCP servers are named {config.name!r}", server=config.name)
+            record = _ServerRecord(config)
+            self._records[child_id] = record
+            specs.append(
+                ChildSpec(
+                    child_id,
+                    MCPConnection,
+                    args=(config, registry),
+                    kwargs={
+                        "permission": permission,
+                        "max_consecutive_timeouts": max_consecutive_timeouts,
+                        "_record": record,
+                    },
+                    shutdown=CONNECTION_SHUTDOWN,
+                    backoff=backoff,
+                )
+            )
+        max_restarts, max_seconds = self.intensity_for(backoff, len(specs))
+        super().__init__(specs, strategy="one_for_one", max_restarts=max_restarts, max_seconds=max_seconds)
+
+    @staticmethod
+    def intensity_for(backoff: Backoff, children: int) -> tuple[int, float]:
+        """Restart intensity ``(max_restarts, max_seconds)`` that backoff-spaced restarts never exceed.
+
+        The supervisor counts restarts in a sliding window of ``max_seconds``
+        and records each when the crash arrives. Between two consecutive
+        crashes of one child lie at least its backoff delay before the
+        restart, and delays never shrink (``factor >= 1``) except after the
+        child stayed up ``reset_after`` seconds. So in any window of ``W``
+        seconds one child can crash at most ``1 + m`` times, where ``m`` is
+        the largest count whose first delays sum to no more than ``W``
+        (``d1 + ... + dm <= W``), the densest case being a child that
+        crashes at once from its first restart on. Choosing ``W <=
+        reset_after`` keeps a reset from packing a fresh run into the same
+        window (the gap before it is longer than ``W``). Children back off
+        independently, so ``children * (1 + m)`` bounds them all; one more
+        per child absorbs clock rounding.
+
+        With the default backoff (0.5 s doubling to a 30 s cap, W = 30 s:
+        0.5 + 1 + 2 + 4 + 8 = 15.5 <= 30 < 31.5) that is 7 restarts per
+        child per 30 s.
+
+        Raises:
+            ValueError: ``initial <= 0`` or ``factor < 1``: no bound exists.
+        """
+        if not backoff.initial > 0 or backoff.factor < 1:
+            raise ValueError(
+                f"the MCP restart backoff must have initial > 0 and factor >= 1 to bound restarts, got {backoff!r}"
+            )
+        window = min(backoff.cap, backoff.reset_after)
+        total = 0.0
+        delays = 0
+        attempt = 1
+        while True:
+            delay = backoff.delay(attempt)
+            if delay >= backoff.cap or backoff.factor == 1:
+                # Every later delay equals this one: count them at once.
+                delays += int((window - total) // delay) if total + delay <= window else 0
+                break
+            if total + delay > window:
+                break
+            total += delay
+            delays += 1
+            attempt += 1
+        per_child = delays + 2
+        return max(children, 1) * per_child, float(window)
+
+    def servers(self) -> tuple[MCPConnectionSnapshot, ...]:
+        """Every server's connection snapshot, in start order, running or not.
+
+        Built from what each connection keeps across restarts, with the
+        restart counts this supervisor keeps; it asks no child anything, so
+        it answers at once even while a connection is starting.
+        """
+        restarts = {info.id: info.restarts for info in self.which_children()}
+        return tuple(
+            record.snapshot(restarts.get(child_id, max(record.starts - 1, 0)))
+            for child_id, record in self._records.items()
+        )
+
+
+def mcp_supervisor_spec(
+    configs: Iterable[ServerConfig],
+    registry: ToolRegistry,
+    *,
+    child_id: str = "mcp",
+    permission: Permission = "ask",
+    backoff: Backoff = DEFAULT_BACKOFF,
+    max_consecutive_timeouts: int = MAX_CONSECUTIVE_TIMEOUTS,
+) -> ChildSpec:
+    """The `ChildSpec` of the daemon's ``mcp`` subtree, to start under the root.
+
+    ::
+
+        system.root.proxy().start_child(mcp_supervisor_spec(configs, registry)).get()
+
+    Its shutdown allows every connection its own `CONNECTION_SHUTDOWN`,
+    since they stop one after the other (last started first). The arguments
+    after ``registry`` are `MCPSupervisor`'s; ``child_id`` is the subtree's
+    name under its parent.
+    """
+    configs = list(configs)
+    enabled = sum(1 for config in configs if config.enabled)
+    return ChildSpec(
+        child_id,
+        MCPSupervisor,
+        args=(configs, registry),
+        kwargs={"permission": permission, "backoff": backoff, "max_consecutive_timeouts": max_consecutive_timeouts},
+        shutdown=CONNECTION_SHUTDOWN * max(enabled, 1) + 1.0,
+    )

@@ -1,0 +1,292 @@
+"""MCP tools as weald tools: the schema check, the routed tool function, and the model's error texts.
+
+Every server tool becomes a `weald.tools.Tool` whose function does not talk to
+the server: it sends the owning `MCPConnection` actor a `CallTool` message
+and awaits the reply future the actor completes. So the actor sees, counts
+and can cut off every call, and a tool object stays valid across restarts of
+its connection (it finds the actor by path at call time).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import queue
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import jsonschema
+import trio
+from weald.runtime import ActorDeadError, Future, redact_text
+from weald.tools import Permission, Tool, ToolContext, ToolResult
+
+from ._exceptions import MCPClosedError, MCPConnectionLost, MCPError, MCPTimeout, MCPToolError
+from ._values import MCPTool, MCPToolResult
+
+if TYPE_CHECKING:
+    from weald.runtime import ActorSystem, Ref
+
+__all__ = [
+    "TOOL_TIMEOUT_GRACE",
+    "CallTool",
+    "CancelCall",
+    "NotConnected",
+    "ToolRoute",
+    "build_tool",
+    "error_result",
+    "settle",
+    "settle_error",
+    "tool_parameters",
+]
+
+T = TypeVar("T")
+
+# A tool's own deadline (the tool runner's) is this much longer than the
+# connection's request deadline, so the connection's fires first: its result
+# says "timed out after N s" and feeds hang detection. The runner's deadline
+# is the backstop for a connection that cannot even answer.
+TOOL_TIMEOUT_GRACE = 2.0
+
+_PERMISSIVE_SCHEMA: Mapping[str, Any] = {"type": "object"}
+
+_call_ids = itertools.count(1)
+
+ProgressCallback = Callable[[float, float | None, str | None], None]
+
+
+class NotConnected(MCPConnectionLost):
+    """The connection is not up (starting, restarting, or gone); the request was never sent."""
+
+
+class CallTool:
+    """Message to an `MCPConnection`: run ``tool`` with ``arguments`` and complete ``reply``."""
+
+    __slots__ = ("arguments", "call_id", "on_progress", "registered_name", "reply", "tool")
+
+    def __init__(
+        self,
+        tool: str,
+        registered_name: str,
+        arguments: Mapping[str, object],
+        reply: Future[MCPToolResult],
+        on_progress: ProgressCallback | None,
+    ) -> None:
+        self.call_id = next(_call_ids)
+        self.tool = tool
+        self.registered_name = registered_name
+        self.arguments = arguments
+        self.reply = reply
+        self.on_progress = on_progress
+
+
+class CancelCall:
+    """Message to an `MCPConnection`: the caller gave up on call ``call_id``; cancel it."""
+
+    __slots__ = ("call_id",)
+
+    def __init__(self, call_id: int) -> None:
+        self.call_id = call_id
+
+
+def settle(future: Future[T], value: T) -> None:
+    """Complete ``future`` with ``value`` unless something completed it first."""
+    with contextlib.suppress(queue.Full):
+        future.set(value)
+
+
+def settle_error(future: Future[Any], error: BaseException) -> None:
+    """Fail ``future`` with ``error`` unless something completed it first."""
+    with contextlib.suppress(queue.Full):
+        future.set_exception((type(error), error, error.__traceback__))
+
+
+def tool_parameters(schema: Mapping[str, object]) -> tuple[Mapping[str, Any], Any, str | None]:
+    """Check a server's input schema and return what to register.
+
+    Any valid JSON Schema of type object is kept as sent, checked by the
+    validator of the draft its ``$schema`` names (2020-12 when none). A schema
+    without a ``type`` gets ``"type": "object"`` (models require it). Anything
+    else is replaced by a permissive object schema, and the note returned
+    says so, for the description: a tool with a broken schema is still
+    useful, and the server checks its own arguments.
+
+    Returns:
+        ``(parameters, validator, note)``; ``note`` is None when the schema was kept.
+    """
+    candidate: dict[str, Any] = dict(schema)
+    candidate.setdefault("type", "object")
+    validator_class = jsonschema.validators.validator_for(candidate, default=jsonschema.Draft202012Validator)
+    problem = _schema_problem(validator_class, candidate)
+    if problem is None:
+        return candidate, validator_class(candidate), None
+    note = (
+        f"Note: the server's input schema for this tool is not valid JSON Schema ({problem}); "
+        "weald accepts any JSON object as its arguments and the server checks them."
+    )
+    return _PERMISSIVE_SCHEMA, jsonschema.Draft202012Validator(_PERMISSIVE_SCHEMA), note
+
+
+def _schema_problem(validator_class: Any, schema: Mapping[str, Any]) -> str | None:
+    if schema["type"] != "object":
+        return f"its type is {schema['type']!r}, not 'object'"
+    try:
+        validator_class.check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        return str(exc.message)
+    return None
+
+
+def build_tool(
+    tool: MCPTool,
+    name: str,
+    route: ToolRoute,
+    *,
+    permission: Permission,
+    call_timeout: float,
+) -> Tool:
+    """Make the weald `Tool` for one server tool, registered as ``name``."""
+    parameters, validator, note = tool_parameters(tool.input_schema)
+    description = tool.description or f"The tool {tool.name!r} of the MCP server {tool.server!r}."
+    if note is not None:
+        description = f"{description}\n\n{note}"
+    return Tool(
+        name=name,
+        description=description,
+        parameters=parameters,
+        fn=route,
+        is_async=True,
+        permission=permission,
+        timeout=call_timeout + TOOL_TIMEOUT_GRACE,
+        kind="mcp",
+        _validator=validator,
+    )
+
+
+class ToolRoute:
+    """The function of a registered MCP tool: routes each call through the connection actor.
+
+    Holds no reference to the actor, only its path: after a restart the new
+    actor lives at the same path, so a `Tool` an agent kept from before still
+    works. Calls made while no actor is there end at once with an error
+    result saying so.
+
+    Attributes:
+        server: the configured server name.
+        tool: the tool's name on the server.
+        name: the registered name (what the model calls).
+        path: the connection actor's path.
+    """
+
+    __slots__ = ("name", "path", "server", "system", "tool")
+
+    def __init__(self, system: ActorSystem, path: str, server: str, tool: str, name: str) -> None:
+        self.system = system
+        self.path = path
+        self.server = server
+        self.tool = tool
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"<ToolRoute {self.name} -> {self.path}>"
+
+    async def __call__(self, ctx: ToolContext, /, **arguments: object) -> ToolResult:
+        """Run the call on the connection actor and turn its outcome into a `ToolResult`.
+
+        Runs in the caller's trio task (the tool runner's). Cancelling it
+        (the runner's timeout or an abort) tells the actor to cancel the call
+        on the server too.
+        """
+        ref = self.system.whereis(self.path)
+        if ref is None:
+            return error_result(self.server, self.name, _not_connected(self.server))
+
+        def on_progress(progress: float, total: float | None, message: str | None) -> None:
+            ctx.emit("progress", {"progress": progress, "total": total, "message": message})
+
+        reply: Future[MCPToolResult] = Future()
+        call = CallTool(self.tool, self.name, arguments, reply, on_progress)
+        try:
+            ref.tell(call)
+        except ActorDeadError:
+            return error_result(self.server, self.name, _not_connected(self.server))
+        try:
+            result = await _reply_or_exit(reply, ref, self.server, self.name)
+        except trio.Cancelled:
+            with contextlib.suppress(ActorDeadError):
+                ref.tell(CancelCall(call.call_id))
+            raise
+        except MCPError as exc:
+            return error_result(self.server, self.name, exc)
+        structured = result.structured_content
+        return ToolResult(
+            ok=not result.is_error,
+            output=result.text,
+            data=dict(structured) if structured is not None else None,
+        )
+
+
+def _not_connected(server: str) -> NotConnected:
+    return NotConnected(f"MCP server {server!r} is not connected", server=server)
+
+
+async def _reply_or_exit(reply: Future[MCPToolResult], ref: Ref[Any], server: str, name: str) -> MCPToolResult:
+    """Wait for ``reply``, or for the actor to end without completing it.
+
+    The actor completes every call it accepted, even when it crashes or
+    stops; but a call still in its mailbox when it ended, or any call of an
+    actor that was killed, is never answered: the actor's exit answers it.
+    """
+    async with trio.open_nursery() as nursery:
+
+        async def watch(future: Future[Any]) -> None:
+            # Only the arrival matters here; the outcome is read below.
+            with contextlib.suppress(Exception):
+                await future
+            nursery.cancel_scope.cancel()
+
+        nursery.start_soon(watch, reply)
+        nursery.start_soon(watch, ref.exited())
+    if reply.done():
+        return reply.get()
+    raise MCPConnectionLost(
+        f"MCP server {server!r}: its connection ended before answering {name}",
+        server=server,
+    )
+
+
+def error_result(server: str, name: str, error: MCPError) -> ToolResult:
+    """The error result a model reads when a call to an MCP tool did not produce a result.
+
+    Says what happened and what to do next; the underlying error (with the
+    server's stderr tail, secrets cut out) goes in ``data`` for programs.
+    """
+    if isinstance(error, NotConnected):
+        message = (
+            f"MCP server {server!r} is not connected (it is starting or being restarted), "
+            f"so {name} did not run. Try again in a moment."
+        )
+    elif isinstance(error, MCPConnectionLost):
+        message = (
+            f"MCP server {server!r} disconnected while running tool {name}; the call did not complete. "
+            "The server is being restarted; try again in a moment."
+        )
+    elif isinstance(error, MCPTimeout):
+        message = (
+            f"MCP server {server!r} did not answer {name}: timed out after {error.timeout:g} s; "
+            "the call was cancelled. The server may be overloaded or stuck: try again later, "
+            "with a smaller request, or another way."
+        )
+    elif isinstance(error, MCPClosedError):
+        message = (
+            f"MCP server {server!r} was shut down while running tool {name}; the call did not complete. "
+            "Its tools are no longer available."
+        )
+    elif isinstance(error, MCPToolError):
+        message = (
+            f"MCP server {server!r} rejected the call to {name}: {error.error_message}. "
+            "Check the arguments against the tool's parameters and call it again."
+        )
+    else:
+        message = f"MCP server {server!r} failed while running {name}: {error}. Try again, or another approach."
+    data = {"server": server, "tool": name, "error": redact_text(str(error)), "kind": type(error).__name__}
+    return ToolResult.error(redact_text(message), data=data)
