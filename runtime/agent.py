@@ -318,7 +318,7 @@ class Agent(Actor):
         self._agent_id = agent_id
         self._working_dir = str(Path(working_dir).resolve())
         self._config = config
-        self._registry = registry or default_registry
+        self._registry = registry if registry is not None else default_registry
         self._runner_path = runner_path
         self._parent_agent = parent
         self._provider_factory = provider_factory or make_provider

@@ -358,7 +358,7 @@ class ToolRunner(Actor):
         self._session_id = session_id
         self._working_dir = Path(working_dir).resolve()
         self._config = config or RunnerConfig()
-        self._registry = registry or default_registry
+        self._registry = registry if registry is not None else default_registry
         out = Path(output_dir) if output_dir else self.system.store_path.parent / "weald-outputs" / session_id
         self._output_dir = out
         # Saved full outputs must stay readable by read_file: they are in the sandbox.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any, Literal
 
@@ -317,6 +318,15 @@ class SupervisorBase(Actor):
                 except StartError as exc:
                     if not self._allow_restart():
                         await self._give_up(f"child {child_id!r} failed to restart: {exc.__cause__!r}")
+                    delay = self._backoff_delay(child)
+                    if delay > 0:
+                        # A failed restart waits its backoff too, like a crash does.
+                        child.status = "restarting"
+                        child.generation += 1
+                        rest = tuple(group[group.index(child_id) :])
+                        due = _RestartDue(child_id, child.generation, rest)
+                        self.run_io(trio.sleep, delay, reply=_constant(due), name=f"backoff {child_id}")
+                        return
                     continue
                 child.restarts += 1
                 self._total_restarts += 1
@@ -358,3 +368,8 @@ class SupervisorBase(Actor):
         if child.ref is not None or child.status == "restarting":
             msg = f"cannot {action} child {child.spec.id!r} of {self.path}: it is {child.status}"
             raise ChildRunningError(msg)
+
+
+def _constant(message: Any) -> Callable[[object], Any]:
+    """A ``run_io`` reply that sends ``message`` whatever the outcome."""
+    return lambda _: message

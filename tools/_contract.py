@@ -439,7 +439,7 @@ def tool(
             kind=kind,
             _validator=validator,
         )
-        (registry or default_registry).register(t, replace=True)
+        (registry if registry is not None else default_registry).register(t, replace=True)
         return t
 
     return decorate
