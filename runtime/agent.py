@@ -565,7 +565,10 @@ class Agent(Actor):
         self._publish("agent.turn_start", {"turn_id": turn.id})
         self._write_turn(turn, "running")
         self._take_queue(turn)
-        self._step()
+        # The prompt and the running turn are committed before the model is
+        # called: a crash from here on always leaves a turn to report.
+        self._set_state("streaming")
+        self._flush(lambda: self._step() if self._turn is turn else None)
 
     def _take_queue(self, turn: _Turn) -> None:
         for prompt in self._queue:
@@ -593,6 +596,17 @@ class Agent(Actor):
             )
             return
         turn.steps += 1
+        position = getattr(self._provider, "position", None)
+        if isinstance(position, int) and self._record is not None:
+            # A scripted model spends its turn once called: commit that first,
+            # so a restart (even after kill -9) resumes after the spent turn.
+            self._record.provider_position = position + 1
+            self._persist_record()
+            self._flush(lambda: self._call_model(turn) if self._turn is turn else None)
+        else:
+            self._call_model(turn)
+
+    def _call_model(self, turn: _Turn) -> None:
         request = ModelRequest(
             model="",
             messages=list(self._history),

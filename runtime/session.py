@@ -30,7 +30,15 @@ from weald.runtime.tool_runner import RunnerConfig, ToolRunner
 from weald.supervisors import ChildSpec, DynamicSupervisor, Supervisor
 from weald.tools import ToolRegistry, default_registry
 
-__all__ = ["SessionConfig", "SessionRuntime", "agent_path", "session_dir", "session_spec", "valid_session_id"]
+__all__ = [
+    "RuntimeView",
+    "SessionConfig",
+    "SessionRuntime",
+    "agent_path",
+    "session_dir",
+    "session_spec",
+    "valid_session_id",
+]
 
 _SESSION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
@@ -61,40 +69,24 @@ class SessionConfig:
     output_dir: str | None = None
 
 
-class SessionRuntime:
-    """The runtime as the tools of one session see it (``ctx.session.runtime``).
+class RuntimeView:
+    """Read-only introspection of a running system: the store, recent events, places in the tree.
 
-    Thread-safe where it must be: `store` and `recent_events` are called from
-    thread tools; the ``async`` methods run on the loop, in a tool's task.
+    Thread-safe: called from thread tools and from the daemon's RPC methods.
     """
 
-    def __init__(
-        self,
-        system: ActorSystem,
-        session_path: str,
-        config: SessionConfig,
-        registry: ToolRegistry,
-        provider_factory: Callable[[str], Provider] | None,
-    ) -> None:
+    def __init__(self, system: ActorSystem, default_source: str = "/") -> None:
         self._system = system
-        self.session_path = session_path
-        self.config = config
-        self._registry = registry
-        self._provider_factory = provider_factory
+        self._default_source = default_source
 
     @property
     def store(self) -> Store:
         """The persistent store."""
         return self._system.store
 
-    @property
-    def session_id(self) -> str:
-        """This session's id."""
-        return self.config.session_id
-
     def recent_events(self, source: str | None = None, limit: int = 20) -> list[Event]:
-        """Recent events of this session (or of ``source``), oldest first."""
-        return self._system.events.recent(limit, source=source or self.session_path)
+        """Recent events from ``source`` (a path prefix), oldest first."""
+        return self._system.events.recent(limit, source=source or self._default_source)
 
     def whereis(self, path: str) -> Ref[Any] | None:
         """The live actor at ``path``."""
@@ -116,6 +108,33 @@ class SessionRuntime:
                 }
             )
         return out
+
+
+class SessionRuntime(RuntimeView):
+    """The runtime as the tools of one session see it (``ctx.session.runtime``).
+
+    Thread-safe where it must be: `store` and `recent_events` are called from
+    thread tools; the ``async`` methods run on the loop, in a tool's task.
+    """
+
+    def __init__(
+        self,
+        system: ActorSystem,
+        session_path: str,
+        config: SessionConfig,
+        registry: ToolRegistry,
+        provider_factory: Callable[[str], Provider] | None,
+    ) -> None:
+        super().__init__(system, session_path)
+        self.session_path = session_path
+        self.config = config
+        self._registry = registry
+        self._provider_factory = provider_factory
+
+    @property
+    def session_id(self) -> str:
+        """This session's id."""
+        return self.config.session_id
 
     async def ask_user(self, agent_path: str, question: str, choices: Sequence[str] = ()) -> str:
         """Ask whoever drives the top-level agent; a sub-agent's question goes up the chain.
@@ -235,7 +254,7 @@ def session_spec(
     if not valid_session_id(config.session_id):
         msg = f"bad session id {config.session_id!r}: use 1-64 letters, digits, '_', '.' or '-'"
         raise ValueError(msg)
-    registry = registry or default_registry
+    registry = registry if registry is not None else default_registry
     path = f"{sessions_path.rstrip('/')}/{config.session_id}"
     runtime = SessionRuntime(system, path, config, registry, provider_factory)
     children = [

@@ -114,10 +114,12 @@ class ScriptedProvider:
     """A provider that replays a script instead of calling a model.
 
     Build one with :meth:`from_file` or :meth:`from_dict`. Each model call
-    answers with the turn at :attr:`position`; the position advances when the
-    turn has been delivered (its ``Completed`` event yielded or its scripted
-    error raised), so a call that is cancelled mid-turn leaves the turn for
-    the next call. Calls are expected one at a time, as an agent makes them.
+    answers with the turn at :attr:`position`; the position advances as soon
+    as the call gets past fault injection, as a real model call is spent once
+    it is sent: a call cancelled mid-turn (an abort) has used its turn, and
+    the next call gets the next one. An injected fault does not use the turn,
+    so a retry after it replays the same turn. Calls are expected one at a
+    time, as an agent makes them.
 
     The position can be saved and restored, so that an agent restored after a
     crash continues the script where it was: pass ``start_position`` or call
@@ -277,13 +279,14 @@ class ScriptedProvider:
         turn = self._turns[index]
         model = request.model or self._source
         await self._inject_fault(model)
+        # The turn is spent from here on, even if this call is cancelled.
+        self._position = index + 1
         if turn.delay:
             await trio.sleep(turn.delay)
         else:
             # Always a checkpoint, as trio expects of an async call.
             await trio.lowlevel.checkpoint()
         if turn.error is not None:
-            self._position = index + 1
             raise error_for_status(
                 turn.error.status,
                 turn.error.message,
@@ -313,8 +316,6 @@ class ScriptedProvider:
         )
         stop_reason = turn.stop_reason or ("tool_use" if calls else "end_turn")
         message = Message(role="assistant", content=turn.text, tool_calls=calls)
-        # Advance before the last yield: a consumer may stop at Completed.
-        self._position = index + 1
         yield Completed(message=message, usage=usage, stop_reason=stop_reason)
 
     async def _inject_fault(self, model: str) -> None:

@@ -149,19 +149,21 @@ async def test_raw_string_arguments_script_a_malformed_tool_call() -> None:
     assert "edit" in call.error
 
 
-async def test_a_delay_is_waited_and_cancellable(
+async def test_a_delay_is_waited_and_a_cancelled_call_spends_its_turn(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    provider = ScriptedProvider.from_dict({"turns": [{"text": "slow", "delay": 30}, {"text": "next"}]})
+    provider = ScriptedProvider.from_dict(
+        {"turns": [{"text": "aborted", "delay": 30}, {"text": "slow", "delay": 20}, {"text": "next"}]}
+    )
     with trio.move_on_after(10) as scope:
         await collect(provider, ask())
     assert scope.cancelled_caught
-    assert provider.position == 0  # a cancelled call leaves its turn
+    assert provider.position == 1  # like a real model call: sent, then abandoned
 
     start = trio.current_time()
     assert (await completed(provider)).message.content == "slow"
-    assert trio.current_time() - start >= 30
-    assert provider.position == 1
+    assert trio.current_time() - start >= 20
+    assert provider.position == 2
 
 
 async def test_error_turns_raise_the_error_for_their_status() -> None:

@@ -1,0 +1,171 @@
+"""A small synchronous client of the daemon's JSON-RPC API (used by the CLI, scripts and tests).
+
+::
+
+    with Client.connect(socket_path) as client:
+        agent_id = client.call("agent.start", {"working_dir": "/my/project"})["agent_id"]
+        turn = client.call("agent.prompt", {"agent_id": agent_id, "text": "hello"})
+
+A reader thread matches replies to requests by id and queues notifications
+(``event``, ``permission.request``, ``ask_user.question``) for `notifications`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import queue
+import socket
+import threading
+from pathlib import Path
+from typing import Any
+
+import msgspec
+from weald.runtime import Future, WealdError
+
+__all__ = ["Client", "DaemonUnavailableError", "RPCCallError"]
+
+
+class RPCCallError(WealdError):
+    """The daemon answered a call with an error."""
+
+    def __init__(self, method: str, code: int, message: str, data: Any = None) -> None:
+        super().__init__(f"{method}: {message} (error {code})")
+        self.method = method
+        self.code = code
+        self.message = message
+        self.data = data
+
+
+class DaemonUnavailableError(WealdError):
+    """No daemon answers on the socket (or the connection broke)."""
+
+
+class Client:
+    """One connection to the daemon; thread-safe calls."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._ids = itertools.count(1)
+        self._pending: dict[int, tuple[str, Future[Any]]] = {}
+        self._lock = threading.Lock()
+        self._send_lock = threading.Lock()
+        self.notifications: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self._closed = False
+        self.embedded = False  # True when the CLI started the daemon in its own process
+        self._reader = threading.Thread(target=self._read, name="weald-client-reader", daemon=True)
+        self._reader.start()
+
+    @classmethod
+    def connect(cls, path: str | Path, *, timeout: float = 5.0) -> Client:
+        """Connect to the daemon's socket.
+
+        Raises:
+            DaemonUnavailableError: nothing listens there.
+        """
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(timeout)
+        try:
+            sock.connect(str(path))
+        except OSError as exc:
+            sock.close()
+            msg = f"no weald daemon answers on {path} ({exc.strerror or exc}); start one with `weald serve`"
+            raise DaemonUnavailableError(msg) from exc
+        sock.settimeout(None)
+        return cls(sock)
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the connection; pending calls fail with `DaemonUnavailableError`."""
+        if self._closed:
+            return
+        self._closed = True
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+        self._sock.close()
+        self._reader.join(5)
+
+    def send_raw(self, data: bytes) -> None:
+        """Send bytes as they are (for tests of bad input)."""
+        with self._send_lock:
+            self._sock.sendall(data)
+
+    def request(self, method: str, params: dict[str, Any] | None = None) -> Future[Any]:
+        """Send a request; returns a future of its result (raises `RPCCallError` on an error reply)."""
+        request_id = next(self._ids)
+        future: Future[Any] = Future()
+        with self._lock:
+            if self._closed:
+                msg = "the connection to the daemon is closed"
+                raise DaemonUnavailableError(msg)
+            self._pending[request_id] = (method, future)
+        payload = {"jsonrpc": "2.0", "id": request_id, "method": method, "params": params or {}}
+        try:
+            self.send_raw(msgspec.json.encode(payload) + b"\n")
+        except OSError as exc:
+            with self._lock:
+                self._pending.pop(request_id, None)
+            msg = f"the connection to the daemon broke: {exc}"
+            raise DaemonUnavailableError(msg) from exc
+        return future
+
+    def call(self, method: str, params: dict[str, Any] | None = None, *, timeout: float | None = None) -> Any:
+        """Call a method and wait for its result."""
+        return self.request(method, params).get(timeout=timeout)
+
+    def next_notification(self, timeout: float | None = None) -> tuple[str, Any] | None:
+        """The next notification (method, params), or None after ``timeout``."""
+        try:
+            return self.notifications.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def _read(self) -> None:
+        buf = b""
+        error: BaseException | None = None
+        try:
+            while True:
+                data = self._sock.recv(1 << 20)
+                if not data:
+                    break
+                buf += data
+                while b"\n" in buf:
+                    line, buf = buf.split(b"\n", 1)
+                    if line.strip():
+                        self._dispatch(msgspec.json.decode(line))
+        except (OSError, msgspec.DecodeError) as exc:
+            error = exc
+        with self._lock:
+            pending = list(self._pending.values())
+            self._pending.clear()
+            self._closed = True
+        for method, future in pending:
+            why = f": {error}" if error else ""
+            lost = DaemonUnavailableError(f"the daemon closed the connection during {method}{why}")
+            future.set_exception((DaemonUnavailableError, lost, None))
+
+    def _dispatch(self, message: Any) -> None:
+        if isinstance(message, list):
+            for item in message:
+                self._dispatch(item)
+            return
+        if "method" in message and "id" not in message:
+            self.notifications.put((message["method"], message.get("params")))
+            return
+        with self._lock:
+            entry = self._pending.pop(message.get("id"), None)
+        if entry is None:
+            self.notifications.put(("_unmatched", message))
+            return
+        method, future = entry
+        if "error" in message:
+            err = message["error"]
+            exc = RPCCallError(method, err.get("code", 0), err.get("message", ""), err.get("data"))
+            future.set_exception((RPCCallError, exc, None))
+        else:
+            future.set(message.get("result"))

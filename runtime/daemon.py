@@ -1,0 +1,369 @@
+"""The daemon: the whole supervision tree, sessions that survive restarts, and shutdown.
+
+::
+
+    /  root (one_for_one)                      started by ActorSystem
+    ├── store      persistent KV (sqlitedict)
+    ├── events     event bus
+    ├── io         trio loop thread
+    ├── mcp        one MCPConnection per configured server (one_for_one, backoff)
+    ├── sessions   DynamicSupervisor: one session subtree per agent
+    └── server     JSON-RPC front (Unix socket / stdio)
+
+Shutting down stops the tree last-started first: the server stops accepting,
+sessions abort their running turns and persist, MCP servers are stopped,
+then the loop, the bus and the store. Sessions are stored when started and
+restored on the next start (after a clean stop or a kill -9 alike); a turn
+that a kill -9 interrupted is reported by its agent when it comes back.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Callable
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import trio
+from weald.runtime import ActorSystem, Ref, WealdError
+from weald.runtime.agent import AgentConfig
+from weald.runtime.config import Config
+from weald.runtime.llm import Provider, make_provider
+from weald.runtime.session import SessionConfig, agent_path, session_spec, valid_session_id
+from weald.runtime.tool_runner import RunnerConfig
+from weald.supervisors import ChildSpec, DynamicSupervisor, MaxChildrenError
+from weald.tools import ToolRegistry, default_registry
+
+__all__ = ["DEMO_MODEL", "Daemon", "DaemonError", "SessionRecord", "Sessions", "demo_script_path"]
+
+
+class DaemonError(WealdError):
+    """A daemon operation failed; the message says what to do."""
+
+
+def demo_script_path(name: str = "default.json") -> Path:
+    """A script bundled with weald (``weald/runtime/demo_scripts``)."""
+    return Path(str(resources.files("weald.runtime") / "demo_scripts" / name))
+
+
+DEMO_MODEL = "scripted:" + str(demo_script_path())
+"""The model used when none is configured: a script that says it is scripted."""
+
+
+class SessionRecord(msgspec.Struct, kw_only=True):
+    """A session as stored in the ``sessions`` namespace; restored on start while active."""
+
+    session_id: str
+    working_dir: str
+    model: str
+    tools: list[str] | None = None
+    system_prompt: str | None = None
+    created: float = 0.0
+    status: str = "active"
+
+
+class Sessions:
+    """Starts, stops, lists and restores sessions; used by the RPC methods (on the loop).
+
+    Args:
+        system: the running system.
+        config: the daemon's configuration.
+        registry: the tools (built-ins plus MCP tools as they register).
+        supervisor: the ``/sessions`` DynamicSupervisor.
+    """
+
+    def __init__(self, system: ActorSystem, config: Config, registry: ToolRegistry, supervisor: Ref[Any]) -> None:
+        self.system = system
+        self.config = config
+        self.registry = registry
+        self._supervisor = supervisor
+        self._proxy = supervisor.proxy()
+        self._providers: dict[str, Callable[[str], Provider]] = {}
+
+    # -- configuration -----------------------------------------------------------------
+
+    def provider_factory(self, model: str) -> Provider:
+        """Build the provider for ``model`` (an alias, ``provider:model``, or the demo)."""
+        choice = self.config.resolve_model(model)
+        if choice is None:
+            return make_provider(DEMO_MODEL)
+        return make_provider(choice.spec, choice.settings)
+
+    def default_model(self) -> str:
+        """The configured default model, or the bundled demo script."""
+        return self.config.models.default or DEMO_MODEL
+
+    def runner_config(self) -> RunnerConfig:
+        """The tool runner configuration from ``[tools]``."""
+        tools = self.config.tools
+        return RunnerConfig(
+            timeouts=dict(tools.timeouts),
+            permissions=dict(tools.permissions),
+            permission_timeout=tools.permission_timeout,
+            tool_config=tools.to_tool_config(),
+        )
+
+    def session_config(self, record: SessionRecord) -> SessionConfig:
+        """The full configuration of a stored session, from the current daemon config."""
+        agent = self.config.agent
+        home_skills = Path.home() / ".weald" / "skills"
+        return SessionConfig(
+            session_id=record.session_id,
+            working_dir=record.working_dir,
+            agent=AgentConfig(
+                model=record.model,
+                system_prompt=record.system_prompt if record.system_prompt is not None else agent.system_prompt,
+                tool_filter=tuple(record.tools) if record.tools is not None else tuple(self.config.tools.enabled),
+                max_steps=agent.max_steps,
+                max_depth=agent.sub_agent_depth,
+                debug_state=agent.debug_state,
+                sub_agent_timeout=agent.sub_agent_timeout,
+            ),
+            runner=self.runner_config(),
+            # Skills in ~/.weald/skills may be read by file tools too.
+            allowed_dirs=(str(home_skills),) if home_skills.is_dir() else (),
+        )
+
+    # -- operations ------------------------------------------------------------------------
+
+    async def start(
+        self,
+        working_dir: str,
+        *,
+        model: str | None = None,
+        tools: list[str] | None = None,
+        system_prompt: str | None = None,
+        agent_id: str | None = None,
+    ) -> str:
+        """Store and start a new session; returns its agent id.
+
+        Raises:
+            DaemonError: bad working dir, model or id, an id in use, or too many agents.
+        """
+        resolved = await trio.to_thread.run_sync(_resolve_working_dir, working_dir)
+        session_id = agent_id or "a" + uuid.uuid4().hex[:10]
+        if not valid_session_id(session_id):
+            msg = f"bad agent_id {session_id!r}: use 1-64 letters, digits, '_', '.' or '-' (first a letter or digit)"
+            raise DaemonError(msg)
+        model = model or self.default_model()
+        self._check_model(model)
+        if self.system.whereis(f"/sessions/{session_id}") is not None:
+            msg = f"an agent {session_id!r} is already running; stop it first or choose another agent_id"
+            raise DaemonError(msg)
+        record = SessionRecord(
+            session_id=session_id,
+            working_dir=resolved,
+            model=model,
+            tools=tools,
+            system_prompt=system_prompt,
+            created=time.time(),
+        )
+        await self.system.store.aput("sessions", session_id, record)
+        await self._launch(record)
+        return session_id
+
+    def _check_model(self, model: str) -> None:
+        try:
+            self.provider_factory(model)
+        except Exception as exc:
+            msg = f"cannot use model {model!r}: {exc}"
+            raise DaemonError(msg) from exc
+
+    async def _launch(self, record: SessionRecord) -> Ref[Any]:
+        spec = session_spec(
+            self.session_config(record),
+            system=self.system,
+            registry=self.registry,
+            provider_factory=self.provider_factory,
+        )
+        try:
+            ref: Ref[Any] = await self._proxy.start_child(spec)
+        except MaxChildrenError as exc:
+            limit = self.config.limits.max_agents
+            msg = f"the daemon already hosts its limit of {limit} agents (limits.max_agents)"
+            raise DaemonError(msg) from exc
+        return ref
+
+    async def stop(self, session_id: str) -> bool:
+        """Stop a session for good (it is not restored); returns whether it ran."""
+        record = await self.system.store.aget("sessions", session_id, type=SessionRecord)
+        if record is not None:
+            record.status = "stopped"
+            await self.system.store.aput("sessions", session_id, record)
+        ref = self.system.whereis(f"/sessions/{session_id}")
+        if ref is None:
+            return False
+        await self._proxy.terminate_child(ref)
+        return True
+
+    def records(self) -> list[SessionRecord]:
+        """Every stored session (active and stopped), in creation order."""
+        items = self.system.store.items("sessions", type=SessionRecord)
+        return [record for _, record in items]
+
+    async def restore(self, on_progress: Callable[[int, int], None] | None = None) -> int:
+        """Start every stored active session that is not running; returns how many started."""
+        records = [r for r in await trio.to_thread.run_sync(self.records) if r.status == "active"]
+        todo = [r for r in records if self.system.whereis(f"/sessions/{r.session_id}") is None]
+        started = 0
+        limiter = trio.CapacityLimiter(64)
+
+        async def one(record: SessionRecord) -> None:
+            nonlocal started
+            async with limiter:
+                try:
+                    await self._launch(record)
+                except Exception as exc:
+                    self.system.events.publish(
+                        "daemon.restore_failed", "/sessions", {"session_id": record.session_id, "error": str(exc)}
+                    )
+                    return
+                started += 1
+                if on_progress is not None:
+                    on_progress(started, len(todo))
+
+        async with trio.open_nursery() as nursery:
+            for record in todo:
+                nursery.start_soon(one, record)
+        self.system.events.publish("daemon.restored", "/sessions", {"sessions": started, "of": len(todo)})
+        return started
+
+    def agent(self, agent_id: str) -> Ref[Any]:
+        """The running top-level agent of a session.
+
+        Raises:
+            DaemonError: no such agent is running.
+        """
+        ref = self.system.whereis(agent_path(agent_id))
+        if ref is None:
+            msg = f"no running agent {agent_id!r}; agent.list shows the running ones"
+            raise DaemonError(msg)
+        return ref
+
+
+class Daemon:
+    """The long-running daemon: the system, its tree, the sessions and the server.
+
+    Args:
+        config: the configuration (``weald.toml``).
+        socket_path: the Unix socket to serve on; None serves no socket.
+        stdio: serve JSON-RPC on stdin/stdout instead.
+        faults: a fault injector (`weald.runtime.faults`) when faults are enabled.
+        registry: the tools; default: a copy of the built-ins.
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        socket_path: str | Path | None = None,
+        stdio: bool = False,
+        faults: Any = None,
+        registry: ToolRegistry | None = None,
+    ) -> None:
+        self.config = config
+        self.socket_path = Path(socket_path) if socket_path else None
+        self.stdio = stdio
+        self.faults = faults
+        self.registry = registry if registry is not None else default_registry.copy()
+        self.system = ActorSystem(store_path=config.store.path, durability=config.store.durability)
+        self.sessions: Sessions | None = None
+        self._stop_requested = False
+        self.started_at = 0.0
+
+    def start(self, *, restore: bool = True, progress: Callable[[int, int], None] | None = None) -> Daemon:
+        """Start the tree, restore stored sessions, then start serving.
+
+        Raises:
+            StartError: a part of the tree failed to start (the cause is chained).
+            DaemonError: the socket is held by a live daemon.
+        """
+        from weald.runtime.server import Server, prepare_socket
+
+        if self.socket_path is not None:
+            prepare_socket(self.socket_path)
+        self.system.start()
+        self.started_at = time.time()
+        root = self.system.root.proxy()
+        try:
+            if self.faults is not None:
+                self.faults.install(self.system)
+            root.start_child(self._mcp_spec()).get(timeout=60)
+            sessions = root.start_child(
+                ChildSpec(
+                    "sessions",
+                    DynamicSupervisor,
+                    kwargs={
+                        "max_restarts": 1000,
+                        "max_seconds": 10.0,
+                        "max_children": self.config.limits.max_agents,
+                    },
+                    shutdown=120,
+                )
+            ).get(timeout=30)
+            self.sessions = Sessions(self.system, self.config, self.registry, sessions)
+            if restore:
+                self.system.loop.run(self.sessions.restore, progress)
+            if self.socket_path is not None or self.stdio:
+                root.start_child(
+                    ChildSpec(
+                        "server",
+                        Server,
+                        kwargs={"daemon": self, "socket_path": self.socket_path, "stdio": self.stdio},
+                        shutdown=10,
+                    )
+                ).get(timeout=30)
+        except BaseException:
+            self.system.shutdown()
+            raise
+        return self
+
+    def _mcp_spec(self) -> ChildSpec:
+        servers = {name: s for name, s in self.config.mcp.servers.items() if s.enabled}
+        from weald.runtime.mcp import mcp_supervisor_spec
+
+        configs = [s.to_server_config(name) for name, s in servers.items()]
+        spec: ChildSpec = mcp_supervisor_spec(configs, self.registry)
+        return spec
+
+    def request_stop(self) -> None:
+        """Ask the process running the daemon to shut it down (from an RPC or a signal)."""
+        self._stop_requested = True
+
+    @property
+    def stop_requested(self) -> bool:
+        """True once `request_stop` was called."""
+        return self._stop_requested
+
+    def shutdown(self, timeout: float = 60.0) -> None:
+        """Stop everything, last started first; the server first, the store last."""
+        self.system.shutdown(timeout=timeout)
+
+    def __enter__(self) -> Daemon:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+
+def _resolve_working_dir(working_dir: str) -> str:
+    path = Path(working_dir).expanduser()
+    if not path.is_absolute():
+        msg = f"working_dir must be an absolute path, got {working_dir!r}"
+        raise DaemonError(msg)
+    if not path.is_dir():
+        msg = f"working_dir {working_dir} is not a directory"
+        raise DaemonError(msg)
+    return str(path.resolve())
+
+
+def default_socket() -> Path:
+    """``$XDG_RUNTIME_DIR/weald.sock``, else ``~/.weald/weald.sock``."""
+    runtime_dir = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime_dir:
+        return Path(runtime_dir) / "weald.sock"
+    return Path.home() / ".weald" / "weald.sock"

@@ -1,0 +1,1056 @@
+"""The JSON-RPC 2.0 front of the daemon: one JSON object per line, over a Unix socket or stdio.
+
+Each connection is served by tasks on the trio loop, under the ``/server``
+actor (stopping the actor closes the listener and every connection). Each
+request runs in its own task, so a long ``agent.prompt`` never holds up the
+next request; replies carry the request's id. Events, questions and
+permission requests reach clients as notifications (``event``,
+``ask_user.question``, ``permission.request``).
+
+Bad input never takes anything down: malformed JSON (-32700), a request of
+the wrong shape (-32600), an unknown method (-32601), wrong params (-32602,
+naming the field) and a message over 16 MB (-32600) each get an error reply,
+and the connection carries on. A client that disconnects mid-turn loses
+nothing: the turn goes on and its result lands in the history.
+
+The socket is created owner-only (0600) in an owner-only directory; a
+client whose uid differs from the daemon's is refused at accept time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import itertools
+import os
+import socket
+import stat
+import struct
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any, Literal
+
+import attrs
+import msgspec
+import trio
+from weald.runtime import Actor, Event, WealdError, redact
+from weald.runtime.session import RuntimeView, agent_path
+from weald.supervisors import SupervisorBase
+
+__all__ = [
+    "ERRORS",
+    "MAX_MESSAGE_BYTES",
+    "Server",
+    "ServerSnapshot",
+    "SocketInUseError",
+    "prepare_socket",
+]
+
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+_MAX_CONCURRENT_REQUESTS = 256
+_OUTBOX = 4096
+
+PARSE_ERROR = -32700
+INVALID_REQUEST = -32600
+METHOD_NOT_FOUND = -32601
+INVALID_PARAMS = -32602
+INTERNAL_ERROR = -32603
+APP_ERROR = -32000
+NOT_FOUND = -32001
+FAULTS_DISABLED = -32002
+
+ERRORS = {
+    PARSE_ERROR: "parse error",
+    INVALID_REQUEST: "invalid request",
+    METHOD_NOT_FOUND: "method not found",
+    INVALID_PARAMS: "invalid params",
+    INTERNAL_ERROR: "internal error",
+    APP_ERROR: "request failed",
+    NOT_FOUND: "not found",
+    FAULTS_DISABLED: "fault injection is not enabled",
+}
+
+
+class SocketInUseError(WealdError):
+    """A live daemon already serves on the socket."""
+
+
+class RPCError(Exception):
+    """An error reply: code, message, optional data."""
+
+    def __init__(self, code: int, message: str, data: Any = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.data = data
+
+
+# -- params of every method (unknown fields are errors) ----------------------------------------
+
+
+class _Params(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    pass
+
+
+class NoParams(_Params):
+    pass
+
+
+class AgentStartParams(_Params):
+    working_dir: str
+    model: str | None = None
+    tools: list[str] | None = None
+    system_prompt: str | None = None
+    agent_id: str | None = None
+
+
+class AgentParams(_Params):
+    agent_id: str
+
+
+class AgentPromptParams(_Params):
+    agent_id: str
+    text: str
+    timeout: float | None = None
+
+
+class AgentHistoryParams(_Params):
+    agent_id: str
+    limit: int | None = None
+
+
+class DebugStateParams(_Params):
+    agent_id: str | None = None
+    events: int = 20
+    messages: int = 10
+
+
+class TreeParams(_Params):
+    path: str = "/"
+    depth: int | None = None
+
+
+class TasksListParams(_Params):
+    agent_id: str | None = None
+    working_dir: str | None = None
+    view: str = "all"
+    scope: Literal["project", "session"] = "project"
+
+
+class PermissionRespondParams(_Params):
+    request_id: str
+    decision: Literal["allow", "deny", "allow_always"]
+
+
+class AskUserRespondParams(_Params):
+    question_id: str
+    answer: str
+
+
+class EventsSubscribeParams(_Params):
+    agent_id: str | None = None
+    topics: list[str] = msgspec.field(default_factory=lambda: ["*"])
+
+
+class EventsUnsubscribeParams(_Params):
+    subscription: str
+
+
+class FaultInjectParams(_Params):
+    fault: dict[str, Any]
+
+
+class FaultClearParams(_Params):
+    id: str | None = None
+
+
+class McpServerParams(_Params):
+    server: str
+
+
+class McpReadParams(_Params):
+    server: str
+    uri: str
+
+
+class McpPromptParams(_Params):
+    server: str
+    name: str
+    arguments: dict[str, str] = msgspec.field(default_factory=dict)
+
+
+_encoder = msgspec.json.Encoder()
+
+
+def _plain(value: Any) -> Any:
+    """Turn results (attrs, msgspec structs, paths) into JSON-ready data."""
+    return msgspec.to_builtins(value, enc_hook=_enc_hook)
+
+
+def _enc_hook(value: Any) -> Any:
+    if attrs.has(type(value)):
+        return attrs.asdict(value, recurse=False)
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, BaseException):
+        return repr(value)
+    return repr(value)
+
+
+# -- the socket ------------------------------------------------------------------------------------
+
+
+def prepare_socket(path: Path) -> None:
+    """Make ``path`` ready to bind: owner-only directory, stale socket removed, live one refused.
+
+    Raises:
+        SocketInUseError: a daemon answers on it.
+        WealdError: something that is not a socket is in the way.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if not path.exists() and not path.is_symlink():
+        return
+    mode = path.lstat().st_mode
+    if not stat.S_ISSOCK(mode):
+        msg = f"{path} exists and is not a socket; remove it or choose another socket path"
+        raise WealdError(msg)
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(2)
+    try:
+        probe.connect(str(path))
+    except OSError as exc:
+        if exc.errno in (errno.ECONNREFUSED, errno.ENOENT):
+            path.unlink(missing_ok=True)  # a dead daemon's socket: safe to replace
+            return
+        raise
+    else:
+        msg = f"a weald daemon is already running on {path}; stop it first or use another --socket"
+        raise SocketInUseError(msg)
+    finally:
+        probe.close()
+
+
+def _peer_uid(sock: socket.socket) -> int:
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    _, uid, _ = struct.unpack("3i", creds)
+    return int(uid)
+
+
+# -- a connection ------------------------------------------------------------------------------------
+
+
+class _TooLarge:
+    pass
+
+
+TOO_LARGE = _TooLarge()
+
+
+async def read_messages(
+    stream: trio.abc.ReceiveStream, limit: int = MAX_MESSAGE_BYTES
+) -> AsyncIterator[bytes | _TooLarge]:
+    """Yield each newline-terminated message, or `TOO_LARGE` for one over ``limit`` (then skip to its end)."""
+    buf = bytearray()
+    skipping = False
+    while True:
+        data = await stream.receive_some(256 * 1024)
+        if not data:
+            if buf and not skipping:
+                yield bytes(buf)
+            return
+        start = 0
+        while True:
+            newline = data.find(b"\n", start)
+            if newline < 0:
+                if not skipping:
+                    buf += data[start:]
+                    if len(buf) > limit:
+                        buf.clear()
+                        skipping = True
+                        yield TOO_LARGE
+                break
+            if skipping:
+                skipping = False
+            else:
+                buf += data[start:newline]
+                if len(buf) > limit:
+                    yield TOO_LARGE
+                elif buf.strip():
+                    yield bytes(buf)
+                buf.clear()
+            start = newline + 1
+
+
+class Connection:
+    """One client: its outgoing queue, its subscriptions, the agents it listens to."""
+
+    _ids = itertools.count(1)
+
+    def __init__(self, server: Server, send: trio.abc.SendStream, peer: str) -> None:
+        self.server = server
+        self.id = next(self._ids)
+        self.peer = peer
+        self._stream = send
+        self._out_send, self._out_recv = trio.open_memory_channel[bytes](_OUTBOX)
+        self.interests: dict[str, int] = {}  # agent id (or "*") -> how many reasons
+        self.subscriptions: dict[str, Any] = {}
+        self.dropped = 0
+        self.requests = 0
+        self.limiter = trio.CapacityLimiter(_MAX_CONCURRENT_REQUESTS)
+        self.nursery: trio.Nursery | None = None  # the connection's own; set when it is served
+
+    async def writer(self) -> None:
+        async for data in self._out_recv:
+            await self._stream.send_all(data)
+
+    async def reply(self, payload: dict[str, Any]) -> None:
+        await self._out_send.send(_encoder.encode(payload) + b"\n")
+
+    def notify(self, method: str, params: Any) -> None:
+        """Send a notification if the client keeps up; otherwise drop and count it."""
+        data = _encoder.encode({"jsonrpc": "2.0", "method": method, "params": params}) + b"\n"
+        try:
+            self._out_send.send_nowait(data)
+        except trio.WouldBlock:
+            self.dropped += 1
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            pass
+
+    def interested_in(self, agent_id: str) -> bool:
+        return agent_id in self.interests or "*" in self.interests
+
+    def watch(self, agent_id: str) -> None:
+        self.interests[agent_id] = self.interests.get(agent_id, 0) + 1
+
+    def unwatch(self, agent_id: str) -> None:
+        left = self.interests.get(agent_id, 0) - 1
+        if left <= 0:
+            self.interests.pop(agent_id, None)
+        else:
+            self.interests[agent_id] = left
+
+    def close(self) -> None:
+        for sub in self.subscriptions.values():
+            sub.close()
+        self.subscriptions.clear()
+        self._out_send.close()
+
+
+@attrs.frozen
+class ServerSnapshot:
+    """The server actor's state for introspection."""
+
+    path: str
+    status: str
+    socket: str | None
+    connections: int
+    requests: int
+    refused: int
+
+
+Handler = Callable[[Connection, Any], Awaitable[Any]]
+
+
+class Server(Actor):
+    """Serves the daemon's JSON-RPC API on a Unix socket (and/or stdio).
+
+    Args:
+        daemon: the `weald.runtime.daemon.Daemon` it fronts.
+        socket_path: where to listen, or None.
+        stdio: serve one connection on stdin/stdout instead.
+    """
+
+    def __init__(self, daemon: Any, socket_path: Path | None = None, stdio: bool = False) -> None:
+        super().__init__()
+        self._daemon = daemon
+        self._socket_path = socket_path
+        self._stdio = stdio
+        self._connections: dict[int, Connection] = {}
+        self._requests = 0
+        self._refused = 0
+        self._permissions: dict[
+            str, tuple[str, str, dict[str, Any]]
+        ] = {}  # request id -> (runner path, agent id, data)
+        self._questions: dict[str, tuple[str, str, dict[str, Any]]] = {}  # question id -> (agent path, agent id, data)
+        self._subscription_ids = itertools.count(1)
+        self._listening = trio.Event()
+        self._methods: dict[str, tuple[type[_Params], Handler]] = {
+            "agent.start": (AgentStartParams, self._agent_start),
+            "agent.prompt": (AgentPromptParams, self._agent_prompt),
+            "agent.abort": (AgentParams, self._agent_abort),
+            "agent.stop": (AgentParams, self._agent_stop),
+            "agent.list": (NoParams, self._agent_list),
+            "agent.history": (AgentHistoryParams, self._agent_history),
+            "debug_state": (DebugStateParams, self._debug_state),
+            "tree": (TreeParams, self._tree),
+            "tasks.list": (TasksListParams, self._tasks_list),
+            "permission.respond": (PermissionRespondParams, self._permission_respond),
+            "ask_user.respond": (AskUserRespondParams, self._ask_user_respond),
+            "events.subscribe": (EventsSubscribeParams, self._events_subscribe),
+            "events.unsubscribe": (EventsUnsubscribeParams, self._events_unsubscribe),
+            "fault.inject": (FaultInjectParams, self._fault_inject),
+            "fault.clear": (FaultClearParams, self._fault_clear),
+            "fault.list": (NoParams, self._fault_list),
+            "mcp.servers": (NoParams, self._mcp_servers),
+            "mcp.resources.list": (McpServerParams, self._mcp_resources_list),
+            "mcp.resources.read": (McpReadParams, self._mcp_resources_read),
+            "mcp.prompts.list": (McpServerParams, self._mcp_prompts_list),
+            "mcp.prompts.get": (McpPromptParams, self._mcp_prompts_get),
+            "daemon.status": (NoParams, self._daemon_status),
+            "daemon.stop": (NoParams, self._daemon_stop),
+        }
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def on_start(self) -> Any:
+        """Bind the socket (or stdio) and start serving; ready when this returns."""
+        return self._start()
+
+    async def _start(self) -> None:
+        self.run_io(self._watch_prompts, reply=_crash_on_error, name="prompt router")
+        if self._socket_path is not None:
+            listener = await self._listen(self._socket_path)
+            # The listener ending on an error crashes the server, so its supervisor restarts it.
+            self.run_io(self._serve_socket, listener, reply=_crash_on_error, name="socket listener")
+        if self._stdio:
+            self.run_io(self._serve_stdio, name="stdio")
+
+    def on_receive(self, message: Any) -> None:
+        """An I/O task of the server failed: crash, to be restarted."""
+        if isinstance(message, _Failed):
+            msg = f"the server's {message.what} failed: {message.error!r}"
+            raise WealdError(msg) from message.error
+
+    def on_stop(self) -> None:
+        """Close every connection; remove the socket file."""
+        for conn in list(self._connections.values()):
+            conn.close()
+        if self._socket_path is not None:
+            with contextlib.suppress(OSError):
+                self._socket_path.unlink()
+
+    async def _listen(self, path: Path) -> trio.SocketListener:
+        sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old = os.umask(0o177)  # the socket is born owner-only; no window where others may connect
+        try:
+            await sock.bind(str(path))
+        finally:
+            os.umask(old)
+        os.chmod(path, 0o600)
+        sock.listen(512)
+        return trio.SocketListener(sock)
+
+    def snapshot(self) -> ServerSnapshot:
+        """Connections and request counts."""
+        return ServerSnapshot(
+            path=self.path,
+            status=self._status,
+            socket=str(self._socket_path) if self._socket_path else None,
+            connections=len(self._connections),
+            requests=self._requests,
+            refused=self._refused,
+        )
+
+    # -- serving ------------------------------------------------------------------------------
+
+    async def _serve_socket(self, listener: trio.SocketListener) -> None:
+        async with listener, trio.open_nursery() as nursery:
+            while True:
+                stream = await listener.accept()
+                sock = stream.socket
+                try:
+                    uid = _peer_uid(sock)  # type: ignore[arg-type]
+                except OSError:
+                    uid = -1
+                if uid != os.getuid():
+                    self._refused += 1
+                    self.system.events.publish("server.refused", self.path, {"uid": uid})
+                    await stream.aclose()
+                    continue
+                nursery.start_soon(self._contain, self._serve_connection, stream, stream, f"uid {uid}")
+
+    async def _contain(self, serve: Callable[..., Awaitable[None]], *args: Any) -> None:
+        """Serve one connection; whatever happens to it stays with it.
+
+        trio reports a task's failure as an ExceptionGroup; only cancellation
+        may leave (the server is stopping), anything else is reported here so
+        that one client can never take the listener and the others down.
+        """
+        try:
+            await serve(*args)
+        except BaseException as exc:
+            cancelled, rest = (
+                exc.split(trio.Cancelled)
+                if isinstance(exc, BaseExceptionGroup)
+                else ((exc, None) if isinstance(exc, trio.Cancelled) else (None, exc))
+            )
+            if rest is not None and not _only_disconnects(rest):
+                self.system.events.publish("server.error", self.path, {"error": repr(rest)})
+            if cancelled is not None:
+                raise cancelled from None
+
+    async def _serve_stdio(self) -> None:
+        reader = trio.lowlevel.FdStream(os.dup(0))
+        writer = trio.lowlevel.FdStream(os.dup(1))
+        async with reader, writer:
+            await self._contain(self._serve_connection, reader, writer, "stdio")
+        self._daemon.request_stop()  # stdin closed: the client is gone
+
+    async def _serve_connection(self, receive: trio.abc.ReceiveStream, send: trio.abc.SendStream, peer: str) -> None:
+        conn = Connection(self, send, peer)
+        self._connections[conn.id] = conn
+        self.system.events.publish("server.connected", self.path, {"connection": conn.id, "peer": peer})
+        try:
+            async with trio.open_nursery() as nursery:
+                conn.nursery = nursery
+                nursery.start_soon(conn.writer)
+                idle = trio.Event()
+                in_flight = 0
+
+                async def handle(message: bytes) -> None:
+                    nonlocal in_flight
+                    try:
+                        await self._handle(conn, message)
+                    finally:
+                        in_flight -= 1
+                        conn.limiter.release_on_behalf_of(message)
+                        if in_flight == 0:
+                            idle.set()
+
+                async for message in read_messages(receive):
+                    if isinstance(message, _TooLarge):
+                        await conn.reply(
+                            _error(
+                                None,
+                                INVALID_REQUEST,
+                                f"message too large: over {MAX_MESSAGE_BYTES} bytes (16 MB); send smaller messages",
+                            )
+                        )
+                        continue
+                    # At most _MAX_CONCURRENT_REQUESTS in flight: reading waits for room (backpressure).
+                    await conn.limiter.acquire_on_behalf_of(message)
+                    in_flight += 1
+                    idle = trio.Event() if idle.is_set() else idle
+                    nursery.start_soon(handle, message)
+                # End of input: answer what is in flight, then close. A client that
+                # is really gone breaks the writer, which cancels the rest.
+                if in_flight:
+                    await idle.wait()
+                conn.close()
+        finally:
+            conn.close()
+            self._connections.pop(conn.id, None)
+            self.system.events.publish("server.disconnected", self.path, {"connection": conn.id})
+
+    # -- requests ---------------------------------------------------------------------------------
+
+    async def _handle(self, conn: Connection, raw: bytes) -> None:
+        self._requests += 1
+        conn.requests += 1
+        try:
+            request = msgspec.json.decode(raw)
+        except msgspec.DecodeError as exc:
+            await conn.reply(_error(None, PARSE_ERROR, f"parse error: the message is not valid JSON ({exc})"))
+            return
+        if isinstance(request, list):
+            if not request:
+                await conn.reply(_error(None, INVALID_REQUEST, "invalid request: an empty batch"))
+                return
+            replies = [r for r in [await self._one(conn, item) for item in request] if r is not None]
+            if replies:
+                await conn._out_send.send(_encoder.encode(replies) + b"\n")
+            return
+        response = await self._one(conn, request)
+        if response is not None:
+            await conn.reply(response)
+
+    async def _one(self, conn: Connection, request: Any) -> dict[str, Any] | None:
+        if not isinstance(request, dict):
+            return _error(None, INVALID_REQUEST, "invalid request: expected a JSON object")
+        request_id = request.get("id")
+        notification = "id" not in request
+        if request.get("jsonrpc") != "2.0":
+            return _error(request_id, INVALID_REQUEST, 'invalid request: "jsonrpc" must be "2.0"')
+        if isinstance(request_id, bool) or (request_id is not None and not isinstance(request_id, str | int)):
+            return _error(None, INVALID_REQUEST, 'invalid request: "id" must be a string, a number or null')
+        method = request.get("method")
+        if not isinstance(method, str):
+            return _error(request_id, INVALID_REQUEST, 'invalid request: "method" must be a string')
+        entry = self._methods.get(method)
+        if entry is None:
+            known = ", ".join(sorted(self._methods))
+            return (
+                None
+                if notification
+                else _error(request_id, METHOD_NOT_FOUND, f"method not found: {method!r}. Methods: {known}")
+            )
+        params_type, handler = entry
+        raw_params = request.get("params", {})
+        if raw_params is None:
+            raw_params = {}
+        if not isinstance(raw_params, dict):
+            return _error(request_id, INVALID_PARAMS, "invalid params: params must be an object of named parameters")
+        try:
+            params = msgspec.convert(raw_params, type=params_type)
+        except msgspec.ValidationError as exc:
+            return _error(request_id, INVALID_PARAMS, f"invalid params for {method}: {_describe(exc)}")
+        try:
+            result = await handler(conn, params)
+        except RPCError as exc:
+            return None if notification else _error(request_id, exc.code, exc.message, exc.data)
+        except (WealdError, ValueError, KeyError) as exc:
+            return None if notification else _error(request_id, APP_ERROR, str(exc))
+        except Exception as exc:
+            self.system.events.publish("server.error", self.path, {"method": method, "error": repr(exc)})
+            return None if notification else _error(request_id, INTERNAL_ERROR, f"internal error in {method}: {exc!r}")
+        if notification:
+            return None
+        return {"jsonrpc": "2.0", "id": request_id, "result": _plain(result)}
+
+    # -- agents --------------------------------------------------------------------------------------
+
+    @property
+    def _sessions(self) -> Any:
+        sessions = self._daemon.sessions
+        if sessions is None:
+            raise RPCError(APP_ERROR, "the daemon is still starting")
+        return sessions
+
+    def _agent(self, agent_id: str) -> Any:
+        ref = self.system.whereis(agent_path(agent_id))
+        if ref is None:
+            raise RPCError(NOT_FOUND, f"no running agent {agent_id!r}; agent.list shows the running ones")
+        return ref
+
+    async def _agent_start(self, conn: Connection, p: AgentStartParams) -> dict[str, Any]:
+        agent_id = await self._sessions.start(
+            p.working_dir, model=p.model, tools=p.tools, system_prompt=p.system_prompt, agent_id=p.agent_id
+        )
+        return {"agent_id": agent_id}
+
+    async def _agent_prompt(self, conn: Connection, p: AgentPromptParams) -> Any:
+        agent = self._agent(p.agent_id)
+        conn.watch(p.agent_id)
+        self._replay_open_prompts(conn, p.agent_id)
+        try:
+            future = await agent.proxy().prompt(p.text)
+            if p.timeout is None:
+                return await future
+            with trio.move_on_after(p.timeout):
+                return await future
+            raise RPCError(
+                APP_ERROR,
+                f"the turn did not end within {p.timeout:g} s; it goes on "
+                "(agent.abort stops it, agent.history shows it)",
+            )
+        finally:
+            conn.unwatch(p.agent_id)
+
+    async def _agent_abort(self, conn: Connection, p: AgentParams) -> dict[str, Any]:
+        return {"aborted": await self._agent(p.agent_id).proxy().abort()}
+
+    async def _agent_stop(self, conn: Connection, p: AgentParams) -> dict[str, Any]:
+        return {"stopped": await self._sessions.stop(p.agent_id)}
+
+    async def _agent_list(self, conn: Connection, p: NoParams) -> list[dict[str, Any]]:
+        records = await trio.to_thread.run_sync(self._sessions.records)
+        out: list[dict[str, Any]] = []
+        limiter = trio.CapacityLimiter(64)
+
+        async def one(record: Any, row: dict[str, Any]) -> None:
+            ref = self.system.whereis(agent_path(record.session_id))
+            if ref is None:
+                row["state"] = "stopped" if record.status == "stopped" else "not running"
+                return
+            async with limiter:
+                try:
+                    snap = await ref.proxy().snapshot(0)
+                except Exception:
+                    row["state"] = "unavailable"
+                    return
+            row.update(state=snap.status, turn_id=snap.turn_id, restarts=snap.restarts, usage=_plain(snap.usage))
+
+        async with trio.open_nursery() as nursery:
+            for record in records:
+                row = {
+                    "agent_id": record.session_id,
+                    "status": record.status,
+                    "model": record.model,
+                    "working_dir": record.working_dir,
+                    "created": record.created,
+                    "path": agent_path(record.session_id),
+                }
+                out.append(row)
+                nursery.start_soon(one, record, row)
+        return out
+
+    async def _agent_history(self, conn: Connection, p: AgentHistoryParams) -> dict[str, Any]:
+        from weald.runtime.agent import load_history
+
+        ref = self.system.whereis(agent_path(p.agent_id))
+        if ref is not None:
+            messages = await ref.proxy().history(p.limit)
+        else:
+            entries = await trio.to_thread.run_sync(load_history, self.system.store, p.agent_id)
+            if not entries:
+                raise RPCError(NOT_FOUND, f"no agent {p.agent_id!r} and no stored history for it")
+            messages = [e.message for e in entries]
+            if p.limit:
+                messages = messages[-p.limit :]
+        return {"agent_id": p.agent_id, "messages": _plain(messages)}
+
+    async def _debug_state(self, conn: Connection, p: DebugStateParams) -> dict[str, Any]:
+        from weald.tools.debug_state import describe_state
+
+        view = RuntimeView(self.system)
+        if p.agent_id is not None:
+            snapshot = await self._agent(p.agent_id).proxy().snapshot(p.messages)
+            state: dict[str, Any] = describe_state(snapshot, view, events=p.events, messages=p.messages)
+            return state
+        stats = self.system.statistics()
+        report: dict[str, Any] = redact(
+            {
+                "daemon": await self._daemon_status(conn, NoParams()),
+                "system": _plain(stats),
+                "events": self.system.events.statistics(),
+                "recent_events": _plain(self.system.events.recent(p.events)),
+            }
+        )
+        return report
+
+    # -- the tree ---------------------------------------------------------------------------------------
+
+    async def _tree(self, conn: Connection, p: TreeParams) -> dict[str, Any]:
+        base = p.path.rstrip("/") or "/"
+        registry = self.system._registry
+        paths = [path for path in list(registry) if _under(path, base)]
+        if base not in paths:
+            raise RPCError(NOT_FOUND, f"no live actor at {base}")
+        nodes: dict[str, dict[str, Any]] = {}
+        for path in paths:
+            ref = registry.get(path)
+            if ref is None:
+                continue
+            nodes[path] = {
+                "path": path,
+                "kind": ref.actor_class.__name__,
+                "status": "running" if ref.is_alive() else "stopping",
+                "restarts": 0,
+                "mailbox": ref.mailbox_size(),
+                "children": [],
+            }
+        limiter = trio.CapacityLimiter(64)
+
+        async def supervised(ref: Any) -> None:
+            async with limiter:
+                try:
+                    infos = await ref.proxy().which_children()
+                except Exception:
+                    return
+            for order, info in enumerate(infos):
+                node = nodes.get(info.path)
+                if node is None:
+                    nodes[info.path] = node = {
+                        "path": info.path,
+                        "kind": info.kind,
+                        "status": info.status,
+                        "restarts": 0,
+                        "mailbox": 0,
+                        "children": [],
+                    }
+                node["restarts"] = info.restarts
+                node["restart"] = info.restart
+                node["order"] = order
+
+        async with trio.open_nursery() as nursery:
+            for path in paths:
+                ref = registry.get(path)
+                if ref is not None and issubclass(ref.actor_class, SupervisorBase):
+                    nursery.start_soon(supervised, ref)
+        faults = self._daemon.faults
+        counts = faults.fault_counts_by_path() if faults is not None and hasattr(faults, "fault_counts_by_path") else {}
+        for path, count in counts.items():
+            if path in nodes:
+                nodes[path]["faults"] = count
+        # Children in their supervisor's start order, then by path.
+        for path in sorted(nodes, key=lambda q: (q.count("/"), nodes[q].get("order", 1 << 30), q)):
+            if path == base:
+                continue
+            parent = nodes.get(_parent(path))
+            if parent is not None:
+                parent["children"].append(nodes[path])
+        root = nodes[base]
+        if p.depth is not None:
+            _prune(root, p.depth)
+        return root
+
+    # -- tasks ------------------------------------------------------------------------------------------
+
+    async def _tasks_list(self, conn: Connection, p: TasksListParams) -> dict[str, Any]:
+        from weald.tools.tasks import list_tasks, scope_for_project, scope_for_session
+
+        if p.scope == "session":
+            if p.agent_id is None:
+                raise RPCError(INVALID_PARAMS, "invalid params for tasks.list: scope 'session' needs agent_id")
+            scope = scope_for_session(p.agent_id)
+        else:
+            working_dir = p.working_dir
+            if working_dir is None and p.agent_id is not None:
+                record = await self.system.store.aget("sessions", p.agent_id)
+                if record is None:
+                    raise RPCError(NOT_FOUND, f"no agent {p.agent_id!r}")
+                working_dir = record["working_dir"]
+            if working_dir is None:
+                raise RPCError(INVALID_PARAMS, "invalid params for tasks.list: give working_dir or agent_id")
+            scope = scope_for_project(Path(working_dir))
+        try:
+            tasks = await trio.to_thread.run_sync(lambda: list_tasks(self.system.store, scope, view=p.view))
+        except Exception as exc:
+            raise RPCError(INVALID_PARAMS, f"invalid params for tasks.list: {exc}") from exc
+        return {"scope": scope, "view": p.view, "tasks": _plain(tasks)}
+
+    # -- questions and permissions -----------------------------------------------------------------------
+
+    async def _watch_prompts(self) -> None:
+        """Route permission requests and questions to the clients listening to their agent."""
+        with self.system.events.subscribe(["permission.*", "question.*"], max_buffer=65536) as sub:
+            async for event in sub:
+                self._route(event)
+
+    def _route(self, event: Event) -> None:
+        data = event.data
+        if event.topic == "permission.requested":
+            agent_id = _session_of(event.source)
+            payload = {
+                "request_id": data["request_id"],
+                "agent_id": agent_id,
+                "agent_path": data.get("agent_path"),
+                "tool": data.get("tool"),
+                "subject": data.get("subject"),
+                "arguments": data.get("arguments"),
+                "timeout": data.get("timeout"),
+            }
+            self._permissions[data["request_id"]] = (event.source, agent_id, payload)
+            self._broadcast(agent_id, "permission.request", payload)
+        elif event.topic in ("permission.answered", "permission.timed_out"):
+            self._permissions.pop(data.get("request_id", ""), None)
+        elif event.topic == "question.asked":
+            agent_id = _session_of(event.source)
+            payload = {
+                "question_id": data["question_id"],
+                "agent_id": agent_id,
+                "question": data.get("question"),
+                "choices": data.get("choices", []),
+                "asked_by": data.get("asked_by"),
+            }
+            self._questions[data["question_id"]] = (event.source, agent_id, payload)
+            self._broadcast(agent_id, "ask_user.question", payload)
+        elif event.topic == "question.answered":
+            self._questions.pop(data.get("question_id", ""), None)
+
+    def _broadcast(self, agent_id: str, method: str, payload: dict[str, Any]) -> None:
+        for conn in list(self._connections.values()):
+            if conn.interested_in(agent_id):
+                conn.notify(method, payload)
+
+    def _replay_open_prompts(self, conn: Connection, agent_id: str) -> None:
+        for _, owner, payload in list(self._permissions.values()):
+            if owner == agent_id:
+                conn.notify("permission.request", payload)
+        for _, owner, payload in list(self._questions.values()):
+            if owner == agent_id:
+                conn.notify("ask_user.question", payload)
+
+    async def _permission_respond(self, conn: Connection, p: PermissionRespondParams) -> dict[str, Any]:
+        entry = self._permissions.get(p.request_id)
+        if entry is None:
+            raise RPCError(NOT_FOUND, f"no open permission request {p.request_id!r} (answered, timed out or unknown)")
+        runner = self.system.whereis(entry[0])
+        if runner is None:
+            raise RPCError(NOT_FOUND, f"the tool runner for request {p.request_id!r} is gone")
+        ok = await runner.proxy().respond_permission(p.request_id, p.decision)
+        if not ok:
+            raise RPCError(NOT_FOUND, f"permission request {p.request_id!r} was already answered or timed out")
+        return {"ok": True}
+
+    async def _ask_user_respond(self, conn: Connection, p: AskUserRespondParams) -> dict[str, Any]:
+        entry = self._questions.get(p.question_id)
+        if entry is None:
+            raise RPCError(NOT_FOUND, f"no open question {p.question_id!r} (answered, withdrawn or unknown)")
+        agent = self.system.whereis(entry[0])
+        if agent is None or not await agent.proxy().answer(p.question_id, p.answer):
+            raise RPCError(NOT_FOUND, f"question {p.question_id!r} is no longer open")
+        return {"ok": True}
+
+    # -- events ------------------------------------------------------------------------------------------
+
+    async def _events_subscribe(self, conn: Connection, p: EventsSubscribeParams) -> dict[str, Any]:
+        source = f"/sessions/{p.agent_id}" if p.agent_id else None
+        if p.agent_id is not None:
+            self._agent(p.agent_id)
+        sub = self.system.events.subscribe(p.topics, source=source, max_buffer=4096)
+        sub_id = f"sub-{next(self._subscription_ids)}"
+        conn.subscriptions[sub_id] = sub
+        conn.watch(p.agent_id or "*")
+        if p.agent_id is not None:
+            self._replay_open_prompts(conn, p.agent_id)
+
+        async def forward() -> None:
+            async for event in sub:
+                conn.notify("event", {"subscription": sub_id, "event": _plain(event)})
+
+        assert conn.nursery is not None
+        conn.nursery.start_soon(forward)
+        return {"subscription": sub_id}
+
+    async def _events_unsubscribe(self, conn: Connection, p: EventsUnsubscribeParams) -> dict[str, Any]:
+        sub = conn.subscriptions.pop(p.subscription, None)
+        if sub is None:
+            raise RPCError(NOT_FOUND, f"no subscription {p.subscription!r} on this connection")
+        sub.close()
+        return {"ok": True}
+
+    # -- faults --------------------------------------------------------------------------------------------
+
+    def _faults(self) -> Any:
+        faults = self._daemon.faults
+        if faults is None:
+            raise RPCError(
+                FAULTS_DISABLED,
+                "fault injection is not enabled: start the daemon with --faults FILE (or faults.enabled = true)",
+            )
+        return faults
+
+    async def _fault_inject(self, conn: Connection, p: FaultInjectParams) -> dict[str, Any]:
+        return {"id": self._faults().inject(p.fault)}
+
+    async def _fault_clear(self, conn: Connection, p: FaultClearParams) -> dict[str, Any]:
+        return {"cleared": self._faults().clear(p.id)}
+
+    async def _fault_list(self, conn: Connection, p: NoParams) -> list[Any]:
+        return list(self._faults().list())
+
+    # -- MCP -------------------------------------------------------------------------------------------------
+
+    def _mcp(self, server: str) -> Any:
+        ref = self.system.whereis(f"/mcp/{server}")
+        if ref is None:
+            raise RPCError(NOT_FOUND, f"no connected MCP server {server!r}; mcp.servers lists them")
+        return ref.proxy()
+
+    async def _mcp_servers(self, conn: Connection, p: NoParams) -> list[dict[str, Any]]:
+        mcp = self.system.whereis("/mcp")
+        if mcp is None:
+            return []
+        return [
+            {"server": info.id, "status": info.status, "restarts": info.restarts}
+            for info in await mcp.proxy().which_children()
+        ]
+
+    async def _mcp_resources_list(self, conn: Connection, p: McpServerParams) -> Any:
+        return await _maybe_future(await self._mcp(p.server).list_resources())
+
+    async def _mcp_resources_read(self, conn: Connection, p: McpReadParams) -> Any:
+        return await _maybe_future(await self._mcp(p.server).read_resource(p.uri))
+
+    async def _mcp_prompts_list(self, conn: Connection, p: McpServerParams) -> Any:
+        return await _maybe_future(await self._mcp(p.server).list_prompts())
+
+    async def _mcp_prompts_get(self, conn: Connection, p: McpPromptParams) -> Any:
+        return await _maybe_future(await self._mcp(p.server).get_prompt(p.name, p.arguments))
+
+    # -- the daemon ---------------------------------------------------------------------------------------
+
+    async def _daemon_status(self, conn: Connection, p: NoParams) -> dict[str, Any]:
+        from importlib.metadata import version
+
+        sessions = self.system.whereis("/sessions")
+        count = (await sessions.proxy().count_children())["active"] if sessions is not None else 0
+        return {
+            "pid": os.getpid(),
+            "version": version("weald"),
+            "socket": str(self._socket_path) if self._socket_path else None,
+            "uptime": round(time.time() - self._daemon.started_at, 3),
+            "agents": count,
+            "connections": len(self._connections),
+            "faults_enabled": self._daemon.faults is not None,
+            "store": str(self.system.store_path),
+        }
+
+    async def _daemon_stop(self, conn: Connection, p: NoParams) -> dict[str, Any]:
+        self._daemon.request_stop()
+        return {"stopping": True}
+
+
+@attrs.frozen
+class _Failed:
+    what: str
+    error: BaseException
+
+
+def _crash_on_error(result: Any) -> _Failed | None:
+    error = getattr(result, "error", None)
+    if error is None:
+        return None
+    return _Failed("listener", error)
+
+
+def _only_disconnects(exc: BaseException) -> bool:
+    """True if every exception in ``exc`` is a client going away."""
+    gone = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
+    if isinstance(exc, BaseExceptionGroup):
+        return all(_only_disconnects(e) for e in exc.exceptions)
+    return isinstance(exc, gone)
+
+
+def _error(request_id: Any, code: int, message: str, data: Any = None) -> dict[str, Any]:
+    error: dict[str, Any] = {"code": code, "message": message}
+    if data is not None:
+        error["data"] = data
+    return {"jsonrpc": "2.0", "id": request_id, "error": error}
+
+
+def _describe(exc: msgspec.ValidationError) -> str:
+    """Msgspec's validation message, in the words of the API (field first)."""
+    text = str(exc)
+    where = ""
+    if " - at `$." in text:
+        text, _, where = text.partition(" - at `$.")
+        where = where.rstrip("`")
+    text = text.replace("Expected", "expected").replace("`", "")
+    if text.startswith("Object missing required field "):
+        return "missing required field " + text.removeprefix("Object missing required field ")
+    if text.startswith("Object contains unknown field "):
+        return "unknown field " + text.removeprefix("Object contains unknown field ")
+    return f"{where}: {text}" if where else text
+
+
+def _under(path: str, base: str) -> bool:
+    return base in ("/", path) or path.startswith(base + "/")
+
+
+def _parent(path: str) -> str:
+    parent = path.rsplit("/", 1)[0]
+    return parent or "/"
+
+
+def _prune(node: dict[str, Any], depth: int) -> None:
+    if depth <= 0:
+        node["children_hidden"] = len(node["children"])
+        node["children"] = []
+        return
+    for child in node["children"]:
+        _prune(child, depth - 1)
+
+
+def _session_of(path: str) -> str:
+    parts = path.split("/")
+    return parts[2] if len(parts) > 2 and parts[1] == "sessions" else ""
+
+
+async def _maybe_future(value: Any) -> Any:
+    wait = getattr(value, "wait", None)
+    if wait is not None and callable(wait):
+        return await wait()
+    return value

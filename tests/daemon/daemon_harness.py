@@ -1,0 +1,117 @@
+"""A real `weald serve` in a subprocess, driven over its real Unix socket (shared by the daemon tests)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from weald.runtime.client import Client, DaemonUnavailableError
+from weald.runtime.testing import wait_until
+
+
+class DaemonProcess:
+    """Owns a config dir, a project dir and a daemon process; restartable."""
+
+    def __init__(
+        self, root: Path, *, extra_config: str = "", faults: Path | None = None, socket_dir: Path | None = None
+    ) -> None:
+        self.root = root
+        self.project = root / "project"
+        self.project.mkdir(parents=True, exist_ok=True)
+        (self.project / "notes.txt").write_text("alpha\nbeta\ngamma\n")
+        self.scripts = root / "scripts"
+        self.scripts.mkdir(exist_ok=True)
+        self.socket = (socket_dir or root / "run") / "weald.sock"
+        self.config = root / "weald.toml"
+        self.config.write_text(
+            f'[store]\npath = "{root / "store.db"}"\n[server]\nsocket = "{self.socket}"\n' + extra_config
+        )
+        self.faults = faults
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log = root / "daemon.log"
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["WEALD_CONFIG"] = str(self.config)
+        env.pop("WEALD_SOCKET", None)
+        return env
+
+    def start(self, *extra: str) -> DaemonProcess:
+        args = [sys.executable, "-m", "weald.runtime.cli", "serve", "--socket", str(self.socket), *extra]
+        if self.faults is not None:
+            args += ["--faults", str(self.faults)]
+        with self.log.open("ab") as log:
+            self.proc = subprocess.Popen(args, env=self.env(), stdout=log, stderr=log, cwd=self.project)
+        wait_until(self._answers, timeout=60, message=lambda: f"the daemon to answer; log:\n{self.log.read_text()}")
+        return self
+
+    def _answers(self) -> bool:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            msg = f"the daemon exited with {self.proc.returncode}:\n{self.log.read_text()}"
+            raise AssertionError(msg)
+        try:
+            with Client.connect(self.socket, timeout=1) as client:
+                client.call("daemon.status", timeout=5)
+        except (DaemonUnavailableError, OSError):
+            return False
+        return True
+
+    def client(self) -> Client:
+        return Client.connect(self.socket)
+
+    def script(self, name: str, turns: list[dict[str, Any]]) -> str:
+        path = self.scripts / f"{name}.json"
+        path.write_text(json.dumps({"turns": turns}))
+        return f"scripted:{path}"
+
+    def terminate(self, sig: int = signal.SIGTERM, timeout: float = 60) -> int:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+        code = self.proc.wait(timeout)
+        self.proc = None
+        return code
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(30)
+        self.proc = None
+
+    def cli(self, *args: str, input_text: str | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "weald.runtime.cli", *args],
+            env=self.env(),
+            cwd=self.project,
+            capture_output=True,
+            text=True,
+            input=input_text,
+            timeout=timeout,
+            check=False,
+        )
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(30)
+
+
+def collect_until(client: Client, predicate: Any, timeout: float = 20) -> list[tuple[str, Any]]:
+    """Read notifications until ``predicate(notes)`` holds; returns them all."""
+    notes: list[tuple[str, Any]] = []
+    deadline = time.monotonic() + timeout
+    while not predicate(notes):
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            msg = f"notifications did not arrive in {timeout} s; got {[n[0] for n in notes]}"
+            raise AssertionError(msg)
+        note = client.next_notification(timeout=min(remaining, 0.5))
+        if note is not None:
+            notes.append(note)
+    return notes
