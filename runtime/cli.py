@@ -1,0 +1,561 @@
+"""The ``weald`` command.
+
+::
+
+    weald serve [--socket PATH | --stdio] [--faults FILE]   run the daemon
+    weald run "PROMPT" [--agent ID] [--cwd DIR] [--yes]     prompt an agent, streaming its work
+    weald agents | tree | debug-state ID | tasks            look inside a running daemon
+    weald demo                                              a self-contained tour, no API key needed
+    weald status | stop | config                            the daemon and its configuration
+
+Every command takes ``--json`` for scripts. ``weald run`` uses the running
+daemon, or starts an embedded one (in this process) when none runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+from rich.tree import Tree
+from weald.runtime.client import Client, DaemonUnavailableError, RPCCallError
+
+__all__ = ["main"]
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_ABORTED = 3
+
+
+def _console(stderr: bool = False) -> Console:
+    return Console(stderr=stderr, highlight=False, soft_wrap=False)
+
+
+def _load_config(args: argparse.Namespace) -> Any:
+    from weald.runtime.config import load_config
+
+    return load_config(Path(getattr(args, "project", None) or Path.cwd()))
+
+
+def _socket_path(args: argparse.Namespace, config: Any | None = None) -> Path:
+    if getattr(args, "socket", None):
+        return Path(args.socket).expanduser()
+    if os.environ.get("WEALD_SOCKET"):
+        return Path(os.environ["WEALD_SOCKET"])
+    config = config or _load_config(args)
+    return Path(config.server.socket).expanduser()
+
+
+def _print_json(value: Any) -> None:
+    sys.stdout.write(json.dumps(value, indent=2, default=str) + "\n")
+
+
+# -- serve ----------------------------------------------------------------------------------------------
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Run the daemon until SIGTERM, SIGINT or ``daemon.stop``; exit 0 after a clean shutdown."""
+    from rich.progress import BarColumn, Progress, TextColumn
+    from weald.runtime.daemon import Daemon
+
+    config = _load_config(args)
+    err = _console(stderr=True)
+    faults = _make_faults(args, config)
+    socket_path = None if args.stdio and not args.socket else _socket_path(args, config)
+    daemon = Daemon(config, socket_path=socket_path, stdio=args.stdio, faults=faults)
+    stop = threading.Event()
+
+    def on_signal(_signum: int, _frame: object) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    with Progress(
+        TextColumn("restoring sessions"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        console=err,
+        transient=True,
+        disable=args.stdio or not err.is_terminal,
+    ) as progress:
+        task = progress.add_task("restore", total=None)
+
+        def on_progress(done: int, total: int) -> None:
+            progress.update(task, completed=done, total=total)
+
+        try:
+            daemon.start(restore=not args.no_restore, progress=on_progress)
+        except Exception as exc:
+            err.print(f"[red]weald serve: {exc}[/red]")
+            return EXIT_FAILED
+    where = "stdio" if args.stdio else str(socket_path)
+    if not args.stdio:
+        err.print(f"weald daemon serving on {where} (pid {os.getpid()}); store {config.store.path}")
+    while not stop.wait(0.2):
+        if daemon.stop_requested:
+            break
+    if not args.stdio:
+        err.print("weald daemon stopping: aborting running turns, saving, stopping the tree")
+    daemon.shutdown()
+    return EXIT_OK
+
+
+def _make_faults(args: argparse.Namespace, config: Any) -> Any:
+    path = getattr(args, "faults", None) or (config.faults.file if config.faults.enabled else None)
+    if not path and not config.faults.enabled:
+        return None
+    try:
+        from weald.runtime.faults import FaultInjector
+    except ImportError:
+        return None
+    injector = FaultInjector()
+    if path:
+        injector.load(Path(path))
+    return injector
+
+
+# -- connecting ------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _connect(args: argparse.Namespace, *, embedded: bool = False) -> Iterator[Client]:
+    """Connect to the running daemon, or (if ``embedded``) start one in this process."""
+    config = _load_config(args)
+    path = _socket_path(args, config)
+    try:
+        client = Client.connect(path)
+    except DaemonUnavailableError:
+        if not embedded:
+            raise
+        with _embedded_daemon(config) as socket_path:
+            client = Client.connect(socket_path)
+            client.embedded = True
+            try:
+                yield client
+            finally:
+                client.close()
+            return
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+@contextlib.contextmanager
+def _embedded_daemon(config: Any) -> Iterator[Path]:
+    from weald.runtime.daemon import Daemon
+
+    with tempfile.TemporaryDirectory(prefix="weald-embedded-") as tmp:
+        socket_path = Path(tmp) / "weald.sock"
+        daemon = Daemon(config, socket_path=socket_path)
+        daemon.start(restore=False)
+        try:
+            yield socket_path
+        finally:
+            daemon.shutdown()
+
+
+# -- run -------------------------------------------------------------------------------------------------
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Send a prompt to an agent and stream what it does; the exit code says how the turn ended."""
+    out = _console()
+    err = _console(stderr=True)
+    try:
+        with _connect(args, embedded=True) as client:
+            agent_id = args.agent
+            if agent_id is None:
+                params: dict[str, Any] = {"working_dir": str(Path(args.cwd or Path.cwd()).resolve())}
+                if args.model:
+                    params["model"] = args.model
+                if args.tools:
+                    params["tools"] = args.tools.split(",")
+                agent_id = client.call("agent.start", params, timeout=60)["agent_id"]
+            client.call("events.subscribe", {"agent_id": agent_id, "topics": ["agent.*", "tool.*"]})
+            pending = client.request("agent.prompt", {"agent_id": agent_id, "text": args.prompt})
+            result = _follow(client, pending, args, (out, err))
+            if args.agent is None and client.embedded:
+                # An embedded daemon's new agent is not left for the next daemon to restore.
+                client.call("agent.stop", {"agent_id": agent_id}, timeout=30)
+    except (DaemonUnavailableError, RPCCallError) as exc:
+        err.print(f"[red]weald run: {exc}[/red]")
+        return EXIT_FAILED
+    if args.json:
+        _print_json({"agent_id": agent_id, **result})
+    elif not args.quiet:
+        err.print(
+            f"[dim]agent {agent_id} · {result['steps']} steps · "
+            f"{result['usage']['input_tokens']} in / {result['usage']['output_tokens']} out tokens[/dim]"
+        )
+    if result.get("aborted"):
+        return EXIT_ABORTED
+    return EXIT_OK if result.get("ok") else EXIT_FAILED
+
+
+def _follow(client: Client, pending: Any, args: argparse.Namespace, consoles: tuple[Console, Console]) -> Any:
+    out, err = consoles
+    streaming = False
+    streamed: list[str] = []
+    result: Any = None
+    deadline = 0.0
+    while True:
+        if result is None and pending.done():
+            result = pending.get()
+            # Events travel apart from the reply: read on until this turn's end is seen.
+            deadline = time.monotonic() + 2.0
+        note = client.next_notification(timeout=0.05)
+        if result is not None and (note is None and time.monotonic() > deadline or _is_turn_end(note, result)):
+            if note is not None and not args.json:
+                _show_event(note[1]["event"], out, err, streaming, quiet=args.quiet)
+            text = result.get("text") or ""
+            if not args.json and text and text not in "".join(streamed):
+                out.print(text, markup=False)
+            elif streaming:
+                out.print()
+            if not result.get("ok") and not args.json:
+                err.print(f"[red]turn ended: {result.get('error')}[/red]")
+            return result
+        if note is None:
+            continue
+        method, params = note
+        if method == "event" and params["event"]["topic"] == "agent.message_delta":
+            streamed.append(params["event"]["data"]["text"])
+        if method == "permission.request":
+            streaming = _end_line(out, streaming)
+            _answer_permission(client, params, args, err)
+        elif method == "ask_user.question":
+            streaming = _end_line(out, streaming)
+            _answer_question(client, params, args, err)
+        elif method == "event" and not args.json:
+            streaming = _show_event(params["event"], out, err, streaming, quiet=args.quiet)
+
+
+def _is_turn_end(note: tuple[str, Any] | None, result: Any) -> bool:
+    if note is None or note[0] != "event":
+        return False
+    event = note[1]["event"]
+    return bool(event["topic"] == "agent.turn_end" and event["data"].get("turn_id") == result.get("turn_id"))
+
+
+def _end_line(out: Console, streaming: bool) -> bool:
+    if streaming:
+        out.print()
+    return False
+
+
+def _show_event(event: dict[str, Any], out: Console, err: Console, streaming: bool, *, quiet: bool) -> bool:
+    topic, data = event["topic"], event["data"]
+    if topic == "agent.message_delta":
+        out.print(data["text"], end="", markup=False)
+        return True
+    if topic == "agent.message_end":
+        return _end_line(out, streaming)
+    if quiet:
+        return streaming
+    if topic == "tool.started":
+        streaming = _end_line(out, streaming)
+        args = json.dumps(data.get("arguments", {}))
+        err.print(f"[cyan]▶ {data['tool']}[/cyan] [dim]{args[:160]}[/dim]")
+    elif topic == "tool.finished":
+        err.print(f"[green]✓ {data['tool']}[/green] [dim]{data.get('duration_ms', 0):.0f} ms[/dim]")
+    elif topic == "tool.failed":
+        err.print(f"[yellow]✗ {data['tool']}[/yellow] [dim]{str(data.get('error', ''))[:200]}[/dim]")
+    elif topic == "agent.recovered":
+        streaming = _end_line(out, streaming)
+        err.print(f"[magenta]agent restarted by its supervisor (restart {data.get('restarts')})[/magenta]")
+    return streaming
+
+
+def _answer_permission(client: Client, request: dict[str, Any], args: argparse.Namespace, err: Console) -> None:
+    what = request.get("subject") or json.dumps(request.get("arguments", {}))[:200]
+    if args.yes:
+        decision = "allow"
+        err.print(f"[yellow]allowing {request['tool']}: {what}[/yellow] (--yes)")
+    elif not sys.stdin.isatty():
+        decision = "deny"
+        err.print(f"[yellow]denying {request['tool']}: {what}[/yellow] (no terminal to ask; use --yes to allow)")
+    else:
+        err.print(f"[bold yellow]{request['tool']}[/bold yellow] wants to run: {what}")
+        answer = input("allow? [y]es / [n]o / [a]lways: ").strip().lower()
+        decision = {"y": "allow", "yes": "allow", "a": "allow_always", "always": "allow_always"}.get(answer, "deny")
+    with contextlib.suppress(RPCCallError):
+        client.call("permission.respond", {"request_id": request["request_id"], "decision": decision}, timeout=10)
+
+
+def _answer_question(client: Client, question: dict[str, Any], args: argparse.Namespace, err: Console) -> None:
+    err.print(f"[bold]{question['question']}[/bold]")
+    choices = question.get("choices") or []
+    for i, choice in enumerate(choices, 1):
+        err.print(f"  {i}. {choice}")
+    if args.answer is not None:
+        answer = args.answer
+    elif sys.stdin.isatty():
+        answer = input("> ").strip()
+        if answer.isdigit() and 1 <= int(answer) <= len(choices):
+            answer = choices[int(answer) - 1]
+    else:
+        answer = choices[0] if choices else ""
+        err.print(f"[dim](no terminal: answering {answer!r})[/dim]")
+    with contextlib.suppress(RPCCallError):
+        client.call("ask_user.respond", {"question_id": question["question_id"], "answer": answer}, timeout=10)
+
+
+# -- looking inside -------------------------------------------------------------------------------------------
+
+
+def cmd_agents(args: argparse.Namespace) -> int:
+    """List the agents the daemon knows."""
+    with _connect(args) as client:
+        agents = client.call("agent.list", timeout=60)
+    if args.json:
+        _print_json(agents)
+        return EXIT_OK
+    table = Table("agent", "state", "status", "model", "restarts", "working dir")
+    for a in agents:
+        table.add_row(
+            a["agent_id"],
+            a.get("state", ""),
+            a["status"],
+            _short_model(a["model"]),
+            str(a.get("restarts", "")),
+            a["working_dir"],
+        )
+    _console().print(table)
+    return EXIT_OK
+
+
+def _short_model(model: str) -> str:
+    if model.startswith("scripted:") and "/" in model:
+        return "scripted:" + Path(model.removeprefix("scripted:")).name
+    return model
+
+
+def cmd_tree(args: argparse.Namespace) -> int:
+    """Draw the live supervision tree."""
+    with _connect(args) as client:
+        root = client.call("tree", {"path": args.path, "depth": args.depth}, timeout=60)
+    if args.json:
+        _print_json(root)
+        return EXIT_OK
+    _console().print(render_tree(root))
+    return EXIT_OK
+
+
+def render_tree(root: dict[str, Any]) -> Tree:
+    """The tree as rich draws it: path, kind, status, restarts, mailbox, faults."""
+
+    def label(node: dict[str, Any]) -> str:
+        name = node["path"].rsplit("/", 1)[-1] or "/"
+        colour = {"running": "green", "restarting": "yellow", "stopped": "red"}.get(node["status"], "white")
+        parts = [f"[bold]{name}[/bold]", f"[dim]{node['kind']}[/dim]", f"[{colour}]{node['status']}[/{colour}]"]
+        if node.get("restarts"):
+            parts.append(f"[yellow]restarts={node['restarts']}[/yellow]")
+        if node.get("mailbox"):
+            parts.append(f"mailbox={node['mailbox']}")
+        if node.get("faults"):
+            parts.append(f"[red]faults={node['faults']}[/red]")
+        if node.get("children_hidden"):
+            parts.append(f"[dim](+{node['children_hidden']} below)[/dim]")
+        return " ".join(parts)
+
+    def add(branch: Tree, node: dict[str, Any]) -> None:
+        for child in node["children"]:
+            add(branch.add(label(child)), child)
+
+    tree = Tree(label(root))
+    add(tree, root)
+    return tree
+
+
+def cmd_debug_state(args: argparse.Namespace) -> int:
+    """Show an agent's debug state (or the daemon's, without an id)."""
+    with _connect(args) as client:
+        params = {"agent_id": args.agent_id, "events": args.events, "messages": args.messages}
+        state = client.call("debug_state", {k: v for k, v in params.items() if v is not None}, timeout=30)
+    if args.json:
+        _print_json(state)
+    else:
+        from rich.pretty import Pretty
+
+        _console().print(Pretty(state, expand_all=False, max_string=300))
+    return EXIT_OK
+
+
+def cmd_tasks(args: argparse.Namespace) -> int:
+    """List the task tracker's tasks for a project (or an agent's session)."""
+    params: dict[str, Any] = {"view": args.view, "scope": args.scope}
+    if args.agent:
+        params["agent_id"] = args.agent
+    else:
+        params["working_dir"] = str(Path(args.cwd or Path.cwd()).resolve())
+    with _connect(args) as client:
+        result = client.call("tasks.list", params, timeout=30)
+    if args.json:
+        _print_json(result)
+        return EXIT_OK
+    table = Table("id", "status", "title", "blocked by", "parent")
+    for t in result["tasks"]:
+        table.add_row(t["id"], t["status"], t["title"], ", ".join(t.get("blocked_by") or []), t.get("parent_id") or "")
+    _console().print(table)
+    return EXIT_OK
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """Say whether a daemon runs, and how it is."""
+    try:
+        with _connect(args) as client:
+            status = client.call("daemon.status", timeout=10)
+    except DaemonUnavailableError as exc:
+        if args.json:
+            _print_json({"running": False, "error": str(exc)})
+        else:
+            _console(stderr=True).print(str(exc))
+        return EXIT_FAILED
+    if args.json:
+        _print_json({"running": True, **status})
+    else:
+        _console().print(status)
+    return EXIT_OK
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    """Ask the running daemon to shut down cleanly."""
+    with _connect(args) as client:
+        client.call("daemon.stop", timeout=10)
+    if args.json:
+        _print_json({"stopping": True})
+    return EXIT_OK
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    """Show the configuration weald would use here (files merged, defaults filled)."""
+    from weald.runtime.config import find_config_files
+
+    config = _load_config(args)
+    data = {"files": [str(p) for p in find_config_files(Path(args.project or Path.cwd()))], "config": config.to_dict()}
+    if args.json:
+        _print_json(data)
+    else:
+        _console().print(data)
+    return EXIT_OK
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """Run the self-contained demo."""
+    from weald.runtime.demo import run_demo
+
+    code: int = run_demo(json_output=args.json, keep=args.keep)
+    return code
+
+
+# -- parsing ---------------------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``weald`` command."""
+    parser = argparse.ArgumentParser(
+        prog="weald",
+        description="weald: an actor runtime for LLM coding agents, with Erlang/OTP supervision trees.",
+    )
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--socket", help="the daemon's Unix socket (default: from weald.toml, $XDG_RUNTIME_DIR/weald.sock)"
+    )
+    common.add_argument("--project", help="the project directory whose weald.toml to read (default: the current one)")
+    common.add_argument("--json", action="store_true", help="print JSON for scripts")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    p = sub.add_parser("serve", parents=[common], help="run the daemon", description=cmd_serve.__doc__)
+    p.add_argument("--stdio", action="store_true", help="serve JSON-RPC on stdin/stdout")
+    p.add_argument("--faults", help="enable fault injection, with the faults declared in FILE (TOML or JSON)")
+    p.add_argument("--no-restore", action="store_true", help="do not restart the stored sessions")
+    p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("run", parents=[common], help="prompt an agent", description=cmd_run.__doc__)
+    p.add_argument("prompt", help="what to ask")
+    p.add_argument("--agent", help="the agent to prompt (default: start a new one)")
+    p.add_argument("--cwd", help="the new agent's working directory (default: the current one)")
+    p.add_argument("--model", help="provider:model for the new agent")
+    p.add_argument("--tools", help="tool filter for the new agent, e.g. '*,!shell'")
+    p.add_argument("--yes", action="store_true", help="allow every permission request")
+    p.add_argument("--answer", help="answer ask_user questions with this text")
+    p.add_argument("--quiet", action="store_true", help="print only the answer")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("agents", parents=[common], help="list agents", description=cmd_agents.__doc__)
+    p.set_defaults(func=cmd_agents)
+
+    p = sub.add_parser("tree", parents=[common], help="draw the supervision tree", description=cmd_tree.__doc__)
+    p.add_argument("--path", default="/", help="the subtree to draw (default: /)")
+    p.add_argument("--depth", type=int, help="levels to draw")
+    p.set_defaults(func=cmd_tree)
+
+    p = sub.add_parser(
+        "debug-state", parents=[common], help="an agent's debug state", description=cmd_debug_state.__doc__
+    )
+    p.add_argument("agent_id", nargs="?", help="the agent (default: the daemon itself)")
+    p.add_argument("--events", type=int, help="recent events to show")
+    p.add_argument("--messages", type=int, help="recent messages to show")
+    p.set_defaults(func=cmd_debug_state)
+
+    p = sub.add_parser("tasks", parents=[common], help="list tasks", description=cmd_tasks.__doc__)
+    p.add_argument("--cwd", help="the project (default: the current directory)")
+    p.add_argument("--agent", help="an agent, for its project or (with --scope session) its session")
+    p.add_argument("--view", default="all", help="all, open, ready, in_progress, blocked, done, tree")
+    p.add_argument("--scope", default="project", choices=["project", "session"])
+    p.set_defaults(func=cmd_tasks)
+
+    p = sub.add_parser("status", parents=[common], help="is a daemon running?", description=cmd_status.__doc__)
+    p.set_defaults(func=cmd_status)
+    p = sub.add_parser("stop", parents=[common], help="stop the daemon", description=cmd_stop.__doc__)
+    p.set_defaults(func=cmd_stop)
+    p = sub.add_parser("config", parents=[common], help="show the configuration", description=cmd_config.__doc__)
+    p.set_defaults(func=cmd_config)
+
+    p = sub.add_parser(
+        "demo", parents=[common], help="a self-contained demo (no API key)", description=cmd_demo.__doc__
+    )
+    p.add_argument("--keep", action="store_true", help="keep the demo's temporary project and store")
+    p.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``weald`` console script."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        result: int = args.func(args)
+    except DaemonUnavailableError as exc:
+        _console(stderr=True).print(f"[red]weald {args.command}: {exc}[/red]")
+        return EXIT_FAILED
+    except RPCCallError as exc:
+        _console(stderr=True).print(f"[red]weald {args.command}: {exc.message}[/red]")
+        return EXIT_FAILED
+    except Exception as exc:
+        from weald.runtime.config import ConfigError
+
+        if isinstance(exc, ConfigError):
+            _console(stderr=True).print(f"[red]{exc}[/red]")
+            return EXIT_USAGE
+        raise
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main())
