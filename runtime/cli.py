@@ -117,14 +117,11 @@ def _make_faults(args: argparse.Namespace, config: Any) -> Any:
     path = getattr(args, "faults", None) or (config.faults.file if config.faults.enabled else None)
     if not path and not config.faults.enabled:
         return None
-    try:
-        from weald.runtime.faults import FaultInjector
-    except ImportError:
-        return None
-    injector = FaultInjector()
+    from weald.runtime.faults import FaultInjector
+
     if path:
-        injector.load(Path(path))
-    return injector
+        return FaultInjector.from_file(Path(path))
+    return FaultInjector()
 
 
 # -- connecting ------------------------------------------------------------------------------------------

@@ -76,22 +76,37 @@ class Sessions:
         supervisor: the ``/sessions`` DynamicSupervisor.
     """
 
-    def __init__(self, system: ActorSystem, config: Config, registry: ToolRegistry, supervisor: Ref[Any]) -> None:
+    def __init__(
+        self,
+        system: ActorSystem,
+        config: Config,
+        registry: ToolRegistry,
+        supervisor: Ref[Any],
+        *,
+        faults: Any = None,
+    ) -> None:
         self.system = system
         self.config = config
-        self.registry = registry
+        # Tool calls see the faulting view when fault injection is on.
+        self.registry = faults.wrap_registry(registry) if faults is not None else registry
+        self._faults = faults
         self._supervisor = supervisor
         self._proxy = supervisor.proxy()
-        self._providers: dict[str, Callable[[str], Provider]] = {}
 
     # -- configuration -----------------------------------------------------------------
 
     def provider_factory(self, model: str) -> Provider:
-        """Build the provider for ``model`` (an alias, ``provider:model``, or the demo)."""
+        """Build the provider for ``model`` (an alias, ``provider:model``, or the demo).
+
+        With fault injection on, the provider consults the injector before each call.
+        """
         choice = self.config.resolve_model(model)
-        if choice is None:
-            return make_provider(DEMO_MODEL)
-        return make_provider(choice.spec, choice.settings)
+        spec, settings = (DEMO_MODEL, None) if choice is None else (choice.spec, choice.settings)
+        if self._faults is not None:
+            build = self._faults.wrap_provider_factory(lambda s: make_provider(s, settings))
+            provider: Provider = build(spec)
+            return provider
+        return make_provider(spec, settings)
 
     def default_model(self) -> str:
         """The configured default model, or the bundled demo script."""
@@ -305,7 +320,7 @@ class Daemon:
                     shutdown=120,
                 )
             ).get(timeout=30)
-            self.sessions = Sessions(self.system, self.config, self.registry, sessions)
+            self.sessions = Sessions(self.system, self.config, self.registry, sessions, faults=self.faults)
             if restore:
                 self.system.loop.run(self.sessions.restore, progress)
             if self.socket_path is not None or self.stdio:

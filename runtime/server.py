@@ -929,7 +929,7 @@ class Server(Actor):
         return {"cleared": self._faults().clear(p.id)}
 
     async def _fault_list(self, conn: Connection, p: NoParams) -> list[Any]:
-        return list(self._faults().list())
+        return [status.to_dict() for status in self._faults().list()]
 
     # -- MCP -------------------------------------------------------------------------------------------------
 
