@@ -215,7 +215,7 @@ def _follow(client: Client, pending: Any, args: argparse.Namespace, consoles: tu
             # Events travel apart from the reply: read on until this turn's end is seen.
             deadline = time.monotonic() + 2.0
         note = client.next_notification(timeout=0.05)
-        if result is not None and (note is None and time.monotonic() > deadline or _is_turn_end(note, result)):
+        if result is not None and ((note is None and time.monotonic() > deadline) or _is_turn_end(note, result)):
             if note is not None and not args.json:
                 _show_event(note[1]["event"], out, err, streaming, quiet=args.quiet)
             text = result.get("text") or ""
