@@ -333,7 +333,7 @@ class _Demo:
                 str(agent_node),
             )
             faults = client.call("fault.list")
-            fired = {f["id"]: f["fires"] for f in faults}
+            fired = {f["id"]: f["fires"] for f in faults["faults"]}
             self.check(
                 "all three faults fired, once each",
                 fired == {"grep-crash": 1, "kill-job": 1, "agent-crash": 1},

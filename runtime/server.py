@@ -923,13 +923,28 @@ class Server(Actor):
         return faults
 
     async def _fault_inject(self, conn: Connection, p: FaultInjectParams) -> dict[str, Any]:
-        return {"id": self._faults().inject(p.fault)}
+        from weald.runtime.faults import FaultSpecError
+
+        try:
+            return {"id": self._faults().inject(p.fault)}
+        except FaultSpecError as exc:
+            problems = [attrs.asdict(problem) for problem in exc.problems]
+            raise RPCError(INVALID_PARAMS, f"invalid params for fault.inject: {exc}", {"problems": problems}) from exc
 
     async def _fault_clear(self, conn: Connection, p: FaultClearParams) -> dict[str, Any]:
-        return {"cleared": self._faults().clear(p.id)}
+        from weald.runtime.faults import UnknownFaultError
 
-    async def _fault_list(self, conn: Connection, p: NoParams) -> list[Any]:
-        return [status.to_dict() for status in self._faults().list()]
+        try:
+            return {"cleared": self._faults().clear(p.id)}
+        except UnknownFaultError as exc:
+            raise RPCError(NOT_FOUND, str(exc)) from exc
+
+    async def _fault_list(self, conn: Connection, p: NoParams) -> dict[str, Any]:
+        faults = self._faults()
+        return {
+            "faults": [status.to_dict() for status in faults.list()],
+            "statistics": faults.statistics().to_dict(),
+        }
 
     # -- MCP -------------------------------------------------------------------------------------------------
 

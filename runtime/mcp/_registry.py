@@ -236,16 +236,27 @@ async def _reply_or_exit(reply: Future[MCPToolResult], ref: Ref[Any], server: st
     stops; but a call still in its mailbox when it ended, or any call of an
     actor that was killed, is never answered: the actor's exit answers it.
     """
-    async with trio.open_nursery() as nursery:
+    try:
+        async with trio.open_nursery() as nursery:
 
-        async def watch(future: Future[Any]) -> None:
-            # Only the arrival matters here; the outcome is read below.
-            with contextlib.suppress(Exception):
-                await future
-            nursery.cancel_scope.cancel()
+            async def watch(future: Future[Any]) -> None:
+                # Only the arrival matters here; the outcome is read below.
+                with contextlib.suppress(Exception):
+                    await future
+                nursery.cancel_scope.cancel()
 
-        nursery.start_soon(watch, reply)
-        nursery.start_soon(watch, ref.exited())
+            nursery.start_soon(watch, reply)
+            nursery.start_soon(watch, ref.exited())
+    except BaseExceptionGroup as group:
+        # Cancelled from outside (the runner's deadline, an abort): both watchers
+        # raise Cancelled and the nursery groups them; callers expect a bare Cancelled.
+        cancelled, others = group.split(trio.Cancelled)
+        if others is None and cancelled is not None:
+            first: BaseException = cancelled
+            while isinstance(first, BaseExceptionGroup):
+                first = first.exceptions[0]
+            raise first from None
+        raise
     if reply.done():
         return reply.get()
     raise MCPConnectionLost(
