@@ -236,7 +236,7 @@ class _Demo:
 
     # -- helpers ------------------------------------------------------------------------------------
 
-    def say(self, text: str) -> None:
+    def say(self, text: str | Panel) -> None:
         if not self.quiet:
             self.console.print(text)
 
@@ -268,7 +268,10 @@ class _Demo:
                     ]
                 },
             )
-            follow = lambda: self._show_events(client)  # noqa: E731
+
+            def follow() -> None:
+                self._show_events(client)
+
             for name in ["explorer", "fixer", "chaos"]:
                 client.call(
                     "agent.start", {"working_dir": str(self.project), "model": self.models[name], "agent_id": name}
