@@ -468,7 +468,12 @@ class Server(Actor):
                     self.system.events.publish("server.refused", self.path, {"uid": uid})
                     await stream.aclose()
                     continue
-                nursery.start_soon(self._contain, self._serve_connection, stream, stream, f"uid {uid}")
+                nursery.start_soon(self._contain, self._serve_stream, stream, f"uid {uid}")
+
+    async def _serve_stream(self, stream: trio.SocketStream, peer: str) -> None:
+        """One accepted socket: served, then closed, whatever ended it."""
+        async with stream:
+            await self._serve_connection(stream, stream, peer)
 
     async def _contain(self, serve: Callable[..., Awaitable[None]], *args: Any) -> None:
         """Serve one connection; whatever happens to it stays with it.
