@@ -9,7 +9,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "daemon"))  # the daemon harness, shared
 
-from daemon_harness import DaemonProcess, collect_until  # noqa: E402
+from daemon_harness import DaemonProcess, collect_until
 
 
 @pytest.fixture
