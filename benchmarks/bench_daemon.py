@@ -1,0 +1,244 @@
+"""The daemon with many agents: start time, memory per agent, turns per second, prompt latency.
+
+For N = 100, 1,000 and 10,000 agents (``--sizes`` to change), against a real
+``weald serve`` process on a Unix socket:
+
+- time to start N agents (``agent.start`` over 8 connections, concurrently);
+- RSS per agent: the daemon's VmRSS growth divided by N;
+- turns per second across N concurrent agents (each one scripted turn with a
+  ``read_file`` tool call: two model steps, one supervised tool call);
+- ``agent.prompt`` latency through the socket for a one-step scripted turn,
+  p50 and p99 over sequential prompts, next to the floor: a JSON line echoed
+  by a bare trio server on a Unix socket in the same run, and the ratio.
+
+Run: ``python benchmarks/bench_daemon.py [--sizes 100,1000,10000] [--samples 300]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import msgspec
+import trio
+from rich.console import Console
+from rich.table import Table
+from weald.runtime.client import Client
+
+
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+class DaemonRun:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.project = root / "project"
+        self.project.mkdir()
+        (self.project / "note.txt").write_text("a note\n")
+        self.socket = root / "s.sock"
+        config = root / "weald.toml"
+        config.write_text(f'[store]\npath = "{root / "store.db"}"\n[limits]\nmax_agents = 20000\n')
+        self.env = dict(os.environ, WEALD_CONFIG=str(config))
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "weald.runtime.cli", "serve", "--socket", str(self.socket)],
+            env=self.env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                with Client.connect(self.socket, timeout=1) as client:
+                    client.call("daemon.status", timeout=5)
+                    return
+            except Exception:
+                time.sleep(0.05)
+        raise RuntimeError("daemon did not start")
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(300)
+
+
+def script(root: Path, name: str, turns: list[dict]) -> str:
+    path = root / f"{name}.json"
+    path.write_text(json.dumps({"turns": turns}))
+    return f"scripted:{path}"
+
+
+def spread(clients: list[Client], n: int, method: str, params_of) -> list:
+    futures = [clients[i % len(clients)].request(method, params_of(i)) for i in range(n)]
+    return [f.get(timeout=1800) for f in futures]
+
+
+def measure(n: int, samples: int, work: Path) -> dict[str, float]:
+    root = Path(tempfile.mkdtemp(dir=work))
+    run = DaemonRun(root)
+    turn_model = script(
+        root,
+        "turn",
+        [
+            {"tool_calls": [{"name": "read_file", "arguments": {"path": "note.txt"}}]},
+            {"text": "done"},
+        ],
+    )
+    run.start()
+    try:
+        assert run.proc is not None
+        clients = [Client.connect(run.socket) for _ in range(8)]
+        time.sleep(0.5)
+        base = rss_kib(run.proc.pid)
+        t0 = time.perf_counter()
+        spread(
+            clients,
+            n,
+            "agent.start",
+            lambda i: {"working_dir": str(run.project), "model": turn_model, "agent_id": f"a{i}"},
+        )
+        start_s = time.perf_counter() - t0
+        after = rss_kib(run.proc.pid)
+        t0 = time.perf_counter()
+        results = spread(clients, n, "agent.prompt", lambda i: {"agent_id": f"a{i}", "text": "go"})
+        turns_s = time.perf_counter() - t0
+        assert all(r["ok"] for r in results)
+        peak = rss_kib(run.proc.pid)
+        latency_model = script(root, "latency", [{"text": "ok"}] * (samples + 10))
+        clients[0].call("agent.start", {"working_dir": str(run.project), "model": latency_model, "agent_id": "lat"})
+        for _ in range(10):
+            clients[0].call("agent.prompt", {"agent_id": "lat", "text": "warm up"})
+        lat = []
+        for _ in range(samples):
+            t = time.perf_counter()
+            clients[0].call("agent.prompt", {"agent_id": "lat", "text": "one step"})
+            lat.append(time.perf_counter() - t)
+        for c in clients:
+            c.close()
+        lat.sort()
+        return {
+            "n": n,
+            "start_s": start_s,
+            "rss_base_mib": base / 1024,
+            "rss_after_mib": after / 1024,
+            "rss_peak_mib": peak / 1024,
+            "rss_per_agent_kib": (after - base) / n,
+            "turns_per_s": n / turns_s,
+            "p50_ms": statistics.median(lat) * 1e3,
+            "p99_ms": lat[int(len(lat) * 0.99) - 1] * 1e3,
+        }
+    finally:
+        run.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def raw_socket_floor(samples: int, work: Path) -> float:
+    """Median round trip of one JSON line through a bare trio server on a Unix socket."""
+    path = work / "raw.sock"
+    ready = threading.Event()
+    stop = threading.Event()
+
+    async def serve() -> None:
+        sock = trio.socket.socket(trio.socket.AF_UNIX)
+        await sock.bind(str(path))
+        sock.listen()
+        listener = trio.SocketListener(sock)
+        ready.set()
+
+        async def echo(stream: trio.SocketStream) -> None:
+            buf = b""
+            async with stream:
+                while True:
+                    data = await stream.receive_some(65536)
+                    if not data:
+                        return
+                    buf += data
+                    while b"\n" in buf:
+                        line, buf = buf.split(b"\n", 1)
+                        request = msgspec.json.decode(line)
+                        await stream.send_all(
+                            msgspec.json.encode({"jsonrpc": "2.0", "id": request["id"], "result": {}}) + b"\n"
+                        )
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(trio.serve_listeners, echo, [listener])
+            await trio.to_thread.run_sync(stop.wait)
+            nursery.cancel_scope.cancel()
+
+    thread = threading.Thread(target=trio.run, args=(serve,), daemon=True)
+    thread.start()
+    ready.wait(10)
+    with Client.connect(path) as client:
+        for _ in range(50):
+            client.call("x")
+        lat = []
+        for _ in range(samples):
+            t = time.perf_counter()
+            client.call("x")
+            lat.append(time.perf_counter() - t)
+    stop.set()
+    thread.join(5)
+    return statistics.median(lat) * 1e3
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="100,1000,10000")
+    parser.add_argument("--samples", type=int, default=300)
+    args = parser.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    console = Console(width=180)
+    work = Path(tempfile.mkdtemp(prefix="weald-bench-"))
+    try:
+        floor = raw_socket_floor(args.samples, work)
+        table = Table(
+            "agents",
+            "start N (s)",
+            "per agent (ms)",
+            "RSS base→after (MiB)",
+            "RSS/agent (KiB)",
+            "peak (MiB)",
+            "turns/s",
+            "prompt p50 (ms)",
+            "p99 (ms)",
+            "p50 / raw socket",
+        )
+        for n in sizes:
+            r = measure(n, args.samples, work)
+            table.add_row(
+                f"{n:,}",
+                f"{r['start_s']:.1f}",
+                f"{r['start_s'] / n * 1e3:.2f}",
+                f"{r['rss_base_mib']:.0f}→{r['rss_after_mib']:.0f}",
+                f"{r['rss_per_agent_kib']:.1f}",
+                f"{r['rss_peak_mib']:.0f}",
+                f"{r['turns_per_s']:.0f}",
+                f"{r['p50_ms']:.2f}",
+                f"{r['p99_ms']:.2f}",
+                f"{r['p50_ms'] / floor:.1f}x",
+            )
+            console.print(f"done N={n}")
+        console.print(table)
+        console.print(f"raw socket floor (bare trio JSON-line echo, same client): p50 {floor:.3f} ms")
+        console.print("targets: 10,000 live agents under 1 GiB RSS (see the RSS columns)")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
