@@ -433,3 +433,60 @@ def _method_names() -> list[str]:
 
     source = (Path(__file__).parents[2] / "runtime" / "server.py").read_text()
     return sorted(set(re.findall(r'^\s+"([a-z_.]+)": \(\w+Params, self\._', source, re.MULTILINE)))
+
+
+def test_fault_methods_are_refused_unless_faults_are_enabled(daemon: DaemonProcess) -> None:
+    with daemon.client() as c:
+        for method, params in [
+            ("fault.list", {}),
+            ("fault.clear", {}),
+            ("fault.inject", {"fault": {"target": "actor", "kind": "crash"}}),
+        ]:
+            with pytest.raises(RPCCallError, match="fault injection is not enabled") as refused:
+                c.call(method, params)
+            assert refused.value.code == -32002
+
+
+def test_faults_injected_over_json_rpc_fire_and_show_in_the_tree(tmp_path: Path) -> None:
+    faults = tmp_path / "faults.toml"
+    faults.write_text("seed = 3\n")
+    d = DaemonProcess(tmp_path, faults=faults)
+    model = d.script(
+        "victim",
+        [
+            {"tool_calls": [{"name": "glob", "arguments": {"pattern": "*"}}]},
+            {"text": "survived"},
+        ],
+    )
+    try:
+        d.start()
+        with d.client() as c:
+            with pytest.raises(RPCCallError, match="kind") as bad:
+                c.call("fault.inject", {"fault": {"target": "actor", "kind": "explode"}})
+            assert bad.value.code == -32602
+            c.call("agent.start", {"working_dir": str(d.project), "model": model, "agent_id": "v"})
+            fault = {
+                "id": "once",
+                "target": "actor",
+                "kind": "crash",
+                "path": "/sessions/v/agent",
+                "message": "ToolResults",
+                "count": 1,
+            }
+            assert c.call("fault.inject", {"fault": fault}) == {"id": "once"}
+            turn = c.call("agent.prompt", {"agent_id": "v", "text": "go"}, timeout=30)
+            assert turn["interrupted"]
+            listed = c.call("fault.list")
+            assert [(f["id"], f["fires"]) for f in listed["faults"]] == [("once", 1)]
+            assert listed["statistics"]["fires_by_kind"] == {"actor.crash": 1} or listed["statistics"]["fires"] == 1
+            agent_node = c.call("tree", {"path": "/sessions/v/agent"})
+            assert agent_node["faults"] == 1
+            session = c.call("tree", {"path": "/sessions/v"})
+            assert next(n for n in session["children"] if n["path"] == "/sessions/v/agent")["restarts"] == 1
+            assert c.call("fault.clear", {"id": "once"}) == {"cleared": 1}
+            assert c.call("fault.list")["faults"] == []
+            with pytest.raises(RPCCallError):
+                c.call("fault.clear", {"id": "once"})
+        assert d.terminate() == 0
+    finally:
+        d.close()
