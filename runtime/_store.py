@@ -259,23 +259,7 @@ class Store:
     def put_many(self, namespace: str, items: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> None:
         """Store several values in one transaction: all of them are committed, or none."""
         pairs = list(items.items()) if isinstance(items, Mapping) else list(items)
-        encoded = []
-        for key, value in pairs:
-            self._check_key(key)
-            encoded.append((key, self._encode(namespace, key, value)))
-
-        def op(table: SqliteDict) -> None:
-            try:
-                for key, raw in encoded:
-                    table[key] = raw
-                table.commit(blocking=True)
-            except Exception:
-                _rollback(table)
-                raise
-
-        self._run(namespace, op)
-        self.writes += len(encoded)
-        self.commits += 1
+        self._transact(namespace, self._encode_all(namespace, pairs))
 
     def delete(self, namespace: str, key: str) -> bool:
         """Delete ``key``; returns whether it existed. Committed before this returns."""
@@ -283,11 +267,37 @@ class Store:
 
     def delete_many(self, namespace: str, keys: Iterable[str]) -> int:
         """Delete several keys in one transaction; returns how many existed."""
-        wanted = list(keys)
+        return self._transact(namespace, {}, keys)
+
+    def write_batch(
+        self,
+        namespace: str,
+        puts: Mapping[str, Any] | None = None,
+        deletes: Iterable[str] = (),
+    ) -> None:
+        """Apply puts and deletes in one transaction: all of them, or none."""
+        self._transact(namespace, self._encode_all(namespace, list((puts or {}).items())), deletes)
+
+    def _encode_all(self, namespace: str, pairs: list[tuple[str, Any]]) -> dict[str, bytes]:
+        encoded = {}
+        for key, value in pairs:
+            self._check_key(key)
+            encoded[key] = self._encode(namespace, key, value)
+        return encoded
+
+    def _transact(self, namespace: str, puts: Mapping[str, bytes], deletes: Iterable[str] = ()) -> int:
+        """Write encoded values and delete keys in one committed transaction (rolled back on failure).
+
+        Returns:
+            How many of the keys to delete existed.
+        """
+        wanted = list(deletes)
 
         def op(table: SqliteDict) -> int:
             removed = 0
             try:
+                for key, raw in puts.items():
+                    table[key] = raw
                 for key in wanted:
                     if key in table:
                         del table[key]
@@ -299,33 +309,9 @@ class Store:
             return removed
 
         removed = self._run(namespace, op)
-        self.writes += removed
+        self.writes += len(puts) + removed
+        self.commits += 1
         return removed
-
-    def write_batch(
-        self,
-        namespace: str,
-        puts: Mapping[str, Any] | None = None,
-        deletes: Iterable[str] = (),
-    ) -> None:
-        """Apply puts and deletes in one transaction: all of them, or none."""
-        encoded = [(k, self._encode(namespace, k, v)) for k, v in (puts or {}).items()]
-        wanted = list(deletes)
-
-        def op(table: SqliteDict) -> None:
-            try:
-                for key, raw in encoded:
-                    table[key] = raw
-                for key in wanted:
-                    if key in table:
-                        del table[key]
-                table.commit(blocking=True)
-            except Exception:
-                _rollback(table)
-                raise
-
-        self._run(namespace, op)
-        self.writes += len(encoded) + len(wanted)
 
     # -- write-behind ------------------------------------------------------------------
 
@@ -410,7 +396,7 @@ class Store:
         for namespace, values in puts.items():
             for attempt in range(5):
                 try:
-                    self._write_encoded(namespace, values)
+                    self._transact(namespace, values)
                     break
                 except StoreClosedError as exc:
                     self._write_error = exc
@@ -421,20 +407,6 @@ class Store:
                         return exc
                     threading.Event().wait(0.05 * 2**attempt)
         return None
-
-    def _write_encoded(self, namespace: str, values: dict[str, bytes]) -> None:
-        def op(table: SqliteDict) -> None:
-            try:
-                for key, raw in values.items():
-                    table[key] = raw
-                table.commit(blocking=True)
-            except Exception:
-                _rollback(table)
-                raise
-
-        self._run(namespace, op)
-        self.writes += len(values)
-        self.commits += 1
 
     # -- lifecycle -------------------------------------------------------------------
 

@@ -27,8 +27,9 @@ import errno
 import os
 import secrets
 import stat
+from collections.abc import Mapping
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import attrs
 from weald.tools._contract import ToolContext, ToolError
@@ -469,3 +470,9 @@ def _keep_owner(fd: int, existing: os.stat_result) -> None:
         return
     with contextlib.suppress(PermissionError):
         os.fchown(fd, existing.st_uid, existing.st_gid)
+
+
+def path_subject(arguments: Mapping[str, Any]) -> str | None:
+    """The subject permission patterns match for a file tool: its ``path`` argument."""
+    path = arguments.get("path")
+    return path if isinstance(path, str) else None

@@ -29,7 +29,7 @@ from weald.tools._contract import ToolContext, ToolError, ToolResult, tool
 from weald.tools._fuzzy import STRATEGY_NOTES, adapt_replacement, closest_region, locate
 from weald.tools._hashline import TextFile, format_lines, line_hash, parse_anchor, strip_echoed_tags, to_display
 from weald.tools._ledger import session_ledger
-from weald.tools._sandbox import write_atomic
+from weald.tools._sandbox import path_subject, write_atomic
 from weald.tools.read_file import read_text
 
 __all__ = ["edit_file"]
@@ -120,11 +120,6 @@ class _Plan:
     notes: tuple[str, ...] = ()
 
 
-def _subject(arguments: Mapping[str, Any]) -> str | None:
-    path = arguments.get("path")
-    return path if isinstance(path, str) else None
-
-
 @tool(
     name="edit_file",
     description=_DESCRIPTION,
@@ -132,7 +127,7 @@ def _subject(arguments: Mapping[str, Any]) -> str | None:
     permission="ask",
     timeout=10.0,
     truncate="head",
-    subject=_subject,
+    subject=path_subject,
     kind="write",
 )
 def edit_file(

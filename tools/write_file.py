@@ -9,7 +9,7 @@ from typing import Any
 from weald.tools._contract import ToolContext, ToolError, ToolResult, tool
 from weald.tools._hashline import UTF8_BOM, TextFile, strip_echoed_tags
 from weald.tools._ledger import session_ledger
-from weald.tools._sandbox import display_path, resolve_in_sandbox, write_atomic
+from weald.tools._sandbox import display_path, path_subject, resolve_in_sandbox, write_atomic
 from weald.tools.read_file import read_text
 
 __all__ = ["write_file"]
@@ -41,11 +41,6 @@ _DESCRIPTION = (
 )
 
 
-def _subject(arguments: Mapping[str, Any]) -> str | None:
-    path = arguments.get("path")
-    return path if isinstance(path, str) else None
-
-
 @tool(
     name="write_file",
     description=_DESCRIPTION,
@@ -53,7 +48,7 @@ def _subject(arguments: Mapping[str, Any]) -> str | None:
     permission="ask",
     timeout=10.0,
     truncate="head",
-    subject=_subject,
+    subject=path_subject,
     kind="write",
 )
 def write_file(ctx: ToolContext, path: str, content: str) -> ToolResult:
