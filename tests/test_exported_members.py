@@ -55,7 +55,9 @@ def test_every_public_name_is_exported(name: str) -> None:
         and _owned(name, getattr(value, "__module__", "") or "")
         and not isinstance(value, type(importlib))
     }
-    assert public <= set(module.__all__), f"{name} defines public names it does not export: {public - set(module.__all__)}"
+    assert public <= set(module.__all__), (
+        f"{name} defines public names it does not export: {public - set(module.__all__)}"
+    )
 
 
 def test_the_core_exports_what_the_supervisors_build_on() -> None:

@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 import trio
-
 from weald.runtime import Actor, ActorSystem, Ref
 from weald.runtime.testing import wait_for_event, wait_until
 from weald.runtime.tool_runner import (
@@ -110,7 +109,12 @@ def guarded(ctx: ToolContext, cmd: str) -> str:
 @tool(
     name="typed",
     description="wants an integer",
-    parameters={"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"], "additionalProperties": False},
+    parameters={
+        "type": "object",
+        "properties": {"n": {"type": "integer"}},
+        "required": ["n"],
+        "additionalProperties": False,
+    },
     registry=REG,
 )
 def typed(ctx: ToolContext, n: int) -> str:
@@ -161,7 +165,11 @@ def make_session(system: ActorSystem, tmp_path: Path, config: RunnerConfig | Non
     runner = system.spawn(
         ToolRunner,
         args=("s1", tmp_path),
-        kwargs={"registry": REG, "config": config or RunnerConfig(permission_timeout=5), "output_dir": tmp_path / "out"},
+        kwargs={
+            "registry": REG,
+            "config": config or RunnerConfig(permission_timeout=5),
+            "output_dir": tmp_path / "out",
+        },
         name="runner",
     )
     return Session(system, runner, Agent.start())
@@ -169,7 +177,7 @@ def make_session(system: ActorSystem, tmp_path: Path, config: RunnerConfig | Non
 
 @pytest.fixture
 def session(system: ActorSystem, tmp_path: Path) -> Iterator[Session]:
-    yield make_session(system, tmp_path)
+    return make_session(system, tmp_path)
 
 
 def test_calls_of_one_response_run_concurrently_and_results_come_back_in_call_order(session: Session) -> None:
@@ -258,7 +266,7 @@ def test_a_tool_filter_hides_tools_from_an_agent(session: Session) -> None:
 def test_every_call_publishes_started_output_and_finished_or_failed_events(session: Session) -> None:
     events = session.system.events
     session.run(("stream", {}), ("crash", {}))
-    started = [e for e in events.recent(100, topic="tool.started")]
+    started = list(events.recent(100, topic="tool.started"))
     assert {e.data["tool"] for e in started} == {"stream", "crash"}
     outputs = [e.data["text"] for e in events.recent(100, topic="tool.output")]
     assert outputs == ["chunk 0", "chunk 1", "chunk 2"]
