@@ -24,9 +24,53 @@ from typing import Any
 
 import msgspec
 import trio
-from weald.runtime._secrets import redact
+from weald.runtime import _secrets
+from weald.runtime._secrets import REDACTED, is_secret_name, redact, redact_text
 
 __all__ = ["Event", "EventBus", "Subscription"]
+
+# Whether a payload key looks secret, per key. Event payloads use a small,
+# fixed set of keys, and the regex search behind `is_secret_name` was most of
+# the cost of publishing (a tool call publishes four events). Bounded: keys
+# beyond the bound are checked every time, never cached.
+_SECRET_KEY_CACHE: dict[str, bool] = {}
+_SECRET_KEY_CACHE_MAX = 4096
+
+# Values `redact` returns as they are; they skip the call.
+_PLAIN = frozenset({int, float, bool, type(None)})
+
+
+def _redact_payload(data: Mapping[str, Any]) -> dict[str, Any]:
+    """``redact(dict(data))`` in one pass: the same result, without the copy and re-checks.
+
+    Invariant: for every key and value this returns exactly what `redact`
+    returns for the mapping (a secret-looking string key with a truthy value
+    becomes `REDACTED`, strings are cut with `redact_text`, nested values go
+    through `redact`), so the bus's guarantee does not depend on this path.
+    """
+    out: dict[str, Any] = {}
+    cache = _SECRET_KEY_CACHE
+    # No known secret values (the common case) means strings pass unchanged;
+    # `redact_text` would say so once per string.
+    cut_text = _secrets._pattern is not None
+    for key, value in data.items():
+        if key.__class__ is str or isinstance(key, str):
+            secret = cache.get(key)
+            if secret is None:
+                secret = is_secret_name(key)
+                if len(cache) < _SECRET_KEY_CACHE_MAX and key.__class__ is str:
+                    cache[key] = secret
+            if secret and value:
+                out[key] = REDACTED
+                continue
+        cls = value.__class__
+        if cls is str:
+            out[key] = redact_text(value) if cut_text else value
+        elif cls in _PLAIN:
+            out[key] = value
+        else:
+            out[key] = redact(value)
+    return out
 
 
 class Event(msgspec.Struct, frozen=True, kw_only=True):
@@ -204,7 +248,7 @@ class EventBus:
         Values under secret-looking keys, and known secret values, are
         redacted before anything can see the event.
         """
-        payload: dict[str, Any] = redact(dict(data)) if data else {}
+        payload: dict[str, Any] = _redact_payload(data) if data else {}
         with self._lock:
             event = Event(seq=next(self._seq), time=time.time(), topic=topic, source=source, data=payload)
             self._ring.append(event)

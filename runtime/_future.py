@@ -15,15 +15,19 @@ Invariant: ``_result`` goes from ``None`` to a tuple exactly once, under
 
 from __future__ import annotations
 
+import logging
 import queue
 import sys
 import threading
 from collections.abc import Callable, Generator
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pykka
 import trio
+from pykka._future import _Unset
 from weald.runtime._errors import LoopBlockedError
+
+logger = logging.getLogger("weald.runtime")
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -40,6 +44,8 @@ _LOCK = threading.Lock()
 
 # Thread idents of running trio loops hosted by weald; maintained by _loop.
 LOOP_THREADS: set[int] = set()
+
+_UNSET = _Unset()
 
 
 def is_loop_thread() -> bool:
@@ -72,6 +78,24 @@ class _TrioWaiter:
             trio.lowlevel.reschedule(self.task)
 
 
+class _Callback:
+    """A runtime-internal continuation of a future: ``fn(future)`` when it completes."""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn: Callable[[Future[Any]], object]) -> None:
+        self.fn = fn
+
+    def run(self, future: Future[Any]) -> None:
+        try:
+            self.fn(future)
+        except BaseException:
+            # The completer (a handler, a committer thread) must not see the
+            # continuation's failure; the runtime's continuations catch their
+            # own errors, so this only reports a bug.
+            logger.exception("callback %r of %r failed", self.fn, future)
+
+
 class Future(pykka.Future[T]):
     """A handle to a value available now or later; awaitable from trio.
 
@@ -79,9 +103,13 @@ class Future(pykka.Future[T]):
     """
 
     def __init__(self) -> None:
-        super().__init__()
+        # pykka.Future.__init__ sets these two, the second to a fresh `_Unset`
+        # per future; pykka only tests it with isinstance, so one shared
+        # instance will do. A future is made for every ask, stop and wait.
+        self._get_hook = None
+        self._get_hook_result = _UNSET
         self._result: tuple[Any, _OptExcInfo | None] | None = None
-        self._waiters: list[threading.Lock | _TrioWaiter] | None = None
+        self._waiters: list[threading.Lock | _TrioWaiter | _Callback] | None = None
 
     def __repr__(self) -> str:
         state = "pending" if self._result is None else "done"
@@ -140,7 +168,7 @@ class Future(pykka.Future[T]):
     def _unpack(result: tuple[Any, _OptExcInfo | None]) -> T:
         value, exc_info = result
         if exc_info is None:
-            return cast("T", value)
+            return value  # type: ignore[no-any-return]
         exc_type, exc_value, tb = exc_info
         if exc_value is None:
             assert exc_type is not None
@@ -158,6 +186,8 @@ class Future(pykka.Future[T]):
             for waiter in waiters:
                 if isinstance(waiter, _TrioWaiter):
                     waiter.wake()
+                elif isinstance(waiter, _Callback):
+                    waiter.run(self)
                 else:
                     waiter.release()
 
@@ -181,6 +211,28 @@ class Future(pykka.Future[T]):
             if self._result is not None:
                 raise queue.Full
             super().set_get_hook(func)
+
+    def _on_done(self, fn: Callable[[Future[T]], object]) -> None:
+        """Call ``fn(self)`` once the future is completed; at once if it is already.
+
+        Runtime-internal: a continuation without a task to run it in, for
+        work that only turns the outcome into a message (the tool runner
+        learns of a call's execution this way). ``fn`` runs on the thread that
+        completes the future, after the lock is released; it must be quick,
+        must not block, and should not raise (an exception is logged).
+        Not for futures with a get hook (their value exists only in ``get``).
+        """
+        callback = _Callback(fn)
+        with _LOCK:
+            if self._result is None:
+                if self._get_hook is not None:
+                    msg = "_on_done() on a future with a get hook"
+                    raise AssertionError(msg)
+                if self._waiters is None:
+                    self._waiters = []
+                self._waiters.append(callback)
+                return
+        callback.run(self)
 
     async def wait(self) -> T:
         """Wait in a trio task for the value, then return it (or raise).

@@ -24,16 +24,18 @@ from __future__ import annotations
 import contextlib
 import fnmatch
 import itertools
+import re
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import attrs
 import outcome
 import trio
-from weald.runtime import Actor, Future, Ref, redact
+from pykka.messages import ProxyCall
+from weald.runtime import Actor, ActorDeadError, Exit, Future, IOHandle, Ref, redact
 from weald.supervisors import ChildSpec, DynamicSupervisor
 from weald.tools import (
     AbortSignal,
@@ -287,25 +289,29 @@ class ToolExecution(Actor):
         self._ctx = ctx
         self._timeout = timeout
         self._result = result
+        self._call: IOHandle | None = None
 
     def on_start(self) -> None:
         """Launch the call as an I/O task and return, so the start completes at once."""
-        self.run_io(self._run, reply=self._finished, name=f"tool {self._tool.name}")
+        # The call's timeout is the deadline of the I/O task's own cancel
+        # scope (one scope per call, not two); _finished tells it apart.
+        self._call = self._run_io(self._timeout, self._run, (), self._finished, f"tool {self._tool.name}")
 
     async def _run(self) -> ToolResult:
-        tool, ctx = self._tool, self._ctx
-        with trio.move_on_after(self._timeout) as scope:
-            try:
-                return await invoke(tool, ctx, self._arguments)
-            except trio.Cancelled:
-                raise
-            except BaseException as exc:  # a tool's BaseException is still only an error result
-                return ToolResult.error(
-                    f"{tool.name} crashed with {type(exc).__name__}: {exc}. "
-                    "The tool is fine to call again; change the arguments or try another approach."
-                )
-        ctx.abort.set("timed out")
-        assert scope.cancelled_caught
+        tool = self._tool
+        try:
+            return await invoke(tool, self._ctx, self._arguments)
+        except trio.Cancelled:
+            raise
+        except BaseException as exc:  # a tool's BaseException is still only an error result
+            return ToolResult.error(
+                f"{tool.name} crashed with {type(exc).__name__}: {exc}. "
+                "The tool is fine to call again; change the arguments or try another approach."
+            )
+
+    def _timeout_result(self) -> ToolResult:
+        tool = self._tool
+        self._ctx.abort.set("timed out")
         return ToolResult.error(
             f"{tool.name} timed out after {self._timeout:g} s and was stopped"
             + (f"; ask for more with the timeout argument (up to {tool.max_timeout:g} s)" if tool.max_timeout else "")
@@ -317,12 +323,15 @@ class ToolExecution(Actor):
             return None  # killed: the runner reports the call from the exit
         if isinstance(result, outcome.Value):
             value = result.value
+        elif self._call is not None and self._call._timed_out:
+            value = self._timeout_result()
         else:
             assert isinstance(result, outcome.Error)
             value = ToolResult.error(f"{self._tool.name} was cancelled: {result.error}")
         with contextlib.suppress(Exception):  # already answered (killed meanwhile)
             self._result.set(value)
-        self.actor_ref.stop(block=False)
+        if not self._stop_if_idle():
+            self.actor_ref.stop(block=False)
         return None
 
 
@@ -368,7 +377,6 @@ class ToolRunner(Actor):
         self._permissions: dict[str, tuple[str, int]] = {}  # request_id -> (batch_id, index)
         self._allowed_always: set[tuple[str, str | None]] = set()
         self._calls: Ref[Any] | None = None
-        self._calls_proxy: Any = None
         self._services: SessionServices | None = None
         self._ids = itertools.count(1)
         self._started_calls = 0
@@ -379,7 +387,6 @@ class ToolRunner(Actor):
     def on_start(self) -> None:
         """Start the ``calls`` supervisor and the session services (on the runner's task)."""
         self._calls = self.spawn_child(DynamicSupervisor, kwargs={"max_restarts": 1_000_000}, name="calls")
-        self._calls_proxy = self._calls.proxy()
         jobs = JobTable(self._spawn_job, output_dir=self._output_dir / "jobs")
         self._services = SessionServices(
             output_dir=self._output_dir, ledger=ReadLedger(), jobs=jobs, runtime=self._runtime
@@ -503,14 +510,19 @@ class ToolRunner(Actor):
             tool = allowed.get(call.name)
             pending = _Pending(index, call, tool)
             batch.pending[index] = pending
-            self._publish("tool.started", batch, call, {"arguments": redact(dict(call.arguments or {}))})
+            # The bus redacts every payload (nested mappings included) before
+            # anything can see it; redacting the arguments here too did it twice.
+            self._publish("tool.started", batch, call, {"arguments": dict(call.arguments or {})})
             problem = self._refuse(call, tool, allowed)
             if problem is not None:
                 self._complete(batch, index, problem)
                 continue
             assert tool is not None
             perm, why = decide_permission(
-                tool, call.arguments or {}, self._config.permissions, frozenset(self._allowed_always)
+                tool,
+                call.arguments or {},
+                self._config.permissions,
+                frozenset(self._allowed_always) if self._allowed_always else _NONE_ALLOWED,
             )
             if perm == "deny":
                 self._complete(
@@ -589,30 +601,55 @@ class ToolRunner(Actor):
             shutdown=1.0,
         )
         batch_id, index = msg.batch_id, pending.index
+        runner = self.actor_ref
 
-        async def execute() -> ToolResult:
-            ref = await self._calls_proxy.start_child(spec)
-            pending.execution = ref
-            exit_ = await ref.exited()
-            if result.done():
-                return await result
-            if pending.abort.is_set():
-                return ToolResult.error("[aborted]")
-            return ToolResult.error(
-                f"the {tool.name} call ended without a result ({exit_.describe()}). It is fine to call the tool again."
-            )
-
-        def done(o: outcome.Outcome[ToolResult]) -> _CallDone:
-            if isinstance(o, outcome.Value):
-                value = o.value
-            else:
-                assert isinstance(o, outcome.Error)
+        # The call's life is followed with continuations on two futures (the
+        # supervisor's reply to start_child, then the child's exit), not with
+        # an I/O task awaiting them: a task per call cost a spawn, a cancel
+        # scope and two more wake-ups of the loop. The continuations run on
+        # the loop thread, in the supervisor's and the child's tasks, and only
+        # record the child and turn its end into the runner's `_CallDone`
+        # message, exactly what that task did.
+        def report(value: ToolResult | BaseException) -> None:
+            if isinstance(value, BaseException):
                 value = ToolResult.error(
-                    "[aborted]" if pending.abort.is_set() else f"the {tool.name} call could not run: {o.error}"
+                    "[aborted]" if pending.abort.is_set() else f"the {tool.name} call could not run: {value}"
                 )
-            return _CallDone(batch_id, index, value, time.monotonic() - pending.started)
+            if self._exit is None:  # a runner that ended takes no more messages
+                with contextlib.suppress(ActorDeadError):
+                    runner.tell(_CallDone(batch_id, index, value, time.monotonic() - pending.started))
 
-        self.run_io(execute, reply=done, name=f"call {call.id}")
+        def ended(exited: Future[Exit]) -> None:
+            try:
+                exit_ = exited.get()
+                if result.done():
+                    value = result.get()
+                elif pending.abort.is_set():
+                    value = ToolResult.error("[aborted]")
+                else:
+                    value = ToolResult.error(
+                        f"the {tool.name} call ended without a result ({exit_.describe()}). "
+                        "It is fine to call the tool again."
+                    )
+            except BaseException as exc:  # a continuation must not raise into the child's end
+                report(exc)
+                return
+            report(value)
+
+        def started(reply: Future[Ref[Any]]) -> None:
+            try:
+                ref = reply.get()
+            except BaseException as exc:  # it could not start: the supervisor's error, even a BaseException
+                report(exc)
+                return
+            pending.execution = ref
+            ref.exited()._on_done(ended)
+
+        calls = self._calls
+        assert calls is not None
+        # What calls.proxy().start_child(spec) sends, without the proxy's lookups.
+        reply = cast("Future[Ref[Any]]", calls.ask(ProxyCall(_START_CHILD, (spec,), {}), block=False))
+        reply._on_done(started)
 
     # -- permissions ------------------------------------------------------------------------
 
@@ -714,21 +751,23 @@ class ToolRunner(Actor):
     def _abort_all(self, reason: str) -> int:
         return sum(self._abort_batch(b, reason) for b in list(self._batches.values()))
 
-    def _publish(self, topic: str, batch: _Batch, call: ToolCallRequest, data: Mapping[str, Any]) -> None:
-        self.system.events.publish(
-            topic,
-            self.path,
-            {
-                "call_id": call.id,
-                "tool": call.name,
-                "agent": batch.msg.agent_path,
-                "batch_id": batch.msg.batch_id,
-                **data,
-            },
-        )
+    def _publish(self, topic: str, batch: _Batch, call: ToolCallRequest, data: dict[str, Any]) -> None:
+        msg = batch.msg
+        payload = {"call_id": call.id, "tool": call.name, "agent": msg.agent_path, "batch_id": msg.batch_id}
+        payload.update(data)
+        self._system.events.publish(topic, self._path, payload)
+
+
+_NONE_ALLOWED: frozenset[tuple[str, str | None]] = frozenset()
+_START_CHILD = ("start_child",)
+
+# Characters a child id keeps: str.isalnum() ones and "-_."; re's \w on str
+# patterns is exactly isalnum() plus "_", so this is the per-character rule
+# below in one pass.
+_UNSAFE = re.compile(r"[^\w.-]")
 
 
 def _child_name(call_id: str) -> str:
     # Child ids are path components: keep them free of '/' and reasonably short.
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in call_id)
+    safe = _UNSAFE.sub("_", call_id)
     return safe[:80] or "call"

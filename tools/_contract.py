@@ -61,7 +61,23 @@ def _str_tuple(values: Iterable[str]) -> tuple[str, ...]:
     return tuple(values)
 
 
+# The concrete class ``Path(...)`` makes here (PosixPath on POSIX).
+_PATH = type(Path())
+
+
+def _as_path(value: str | Path) -> Path:
+    # The runner builds a ToolContext per call from paths it already holds;
+    # Path(path) would parse each again. An exact concrete Path is returned as
+    # is (paths are immutable, so it is the same value); anything else,
+    # subclasses included, is converted as before.
+    if value.__class__ is _PATH:
+        return value
+    return Path(value)
+
+
 def _path_tuple(values: Iterable[str | Path]) -> tuple[Path, ...]:
+    if values.__class__ is tuple and all(v.__class__ is _PATH for v in values):
+        return values
     return tuple(Path(v) for v in values)
 
 
@@ -121,10 +137,14 @@ class AbortSignal:
     Created by the tool runner, one per call.
     """
 
-    __slots__ = ("_event", "reason")
+    # A flag, not a threading.Event: nothing waits on it (thread tools poll,
+    # async tools are cancelled), and the runner makes one per call. A bool
+    # store is atomic under the GIL; `reason` is written before the flag, so
+    # a reader that sees the flag set sees the reason.
+    __slots__ = ("_set", "reason")
 
     def __init__(self) -> None:
-        self._event = threading.Event()
+        self._set = False
         self.reason = ""
 
     def __repr__(self) -> str:
@@ -132,17 +152,17 @@ class AbortSignal:
 
     def set(self, reason: str = "aborted") -> None:
         """Signal the abort (idempotent; the first reason is kept)."""
-        if not self._event.is_set():
+        if not self._set:
             self.reason = reason
-            self._event.set()
+            self._set = True
 
     def is_set(self) -> bool:
         """True once the call was aborted or timed out."""
-        return self._event.is_set()
+        return self._set
 
     def raise_if_set(self) -> None:
         """Raise `ToolError` if the call was aborted (for long loops in thread tools)."""
-        if self._event.is_set():
+        if self._set:
             raise ToolError(f"the call was {self.reason}")
 
 
@@ -189,7 +209,7 @@ class ToolContext:
         tool_name: the name the tool was called by.
     """
 
-    working_dir: Path = attrs.field(converter=Path)
+    working_dir: Path = attrs.field(converter=_as_path)
     allowed_dirs: tuple[Path, ...] = attrs.field(default=(), converter=_path_tuple)
     session_id: str = ""
     agent_id: str = ""
@@ -289,6 +309,176 @@ def _short(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+# -- a fast check for the schemas tools use ----------------------------------------------
+#
+# jsonschema walks a schema generically; for read_file's four-property schema
+# that cost ~20 us per call, more than many tools take to run. Tool schemas
+# use a small subset of JSON Schema, so each is also compiled (once, lazily)
+# into a closure that can only *accept*: it returns True only when jsonschema
+# would accept the arguments too, and anything it is unsure of (a keyword or
+# type outside the subset, a subclass, a float given for an integer) makes it
+# say False, and jsonschema decides as before. Error messages always come
+# from jsonschema.
+
+_Check = Callable[[Any], bool]
+
+_ANNOTATIONS = frozenset({"description", "title", "default", "examples", "$comment"})
+_JSON_CLASSES: dict[str, tuple[type, ...]] = {
+    "string": (str,),
+    "integer": (int,),
+    "number": (int, float),
+    "boolean": (bool,),
+    "object": (dict,),
+    "array": (list,),
+    "null": (type(None),),
+}
+# Classes an instance may have for the check to judge it (exact: bool is
+# not an int here, and subclasses are left to jsonschema).
+_PLAIN_JSON = frozenset({str, int, float, bool, type(None), dict, list})
+_NUMBER = frozenset({int, float})
+_SCALAR = frozenset({str, int, float, bool, type(None)})
+
+
+def _type_check(classes: frozenset[type]) -> _Check:
+    return lambda x: x.__class__ in classes
+
+
+def _bound_check(keyword: str, bound: Any) -> _Check:
+    # The comparison jsonschema makes, applied to numbers only.
+    if keyword == "minimum":
+        return lambda x: x.__class__ not in _NUMBER or not x < bound
+    if keyword == "maximum":
+        return lambda x: x.__class__ not in _NUMBER or not x > bound
+    if keyword == "exclusiveMinimum":
+        return lambda x: x.__class__ not in _NUMBER or not x <= bound
+    return lambda x: x.__class__ not in _NUMBER or not x >= bound
+
+
+def _size_check(keyword: str, size: int) -> _Check:
+    cls = str if keyword.endswith("Length") else list
+    if keyword.startswith("min"):
+        return lambda x: x.__class__ is not cls or not len(x) < size
+    return lambda x: x.__class__ is not cls or not len(x) > size
+
+
+def _enum_check(options: tuple[Any, ...]) -> _Check:
+    # Only a scalar equal to an option of its own class: jsonschema's
+    # equality differs from Python's for 1 vs True and inside containers.
+    return lambda x: x.__class__ in _SCALAR and any(o.__class__ is x.__class__ and o == x for o in options)
+
+
+def _items_check(item: _Check) -> _Check:
+    return lambda x: x.__class__ is not list or all(item(e) for e in x)
+
+
+def _required_check(names: tuple[str, ...]) -> _Check:
+    return lambda x: x.__class__ is not dict or all(n in x for n in names)
+
+
+def _dependent_check(deps: tuple[tuple[str, tuple[str, ...]], ...]) -> _Check:
+    return lambda x: x.__class__ is not dict or all(k not in x or all(n in x for n in d) for k, d in deps)
+
+
+def _properties_check(props: dict[str, _Check]) -> _Check:
+    return lambda x: x.__class__ is not dict or all(props[k](v) for k, v in x.items() if k in props)
+
+
+def _closed_check(allowed: frozenset[str]) -> _Check:
+    return lambda x: x.__class__ is not dict or all(k in allowed for k in x)
+
+
+def _all_check(checks: tuple[_Check, ...]) -> _Check:
+    def check(x: Any) -> bool:
+        if x.__class__ not in _PLAIN_JSON:
+            return False
+        return all(c(x) for c in checks)
+
+    return check
+
+
+def _is_str_list(value: Any) -> bool:
+    return value.__class__ is list and all(n.__class__ is str for n in value)
+
+
+def _compile_check(schema: Any) -> _Check | None:
+    """Compile ``schema`` (a Draft 2020-12 schema) into an accept-only check; None if out of the subset."""
+    if schema is True:
+        return lambda _: True
+    if schema is False or schema.__class__ is not dict:
+        return None
+    checks: list[_Check] = []
+    value: Any
+    for keyword, value in schema.items():
+        if keyword in _ANNOTATIONS or (keyword == "additionalProperties" and value is True):
+            continue
+        if keyword == "type":
+            names = [value] if value.__class__ is str else value
+            if names.__class__ is not list or not all(n in _JSON_CLASSES for n in names):
+                return None
+            checks.append(_type_check(frozenset(c for n in names for c in _JSON_CLASSES[n])))
+        elif keyword in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
+            if value.__class__ not in _NUMBER:
+                return None
+            checks.append(_bound_check(keyword, value))
+        elif keyword in ("minLength", "maxLength", "minItems", "maxItems"):
+            if value.__class__ is not int:
+                return None
+            checks.append(_size_check(keyword, value))
+        elif keyword == "enum":
+            if value.__class__ is not list or not all(e.__class__ in _SCALAR for e in value):
+                return None
+            checks.append(_enum_check(tuple(value)))
+        elif keyword == "items":
+            item = _compile_check(value)
+            if item is None:
+                return None
+            checks.append(_items_check(item))
+        elif keyword == "required":
+            if not _is_str_list(value):
+                return None
+            checks.append(_required_check(tuple(value)))
+        elif keyword == "dependentRequired":
+            if value.__class__ is not dict or not all(_is_str_list(d) for d in value.values()):
+                return None
+            checks.append(_dependent_check(tuple((k, tuple(d)) for k, d in value.items())))
+        elif keyword == "properties":
+            if value.__class__ is not dict:
+                return None
+            props: dict[str, _Check] = {}
+            for name, sub in value.items():
+                compiled = _compile_check(sub)
+                if compiled is None:
+                    return None
+                props[name] = compiled
+            checks.append(_properties_check(props))
+        elif keyword == "additionalProperties" and value is False:
+            properties = schema.get("properties", {})
+            if properties.__class__ is not dict:
+                return None
+            checks.append(_closed_check(frozenset(properties)))
+        else:
+            return None
+    return _all_check(tuple(checks))
+
+
+# Compiled checks by validator, made on first use: (validator, check or None).
+# Keyed by id() because validators are unhashable; the entry holds the
+# validator, so the id cannot be reused while it is there.
+_CHECKS: dict[int, tuple[Any, _Check | None]] = {}
+
+
+def _fast_check(validator: Any) -> _Check | None:
+    entry = _CHECKS.get(id(validator))
+    if entry is not None and entry[0] is validator:
+        return entry[1]
+    # Other drafts differ in the subset (draft 4's boolean exclusiveMinimum).
+    check = _compile_check(validator.schema) if type(validator) is jsonschema.Draft202012Validator else None
+    if len(_CHECKS) >= 1024:
+        _CHECKS.clear()
+    _CHECKS[id(validator)] = (validator, check)
+    return check
+
+
 def validate_arguments(tool_: Tool, arguments: Any) -> str | None:
     """Check ``arguments`` against the tool's schema.
 
@@ -301,8 +491,16 @@ def validate_arguments(tool_: Tool, arguments: Any) -> str | None:
     validator = tool_._validator
     if validator is None:
         return None
+    instance = dict(arguments)
+    check = _fast_check(validator)
+    if check is not None and check(instance):
+        return None
+    # Valid arguments are the common case: stop at the first error instead of
+    # collecting and sorting all of them.
+    if validator.is_valid(instance):
+        return None
     problems = []
-    for error in sorted(validator.iter_errors(dict(arguments)), key=lambda e: list(e.absolute_path)):
+    for error in sorted(validator.iter_errors(instance), key=lambda e: list(e.absolute_path)):
         field = ".".join(str(p) for p in error.absolute_path)
         where = f"{field}: " if field else ""
         problems.append(f"{where}{_describe_expected(error)}")
@@ -318,6 +516,12 @@ class ToolRegistry:
     def __init__(self, tools: Iterable[Tool] = ()) -> None:
         self._tools: dict[str, Tool] = {}
         self._lock = threading.Lock()
+        # select() results by filter, valid for `_version` (bumped, and the
+        # cache cleared, under the lock on every change). The runner selects
+        # once per batch of calls; matching every pattern against every tool
+        # name cost more than running a no-op tool.
+        self._version = 0
+        self._selected: dict[tuple[str, ...] | None, tuple[Tool, ...]] = {}
         for t in tools:
             self.register(t)
 
@@ -342,12 +546,21 @@ class ToolRegistry:
                 msg = f"a tool named {tool_.name!r} is already registered"
                 raise ValueError(msg)
             self._tools[tool_.name] = tool_
+            self._changed()
         return tool_
+
+    def _changed(self) -> None:
+        """Forget cached selections; called with the lock held."""
+        self._version += 1
+        self._selected = {}
 
     def unregister(self, name: str) -> bool:
         """Remove a tool; returns whether it was there."""
         with self._lock:
-            return self._tools.pop(name, None) is not None
+            removed = self._tools.pop(name, None) is not None
+            if removed:
+                self._changed()
+            return removed
 
     def get(self, name: str) -> Tool | None:
         """The tool called ``name``, or None."""
@@ -363,16 +576,28 @@ class ToolRegistry:
         Patterns are applied in order: ``name`` or a glob adds, ``!name`` or
         ``!glob`` removes. None (no filter) means every tool.
         """
+        key = None if patterns is None else tuple(patterns)
+        version = self._version
+        cached = self._selected.get(key)
+        if cached is not None:
+            return list(cached)
         tools = dict(self._tools)
-        if patterns is None:
-            return [tools[n] for n in sorted(tools)]
-        chosen: set[str] = set()
-        for pattern in patterns:
-            negate = pattern.startswith("!")
-            glob = pattern[1:] if negate else pattern
-            matched = {n for n in tools if fnmatch.fnmatchcase(n, glob)}
-            chosen = chosen - matched if negate else chosen | matched
-        return [tools[n] for n in sorted(chosen)]
+        if key is None:
+            selected = [tools[n] for n in sorted(tools)]
+        else:
+            chosen: set[str] = set()
+            for pattern in key:
+                negate = pattern.startswith("!")
+                glob = pattern[1:] if negate else pattern
+                matched = {n for n in tools if fnmatch.fnmatchcase(n, glob)}
+                chosen = chosen - matched if negate else chosen | matched
+            selected = [tools[n] for n in sorted(chosen)]
+        with self._lock:
+            # Only a selection made from the current tools is kept; the cache
+            # is bounded (filters come from configuration, a handful at most).
+            if self._version == version and len(self._selected) < 256:
+                self._selected[key] = tuple(selected)
+        return selected
 
     def copy(self) -> ToolRegistry:
         """An independent registry holding the same tools."""

@@ -1,0 +1,187 @@
+"""The runtime's fast paths keep the meaning of the slow ones they replace."""
+
+from __future__ import annotations
+
+import logging
+import re
+import uuid
+from pathlib import Path
+from typing import Any
+
+import outcome
+import pykka
+import pytest
+import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pykka._introspection import introspect_attrs
+from weald.runtime import Actor, ActorSystem, Future, redact, register_secret
+from weald.runtime._events import _redact_payload
+from weald.runtime.testing import wait_until
+from weald.runtime.tool_runner import RunTools, ToolCallRequest, ToolResults, ToolRunner
+from weald.tools import ToolContext, ToolRegistry, tool
+
+REG = ToolRegistry()
+EMPTY = {"type": "object", "properties": {}, "additionalProperties": False}
+
+
+@tool(name="noop", description="does nothing", parameters=EMPTY, registry=REG)
+async def noop(ctx: ToolContext) -> str:
+    return "ok"
+
+
+@tool(name="slow", description="sleeps past its timeout", parameters=EMPTY, registry=REG, timeout=0.05)
+async def slow(ctx: ToolContext) -> str:
+    await trio.sleep(10)
+    return "unreachable"
+
+
+class Echo(Actor):
+    def on_receive(self, message: Any) -> Any:
+        return message
+
+
+class Collector(Actor):
+    def __init__(self) -> None:
+        super().__init__()
+        self.results: list[ToolResults] = []
+
+    def on_receive(self, message: Any) -> None:
+        if isinstance(message, ToolResults):
+            self.results.append(message)
+
+    def received(self) -> list[ToolResults]:
+        return list(self.results)
+
+
+def test_a_done_callback_runs_when_the_future_completes_or_at_once_if_it_has() -> None:
+    seen: list[Any] = []
+    future: Future[int] = Future()
+    future._on_done(lambda f: seen.append(f.get()))
+    assert seen == []
+    future.set(7)
+    assert seen == [7]
+    future._on_done(lambda f: seen.append(f.get() + 1))
+    assert seen == [7, 8]
+
+
+def test_a_failing_done_callback_is_logged_and_never_reaches_the_completer(caplog: pytest.LogCaptureFixture) -> None:
+    future: Future[int] = Future()
+    future._on_done(lambda f: 1 / 0)
+    with caplog.at_level(logging.ERROR, logger="weald.runtime"):
+        future.set(1)  # does not raise
+    assert future.get() == 1
+    assert "callback" in caplog.text
+
+
+def test_the_urn_is_made_on_first_use_and_is_the_same_for_the_actor_and_its_ref(system: ActorSystem) -> None:
+    ref = Echo.start()
+    actor = ref._actor_weakref()
+    assert actor is not None
+    assert ref.actor_urn == actor.actor_urn == ref.actor_urn
+    assert re.fullmatch(r"urn:uuid:[0-9a-f-]{36}", ref.actor_urn)
+    assert uuid.UUID(ref.actor_urn[9:]).version == 4
+    assert Echo.start().actor_urn != ref.actor_urn
+
+
+def test_an_io_task_past_its_time_limit_is_cancelled_and_marked_timed_out(system: ActorSystem) -> None:
+    ref = Echo.start()
+    actor = ref._actor_weakref()
+    assert actor is not None
+    outcomes: list[outcome.Outcome[Any]] = []
+
+    def run() -> tuple[Any, Any]:
+        timed = actor._run_io(0.01, trio.sleep, (10,), outcomes.append, "limited")
+        cancelled = actor._run_io(10, trio.sleep, (10,), outcomes.append, "cancelled")
+        cancelled.cancel()
+        return timed, cancelled
+
+    timed, cancelled = trio.from_thread.run_sync(run, trio_token=system.loop.token)
+    wait_until(lambda: timed.done and cancelled.done)
+    assert (timed._timed_out, cancelled._timed_out) == (True, False)
+    assert all(isinstance(o, outcome.Error) for o in outcomes)
+
+
+def test_an_execution_child_that_ends_itself_exits_normally_and_quietly(
+    system: ActorSystem, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    runner = system.spawn(ToolRunner, args=("s", str(tmp_path)), kwargs={"registry": REG}, name="runner")
+    agent = system.spawn(Collector, name="agent")
+    calls = (*(ToolCallRequest(f"c{i}", "noop", {}) for i in range(20)), ToolCallRequest("t", "slow", {}))
+    with caplog.at_level(logging.WARNING, logger="weald"):
+        runner.tell(RunTools("b1", calls, None, agent))
+        results = wait_until(lambda: agent.proxy().received().get())
+    outcomes = results[0].outcomes
+    assert [o.result.output for o in outcomes[:-1]] == ["ok"] * 20
+    assert outcomes[-1].result.output.startswith("slow timed out after 0.05 s")
+    wait_until(lambda: len(system.events.recent(200, topic="supervisor.child_exited")) == 21)
+    assert {e.data["exit"] for e in system.events.recent(200, topic="supervisor.child_exited")} == {"normal"}
+    assert system.registered("/runner/calls/") == []
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+KEYS = st.sampled_from(["call_id", "tool", "api_key", "Authorization", "token", "password", "data", "x_token", 3])
+VALUES = st.recursive(
+    st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(),
+        st.floats(allow_nan=False),
+        st.sampled_from(["", "plain", "has sk-fastpath-secret-123 inside", "sk-fastpath-secret-123"]),
+    ),
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.tuples(inner), st.dictionaries(KEYS, inner, max_size=3)),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(KEYS, VALUES, max_size=6))
+def test_event_payloads_are_redacted_exactly_as_redact_does(payload: dict[Any, Any]) -> None:
+    register_secret("sk-fastpath-secret-123")
+    assert _redact_payload(payload) == redact(dict(payload))
+
+
+@pykka.traversable
+class Playback:
+    volume = 3
+
+    def play(self) -> bool:
+        return True
+
+    def __init__(self) -> None:
+        self.inner = pykka.traversable(Inner())
+
+
+class Inner:
+    def stop(self) -> str:
+        return "stopped"
+
+
+class Rich(Actor):
+    klass_value = 1
+    playback_class_level = Playback()
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.playback = Playback()
+        self.count = 0
+        self.handler = len
+        self._private = 1
+
+    def method(self) -> int:
+        return 1
+
+
+def test_proxies_know_exactly_the_attributes_pykka_would_find(system: ActorSystem) -> None:
+    for ref in (Rich.start(), Echo.start(), Collector.start()):
+        proxy = ref.proxy()
+        actor = ref._actor_weakref()
+        assert isinstance(proxy, pykka.ActorProxy)
+        assert proxy._known_attrs == introspect_attrs(root=actor, proxy=proxy)
+    rich = Rich.start().proxy()
+    assert rich.playback.play().get() is True
+    assert rich.playback.inner.stop().get() == "stopped"
+    assert rich.count.get() == 0
+    assert rich.method().get() == 1
+    with pytest.raises(AttributeError):
+        _ = rich.nothing_here
