@@ -74,6 +74,7 @@ __all__ = [
     "PermissionState",
     "TurnRecord",
     "TurnResult",
+    "WithdrawQuestion",
     "history_key",
     "load_history",
 ]
@@ -208,12 +209,34 @@ class AskUser:
         choices: optional answers to choose from.
         reply: completed with the answer text.
         asked_by: path of the agent whose tool asked.
+        schema: for a structured question (an MCP server's elicitation), the
+            JSON Schema of the answer, shown to clients in ``question.asked``
+            so they can render fields; None for a plain question.
+        question_id: the id to ask under, chosen by the asker so it can
+            withdraw the question (`WithdrawQuestion`); None: the agent picks one.
+        origin: who wants the answer when it is not the agent's own tool
+            (``mcp:<server>`` for an MCP server's elicitation); None otherwise.
     """
 
     question: str
     choices: tuple[str, ...]
     reply: Future[str]
     asked_by: str
+    schema: Mapping[str, Any] | None = attrs.field(default=None, hash=False)
+    question_id: str | None = None
+    origin: str | None = None
+
+
+@attrs.frozen
+class WithdrawQuestion:
+    """The asker no longer waits for question ``question_id`` (its deadline passed, its call ended).
+
+    The question's reply fails with a RuntimeError, and ``question.answered``
+    is published with ``withdrawn`` set, so clients stop offering it.
+    """
+
+    question_id: str
+    reason: str
 
 
 @attrs.frozen
@@ -550,6 +573,8 @@ class Agent(Actor):
             self._on_ask(message)
         elif isinstance(message, AnswerQuestion):
             self.answer(message.question_id, message.answer)
+        elif isinstance(message, WithdrawQuestion):
+            self._on_withdraw(message)
         elif isinstance(message, PermissionState):
             if message.open:
                 self._permissions.add(message.request_id)
@@ -565,10 +590,8 @@ class Agent(Actor):
         self._publish("agent.turn_start", {"turn_id": turn.id})
         self._write_turn(turn, "running")
         self._take_queue(turn)
-        # The prompt and the running turn are committed before the model is
-        # called: a crash from here on always leaves a turn to report.
         self._set_state("streaming")
-        self._flush(lambda: self._step() if self._turn is turn else None)
+        self._step(first=True)
 
     def _take_queue(self, turn: _Turn) -> None:
         for prompt in self._queue:
@@ -586,7 +609,7 @@ class Agent(Actor):
             specs.append(ToolSpec(tool.name, tool.description, dict(tool.parameters)))
         return specs
 
-    def _step(self) -> None:
+    def _step(self, *, first: bool = False) -> None:
         turn = self._turn
         assert turn is not None
         if turn.steps >= self._config.max_steps:
@@ -598,10 +621,15 @@ class Agent(Actor):
         turn.steps += 1
         position = getattr(self._provider, "position", None)
         if isinstance(position, int) and self._record is not None:
-            # A scripted model spends its turn once called: commit that first,
-            # so a restart (even after kill -9) resumes after the spent turn.
+            # A scripted model spends its turn once called; a restart resumes after it.
             self._record.provider_position = position + 1
             self._persist_record()
+        if first:
+            # The prompt, the running turn (and a scripted model's position) are
+            # committed before the model is first called: a crash from here on,
+            # even a kill -9, always leaves a turn to report. Later steps' writes
+            # are queued in the store, which outlives this actor; one commit per
+            # turn start and one per turn end is what a turn costs.
             self._flush(lambda: self._call_model(turn) if self._turn is turn else None)
         else:
             self._call_model(turn)
@@ -828,17 +856,35 @@ class Agent(Actor):
             # A sub-agent's question goes up to its parent, and on up to the top.
             self._parent_agent.tell(ask)
             return
-        question_id = uuid.uuid4().hex[:12]
+        question_id = ask.question_id or uuid.uuid4().hex[:12]
         self._questions[question_id] = ask
+        asked: dict[str, Any] = {
+            "question_id": question_id,
+            "session_id": self._session_id,
+            "question": ask.question,
+            "choices": list(ask.choices),
+            "asked_by": ask.asked_by,
+        }
+        if ask.schema is not None:
+            asked["schema"] = dict(ask.schema)
+        if ask.origin is not None:
+            asked["origin"] = ask.origin
+        self._publish("question.asked", asked)
+        self._refresh_waiting()
+
+    def _on_withdraw(self, withdraw: WithdrawQuestion) -> None:
+        question = self._questions.pop(withdraw.question_id, None)
+        if question is None:
+            if self._parent_agent is not None and self._parent_agent.is_alive():
+                self._parent_agent.tell(withdraw)  # a sub-agent's question lives at the top
+            return
+        with contextlib.suppress(Exception):
+            question.reply.set_exception(
+                (RuntimeError, RuntimeError(f"the question was withdrawn: {withdraw.reason}"), None)
+            )
+        # "answered" so that whoever lists open questions (the daemon) drops it.
         self._publish(
-            "question.asked",
-            {
-                "question_id": question_id,
-                "session_id": self._session_id,
-                "question": ask.question,
-                "choices": list(ask.choices),
-                "asked_by": ask.asked_by,
-            },
+            "question.answered", {"question_id": withdraw.question_id, "withdrawn": True, "reason": withdraw.reason}
         )
         self._refresh_waiting()
 

@@ -311,6 +311,7 @@ def test_an_agent_that_crashes_mid_turn_restarts_with_its_history_and_reports_th
     history = new_agent.proxy().history().get()
     assert [m.role for m in history] == ["user", "assistant", "tool"]
     assert history[-1].content.startswith("[interrupted]")
+    h.system.store.flush().get(timeout=10)  # the recovered agent queued its writes; wait for their commit
     turns = dict(h.system.store.items("turns", "s1/", type=TurnRecord))
     assert turns[f"s1/{interrupted.turn_id}"].status == "interrupted"
     FLAGS["crash"].set()
