@@ -13,7 +13,8 @@ searches:
 Each is run ``--runs`` times, interleaved, after a warm-up; the medians and
 their ratio are printed. The target is a ratio of at most 1.2.
 
-Run: ``python benchmarks/bench_grep.py [--files 10000] [--runs 25]``
+Run: ``python benchmarks/bench_grep.py [--files 10000] [--runs 25]``; ``run_all.py``
+calls `run`.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import argparse
 import random
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -30,6 +32,9 @@ import trio
 from weald.tools import ToolContext, invoke
 from weald.tools._process import RIPGREP_FILTERS, find_ripgrep
 from weald.tools.grep import grep
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _bench import Row, banner, print_rows, verdict
 
 WORDS = ("alpha", "beta", "gamma", "delta", "value", "result", "index", "count", "item", "node", "parent", "child")
 
@@ -74,16 +79,15 @@ async def time_tool(ctx: ToolContext, pattern: str) -> float:
     return elapsed
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--files", type=int, default=10_000)
-    parser.add_argument("--runs", type=int, default=25)
-    args = parser.parse_args()
+def run(quick: bool = False, files: int = 10_000, runs: int | None = None) -> list[Row]:
+    runs = runs if runs is not None else (9 if quick else 25)
+    banner(f"bench_grep: the grep tool against rg run directly, {files:,} files")
     rg = find_ripgrep()
+    rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="weald-bench-grep-") as tmp:
         root = Path(tmp)
-        print(f"building {args.files:,} files in {root} ...")
-        build_tree(root, args.files)
+        print(f"building {files:,} files in {root} ...")
+        build_tree(root, files)
         ctx = ToolContext(working_dir=root)
         print(f"{'search':55} {'rg direct':>11} {'grep tool':>11} {'ratio':>7}")
         for label, pattern in SEARCHES:
@@ -91,11 +95,33 @@ def main() -> None:
                 time_rg(rg, root, pattern)
                 trio.run(time_tool, ctx, pattern)
             direct, tool = [], []
-            for _ in range(args.runs):
+            for _ in range(runs):
                 direct.append(time_rg(rg, root, pattern))
                 tool.append(trio.run(time_tool, ctx, pattern))
             d, t = statistics.median(direct), statistics.median(tool)
             print(f"{label:55} {d * 1000:9.1f}ms {t * 1000:9.1f}ms {t / d:7.2f}")
+            rows.append(
+                Row(
+                    "grep",
+                    f"grep / rg, {label.split(' (')[0]}",
+                    t / d,
+                    "x",
+                    "<= 1.2x",
+                    verdict(t / d, "<=", 1.2),
+                    f"tool {t * 1000:.1f} ms, rg {d * 1000:.1f} ms",
+                )
+            )
+    print("\nsummary")
+    print_rows(rows)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--files", type=int, default=10_000)
+    parser.add_argument("--runs", type=int, default=25)
+    args = parser.parse_args()
+    run(files=args.files, runs=args.runs)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ Measures, as medians over many runs:
 Each figure is printed with its ratio to ``open().read()``. The target for
 ``tag all`` and ``one call`` is 20 ms.
 
-Run: ``python benchmarks/bench_read_file.py [lines]``.
+Run: ``python benchmarks/bench_read_file.py [lines]``; ``run_all.py`` calls `run`.
 """
 
 from __future__ import annotations
@@ -34,6 +34,9 @@ from weald.tools._ledger import ReadLedger
 from weald.tools._sandbox import open_read
 from weald.tools.read_file import read_file
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _bench import Row, banner, print_rows, verdict
+
 RUNS = 41
 
 
@@ -47,8 +50,8 @@ def median_ms(fn: Callable[[], object], runs: int = RUNS) -> float:
     return statistics.median(timings) * 1000
 
 
-def main() -> None:
-    lines = int(sys.argv[1]) if len(sys.argv) > 1 else 10_000
+def run(quick: bool = False, lines: int = 10_000) -> list[Row]:  # noqa: ARG001 - already quick
+    banner(f"bench_read_file: read_file on a {lines:,}-line file")
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         path = root / "module.py"
@@ -103,6 +106,25 @@ def main() -> None:
     print(f"read_file on a {lines}-line file ({size} bytes), medians of {RUNS} runs")
     for name, ms in rows:
         print(f"  {name:<28} {ms:8.2f} ms   {ms / base:7.1f}x open().read()")
+    out = [
+        Row(
+            "read_file",
+            f"{name.split(' (')[0]} ({lines:,} lines)",
+            ms,
+            "ms",
+            "<= 20 ms",
+            verdict(ms, "<=", 20),
+            f"= {ms / base:.0f}x open().read()",
+        )
+        for name, ms in rows[1:3]
+    ]
+    print("\nsummary")
+    print_rows(out)
+    return out
+
+
+def main() -> None:
+    run(lines=int(sys.argv[1]) if len(sys.argv) > 1 else 10_000)
 
 
 if __name__ == "__main__":

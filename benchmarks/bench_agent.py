@@ -1,0 +1,317 @@
+"""Agent loop overhead: one turn with 10 no-op tool calls, beside a raw pykka agent loop.
+
+weald: a real session (``session_spec`` under a ``/sessions`` DynamicSupervisor:
+tool runner, sub-agents supervisor, agent) with a `ScriptedProvider` whose
+script answers each prompt with a model step calling the no-op tool 10
+times, then a model step with the final text. A turn is timed from
+``prompt`` to its `TurnResult`, which the agent acknowledges only after every
+message of the turn is committed to the store. Everything an agent turn does
+is included: model streams as messages, events, the runner's 10 supervised
+``ToolExecution`` children, history writes and the flush.
+
+The turn is driven from a task on the loop (as the daemon's server drives
+it) and, for comparison, from a foreign thread. The session is replaced
+every 10 turns, so the history stays short (a scripted model step costs
+time linear in the history; that is the model's cost, not the loop's).
+
+raw pykka: a minimal agent loop with no supervision, persistence or events:
+an agent ``ThreadingActor`` takes the prompt (an ask), makes a model step
+(a function returning 10 calls), asks a tool-runner ``ThreadingActor`` to
+run the batch (it calls the no-op function for each call), makes the second
+model step and replies.
+
+Figure: turn time minus the tools' own time (10 direct calls of the no-op
+function): target <= 2 ms (median), with its ratio to the raw pykka loop.
+Also printed: where a turn's time goes (from the agent's own events), how
+many times a turn waits for the store to commit, and what one such commit
+round trip costs (the store's committer thread, measured alone).
+
+Run: ``python benchmarks/bench_agent.py [--quick]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import pykka
+import trio
+from weald.runtime import ActorSystem, Store
+from weald.runtime.agent import AgentConfig
+from weald.runtime.llm import ScriptedProvider
+from weald.runtime.session import SessionConfig, agent_path, session_spec
+from weald.runtime.testing import wait_until
+from weald.runtime.tool_runner import RunnerConfig
+from weald.supervisors import DynamicSupervisor
+from weald.tools import ToolContext, ToolRegistry, tool
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _bench import PLACEMENTS, Row, banner, pin, print_rows, verdict
+
+REG = ToolRegistry()
+EMPTY = {"type": "object", "properties": {}, "additionalProperties": False}
+CALLS = 10
+TURNS_PER_SESSION = 10
+
+
+@tool(name="noop", description="does nothing", parameters=EMPTY, registry=REG)
+async def noop(ctx: ToolContext) -> str:  # noqa: ARG001 - the tool signature
+    return "ok"
+
+
+def script(turns: int) -> dict[str, Any]:
+    steps: list[dict[str, Any]] = []
+    for _ in range(turns):
+        steps.append({"text": "", "tool_calls": [{"name": "noop", "arguments": {}}] * CALLS})
+        steps.append({"text": "done"})
+    return {"turns": steps}
+
+
+# -- raw pykka -------------------------------------------------------------------------------------
+
+
+def pykka_noop(ctx: Any) -> str:  # noqa: ARG001 - the tool signature
+    return "ok"
+
+
+class PykkaRunner(pykka.ThreadingActor):
+    def on_receive(self, message: Any) -> list[str]:
+        return [pykka_noop(None) for _ in message]
+
+
+class PykkaAgent(pykka.ThreadingActor):
+    def __init__(self, runner: pykka.ActorRef[Any]) -> None:
+        super().__init__()
+        self.runner = runner
+        self.history: list[Any] = []
+        self.step = 0
+
+    def model(self) -> dict[str, Any]:
+        self.step += 1
+        if self.step % 2:
+            return {"text": "", "tool_calls": [("noop", {})] * CALLS}
+        return {"text": "done", "tool_calls": []}
+
+    def on_receive(self, message: Any) -> str:
+        self.history.append(("user", message))
+        while True:
+            reply = self.model()
+            self.history.append(("assistant", reply))
+            if not reply["tool_calls"]:
+                return str(reply["text"])
+            results = self.runner.ask(reply["tool_calls"])
+            self.history.extend(("tool", r) for r in results)
+
+
+# -- measurement ------------------------------------------------------------------------------------
+
+
+PHASES = ("model step 1", "10 tool calls", "model step 2", "final flush")
+
+
+def phases(system: ActorSystem, path: str, turn_id: str) -> list[float] | None:
+    """Microseconds in each phase of a turn, from the agent's events (wall-clock times).
+
+    model step 1: from turn start (the prompt and the model's position are
+    committed first) to the tool calls; 10 tool calls: until the results are
+    in; model step 2: until the turn ends (again after a commit); final flush:
+    until the turn's writes are committed and the result is acknowledged.
+    """
+    events = system.events.recent(400, source=path)
+
+    def find(topic: str) -> int | None:
+        return next((i for i, e in enumerate(events) if e.topic == topic and e.data["turn_id"] == turn_id), None)
+
+    start, end = find("agent.turn_start"), find("agent.turn_end")
+    if start is None or end is None:
+        return None
+    states = [e for e in events[start:end] if e.topic == "agent.state"]
+    times = {e.data["to"]: e.time for e in states if e.data["to"] in ("executing_tools", "idle")}
+    resumed = [e.time for e in states if e.data["from"] == "executing_tools"]
+    if len(times) < 2 or not resumed:
+        return None
+    marks = [events[start].time, times["executing_tools"], resumed[0], times["idle"], events[end].time]
+    return [(b - a) * 1e6 for a, b in itertools.pairwise(marks)]
+
+
+def measure(quick: bool, placement: str | None) -> dict[str, Any]:
+    sessions_n = 6 if quick else 20
+    res: dict[str, list[float]] = {"loop": [], "foreign": [], "pykka": [], "flush": []}
+    split: list[list[float]] = []
+    flushes = [0]
+    with (
+        tempfile.TemporaryDirectory(prefix="weald-bench-agent-") as tmp,
+        ActorSystem(store_path=Path(tmp) / "store.db") as system,
+    ):
+        sessions = system.spawn(DynamicSupervisor, kwargs={"max_restarts": 50}, name="sessions")
+        token = system.loop.token
+        p_runner = PykkaRunner.start()
+        p_agent = PykkaAgent.start(p_runner)
+
+        def new_session(i: int) -> Any:
+            sid = f"s{i}"
+            config = SessionConfig(sid, tmp, AgentConfig(model="scripted:bench"), RunnerConfig())
+            spec = session_spec(
+                config,
+                system=system,
+                registry=REG,
+                provider_factory=lambda _model: ScriptedProvider.from_dict(script(TURNS_PER_SESSION)),
+            )
+            sessions.proxy().start_child(spec).get(timeout=10)
+            return wait_until(lambda: system.whereis(agent_path(sid)))
+
+        async def loop_turns(agent: Any, n: int) -> list[float]:
+            proxy = agent.proxy()
+            out = []
+            for _ in range(n):
+                began = time.perf_counter()
+                turn = await proxy.prompt("go")
+                result = await turn
+                out.append((time.perf_counter() - began) * 1e6)
+                assert result.ok, result
+                parts = phases(system, agent.path, result.turn_id)
+                if parts is not None:
+                    split.append(parts)
+            return out
+
+        async def flush_samples(n: int) -> list[float]:
+            # A commit round trip as an agent step makes one: a few queued writes, then flush.
+            out = []
+            for i in range(n):
+                for k in range(3):
+                    system.store.enqueue_nowait("bench", f"k{i}.{k}", {"i": i, "text": "x" * 200})
+                began = time.perf_counter()
+                await system.store.flush()
+                out.append((time.perf_counter() - began) * 1e6)
+            return out
+
+        def foreign_turns(agent: Any, n: int) -> list[float]:
+            proxy = agent.proxy()
+            out = []
+            for _ in range(n):
+                began = time.perf_counter()
+                result = proxy.prompt("go").get().get()
+                out.append((time.perf_counter() - began) * 1e6)
+                assert result.ok, result
+            return out
+
+        def pykka_turns(n: int) -> list[float]:
+            out = []
+            for _ in range(n):
+                began = time.perf_counter()
+                assert p_agent.ask("go") == "done"
+                out.append((time.perf_counter() - began) * 1e6)
+            return out
+
+        store_flush = Store.flush
+
+        def counting_flush(self: Store) -> Any:
+            flushes[0] += 1
+            return store_flush(self)
+
+        pin(placement)
+        pykka_turns(20)
+        turns = 0
+        for i in range(sessions_n):
+            pin(placement)
+            agent = new_session(i)
+            half = (TURNS_PER_SESSION - 1) // 2
+            trio.from_thread.run(loop_turns, agent, 1, trio_token=token)  # warms the session up
+            Store.flush = counting_flush  # type: ignore[method-assign]
+            try:
+                # Loop-driven and foreign-driven turns alternate which goes first.
+                if i % 2:
+                    res["foreign"] += foreign_turns(agent, half)
+                    res["loop"] += trio.from_thread.run(loop_turns, agent, half, trio_token=token)
+                else:
+                    res["loop"] += trio.from_thread.run(loop_turns, agent, half, trio_token=token)
+                    res["foreign"] += foreign_turns(agent, half)
+            finally:
+                Store.flush = store_flush  # type: ignore[method-assign]
+            turns += 2 * half
+            res["pykka"] += pykka_turns(TURNS_PER_SESSION)
+            sessions.proxy().terminate_child(agent_parent(system, i)).get(timeout=10)
+        res["flush"] = trio.from_thread.run(flush_samples, 100 if quick else 300, trio_token=token)
+        p_agent.stop()
+        p_runner.stop()
+    pin(None)
+    out: dict[str, Any] = {k: statistics.median(v) for k, v in res.items()}
+    out["phases"] = [statistics.median(p[j] for p in split) for j in range(len(PHASES))] if split else None
+    out["flushes_per_turn"] = flushes[0] / turns if turns else 0.0
+    return out
+
+
+def agent_parent(system: ActorSystem, i: int) -> Any:
+    return system.whereis(f"/sessions/s{i}")
+
+
+def tool_own_time() -> float:
+    """Microseconds for 10 direct calls of the no-op tool function."""
+
+    async def go() -> float:
+        ctx = ToolContext(working_dir=".")
+        samples = []
+        for _ in range(2000):
+            began = time.perf_counter()
+            for _ in range(CALLS):
+                await noop.fn(ctx)
+            samples.append((time.perf_counter() - began) * 1e6)
+        return statistics.median(samples)
+
+    result: float = trio.run(go)
+    return result
+
+
+def run(quick: bool = False) -> list[Row]:
+    banner("bench_agent: one agent turn with 10 no-op tool calls (scripted model), beside raw pykka")
+    own = tool_own_time()
+    rows: list[Row] = []
+    placements = ["one", "two"]
+    print(f"tools' own time (10 direct no-op calls): {own:.1f} us")
+    for placement in placements:
+        m = measure(quick, placement)
+        loop, foreign, raw = m["loop"] - own, m["foreign"] - own, m["pykka"] - own
+        where = "1 CPU" if placement == "one" else "2 CPUs"
+        print(f"\n--- placement: {PLACEMENTS[placement]} ---")
+        print(f"  weald turn, driven from the loop         {m['loop']:>9.0f} us   overhead {loop:>8.0f} us")
+        print(f"  weald turn, driven from a foreign thread {m['foreign']:>9.0f} us   overhead {foreign:>8.0f} us")
+        print(f"  raw pykka agent loop (foreign thread)    {m['pykka']:>9.0f} us   overhead {raw:>8.0f} us")
+        if m["phases"] is not None:
+            print("  where a loop-driven turn goes (medians, from the agent's events):")
+            for name, us in zip(PHASES, m["phases"], strict=True):
+                print(f"    {name:<14} {us:>7.0f} us")
+        print(
+            f"  store flushes per turn: {m['flushes_per_turn']:.1f}; one commit round trip "
+            f"(3 queued writes, then flush): {m['flush']:.0f} us median"
+        )
+        rows.append(
+            Row(
+                "agent",
+                f"turn overhead, 10 no-op calls [{where}]",
+                loop / 1000,
+                "ms",
+                "<= 2 ms",
+                verdict(loop, "<=", 2000),
+                f"= {loop / raw:.0f}x raw pykka ({raw:.0f} us); from a foreign thread {foreign / 1000:.2f} ms; "
+                f"{m['flushes_per_turn']:.0f} store flushes of ~{m['flush']:.0f} us each",
+            )
+        )
+    print("\nsummary")
+    print_rows(rows)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer samples")
+    run(quick=parser.parse_args().quick)
+
+
+if __name__ == "__main__":
+    main()
