@@ -10,6 +10,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import msgspec
@@ -490,3 +491,53 @@ def test_faults_injected_over_json_rpc_fire_and_show_in_the_tree(tmp_path: Path)
         assert d.terminate() == 0
     finally:
         d.close()
+
+
+def test_weald_run_asks_permission_interactively_on_a_terminal(daemon: DaemonProcess) -> None:
+    import pty
+    import select
+
+    model = daemon.script(
+        "tty",
+        [
+            {"tool_calls": [{"name": "write_file", "arguments": {"path": "tty.txt", "content": "typed yes\n"}}]},
+            {"text": "wrote tty.txt"},
+        ],
+    )
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "weald.runtime.cli", "run", "--model", model, "write it"],
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        env=daemon.env(),
+        cwd=daemon.project,
+    )
+    os.close(slave)
+    seen = b""
+
+    def read_until(marker: bytes, timeout: float = 30) -> None:
+        nonlocal seen
+        deadline = time.monotonic() + timeout
+        while marker not in seen:
+            remaining = deadline - time.monotonic()
+            assert remaining > 0, f"no {marker!r} on the terminal; it showed: {seen.decode(errors='replace')}"
+            ready, _, _ = select.select([master], [], [], remaining)
+            if ready:
+                try:
+                    seen += os.read(master, 4096)
+                except OSError:
+                    break
+
+    try:
+        read_until(b"allow?")
+        assert b"write_file" in seen
+        os.write(master, b"y\n")
+        read_until(b"wrote tty.txt")
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        os.close(master)
+    assert (daemon.project / "tty.txt").read_text() == "typed yes\n"
