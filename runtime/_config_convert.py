@@ -31,6 +31,7 @@ from weald.runtime._config_model import (
     FaultsConfig,
     InvalidValue,
     LimitsConfig,
+    MCPAuthConfig,
     MCPConfig,
     MCPServerConfig,
     ModelsConfig,
@@ -71,6 +72,7 @@ _SECTIONS: Final = (
     ProviderConfig,
     MCPConfig,
     MCPServerConfig,
+    MCPAuthConfig,
     AgentConfig,
     LimitsConfig,
     StoreConfig,
@@ -480,11 +482,17 @@ def _env_name_for(provider: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "_", provider).strip("_").upper() + "_API_KEY"
 
 
-def _secret_message(path: KeyPath) -> str:
+def _secret_message(path: KeyPath, key: str = "") -> str:
     if len(path) == 2 and path[0] == "providers" and isinstance(path[1], str):
         return (
             "API keys do not belong in weald.toml: put the key in an environment variable "
             f'and name that variable here with api_key_env = "{_env_name_for(path[1])}"'
+        )
+    if len(path) == 4 and path[:2] == ("mcp", "servers") and path[3] == "auth":
+        field = "private_key_env" if "key" in key.lower() else "client_secret_env"
+        return (
+            "secrets do not belong in weald.toml: put it in an environment variable "
+            f"and name that variable here with {field}"
         )
     return _USE_THE_ENVIRONMENT
 
@@ -497,7 +505,7 @@ def _unknown_tools_key(key: str) -> str:
 
 def _unknown_key_message(cls: type, path: KeyPath, key: str) -> str:
     if is_secret_name(key):
-        return _secret_message(path)
+        return _secret_message(path, key)
     known = sorted(field.name for field in attrs.fields(cls))
     what = "section" if cls is Config else "key"
     close = difflib.get_close_matches(key, known, n=1)

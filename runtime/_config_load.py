@@ -261,9 +261,14 @@ def _mcp_problems(config: Config) -> list[tuple[KeyPath, str]]:
             server.to_server_config(name)
         except MCPConfigError as exc:
             # ServerConfig says "invalid MCP server config 'NAME': a; b"; the
-            # path already names the server, so keep the list, one per line.
+            # path already names the server, so keep the list, one per line;
+            # "auth.x ..." belongs under the server's auth table.
             _, _, details = str(exc).partition(": ")
-            problems.extend((("mcp", "servers", name), detail) for detail in (details or str(exc)).split("; "))
+            for detail in (details or str(exc)).split("; "):
+                if detail.startswith("auth."):
+                    problems.append((("mcp", "servers", name, "auth"), detail.removeprefix("auth.")))
+                else:
+                    problems.append((("mcp", "servers", name), detail))
     return problems
 
 

@@ -38,6 +38,7 @@ __all__ = [
     "FaultsConfig",
     "InvalidValue",
     "LimitsConfig",
+    "MCPAuthConfig",
     "MCPConfig",
     "MCPServerConfig",
     "ModelChoice",
@@ -402,6 +403,52 @@ class ToolsConfig:
 
 
 @attrs.frozen(kw_only=True)
+class MCPAuthConfig:
+    """``[mcp.servers.NAME.auth]``: OAuth for an HTTP MCP server; mirrors `weald.runtime.mcp.OAuthConfig`.
+
+    Secrets are never in the file: ``client_secret_env`` and
+    ``private_key_env`` name environment variables. Combinations (a grant
+    that needs a client id, a browser redirect that must be loopback...)
+    are checked by ``OAuthConfig`` and reported under ``mcp.servers.NAME.auth``.
+
+    Attributes:
+        grant: ``"authorization_code"`` (a person approves once) or
+            ``"client_credentials"`` (a machine client; no person).
+        client_id: A pre-registered client's id; without one weald registers itself.
+        client_secret_env: The environment variable holding the client's secret.
+        private_key_env: The environment variable holding the client's private
+            key (PEM), for ``client_credentials`` with ``private_key_jwt``.
+        signing_algorithm: The JWT algorithm used with ``private_key_env``.
+        token_endpoint_auth_method: ``"client_secret_basic"``,
+            ``"client_secret_post"`` or ``"none"``, for a pre-registered client.
+        scopes: Scopes to request besides those the server asks for.
+        redirect_uri: Where the authorization server sends the code back.
+        redirect_mode: ``"browser"`` (weald listens on ``redirect_uri`` and
+            announces the URL a person must open, event ``mcp.auth_required``)
+            or ``"headless"`` (weald follows the authorization server's
+            redirect itself; for servers that approve without a person).
+        client_metadata_url: The https URL of this client's metadata document (CIMD).
+        client_name: The client's name at registration and consent.
+        issuer: The authorization server to trust with client credentials.
+        authorization_timeout: Seconds a person has to authorize in the browser.
+    """
+
+    grant: Literal["authorization_code", "client_credentials"] = "authorization_code"
+    client_id: str | None = checked(None, optional(check_string))
+    client_secret_env: str | None = checked(None, optional(check_env_name))
+    private_key_env: str | None = checked(None, optional(check_env_name))
+    signing_algorithm: str = checked("ES256", check_string)
+    token_endpoint_auth_method: Literal["client_secret_basic", "client_secret_post", "none"] | None = None
+    scopes: tuple[str, ...] = checked((), check_str_tuple)
+    redirect_uri: str = checked("http://127.0.0.1:33418/callback", check_http_url)
+    redirect_mode: Literal["browser", "headless"] = "browser"
+    client_metadata_url: str | None = checked(None, optional(check_http_url))
+    client_name: str = checked("weald", check_string)
+    issuer: str | None = checked(None, optional(check_http_url))
+    authorization_timeout: float = checked(300.0, check_seconds)
+
+
+@attrs.frozen(kw_only=True)
 class MCPServerConfig:
     """``[mcp.servers.NAME]``: one MCP server; `to_server_config` makes the `ServerConfig`.
 
@@ -417,6 +464,7 @@ class MCPServerConfig:
         enabled: Whether to connect at all.
         call_timeout: Default deadline of one request, in seconds.
         connect_timeout: Deadline for start-up and the handshake, in seconds.
+        auth: ``[mcp.servers.NAME.auth]``, OAuth for an HTTP server.
     """
 
     command: str | None = checked(None, optional(check_string))
@@ -428,6 +476,7 @@ class MCPServerConfig:
     enabled: bool = checked(True, check_bool)
     call_timeout: float = checked(60.0, check_seconds)
     connect_timeout: float = checked(30.0, check_seconds)
+    auth: MCPAuthConfig | None = None
 
     def to_server_config(self, name: str) -> ServerConfig:
         """The `ServerConfig` for the server called ``name``.
@@ -439,8 +488,9 @@ class MCPServerConfig:
         """
         # Imported here: the MCP SDK takes most of a second to import, and a
         # config without MCP servers should not pay for it.
-        from weald.runtime.mcp import ServerConfig
+        from weald.runtime.mcp import OAuthConfig, ServerConfig
 
+        auth = None if self.auth is None else OAuthConfig(**attrs.asdict(self.auth, recurse=False))
         return ServerConfig(
             name=name,
             command=self.command,
@@ -452,6 +502,7 @@ class MCPServerConfig:
             enabled=self.enabled,
             call_timeout=self.call_timeout,
             connect_timeout=self.connect_timeout,
+            auth=auth,
         )
 
 

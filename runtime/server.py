@@ -848,6 +848,9 @@ class Server(Actor):
                 "question": data.get("question"),
                 "choices": data.get("choices", []),
                 "asked_by": data.get("asked_by"),
+                # An MCP server's question (elicitation) carries the form it asks for.
+                "schema": data.get("schema"),
+                "origin": data.get("origin"),
             }
             self._questions[data["question_id"]] = (event.source, agent_id, payload)
             self._broadcast(agent_id, "ask_user.question", payload)

@@ -1,9 +1,12 @@
 """MCP client layer: connect to Model Context Protocol servers on trio.
 
 One `ServerConfig` describes a server reached over stdio (a subprocess in a
-process group of its own) or Streamable HTTP. `open_connection` starts it,
-runs the handshake and yields an `MCPSession` for tool calls, resources and
-prompts; every failure is an `MCPError` (the tree is drawn in
+process group of its own) or Streamable HTTP, with OAuth (`OAuthConfig`)
+when the server requires it. `open_connection` starts it, runs the handshake
+and yields an `MCPSession` for tool calls, resources and prompts; a server's
+questions during a call (elicitation, `MCPElicitation`) are answered by the
+call's handler, or with the schema's defaults when nobody can be asked. Every
+failure is an `MCPError` (the tree is drawn in
 ``weald.runtime.mcp._exceptions``). The official ``mcp`` SDK is the protocol
 layer underneath; this package adds the transport discipline, timeouts,
 error translation and frozen values the runtime needs.
@@ -18,7 +21,8 @@ Example::
 import logging
 
 from ._actor import MCPConnection, MCPConnectionSnapshot, MCPSupervisor, mcp_supervisor_spec
-from ._config import ServerConfig
+from ._config import OAuthConfig, ServerConfig
+from ._elicitation import MCPElicitation, MCPElicitationResult, answer_with_defaults
 from ._exceptions import (
     MCPClosedError,
     MCPConfigError,
@@ -55,6 +59,8 @@ __all__ = [
     "MCPConnection",
     "MCPConnectionLost",
     "MCPConnectionSnapshot",
+    "MCPElicitation",
+    "MCPElicitationResult",
     "MCPError",
     "MCPHandshakeTimeout",
     "MCPLogMessage",
@@ -75,7 +81,9 @@ __all__ = [
     "MCPTool",
     "MCPToolError",
     "MCPToolResult",
+    "OAuthConfig",
     "ServerConfig",
+    "answer_with_defaults",
     "mcp_supervisor_spec",
     "open_connection",
     "sanitize_tool_name",

@@ -32,7 +32,12 @@ Failure model (each incarnation of the actor is one connection, as in OTP):
   the server is judged hung and the actor crashes, so it is restarted;
 - the server never starts: the actor reports why (with the stderr tail) and
   crashes just after ``on_start``, so restarts go through the backoff (see
-  `MCPConnection.on_start` for why it does not raise there).
+  `MCPConnection.on_start` for why it does not raise there);
+- the server needs a person to authorize (OAuth, browser mode): the actor
+  publishes ``mcp.auth_required`` with the URL and starts without tools
+  (status ``authorizing``); they are registered once the person has
+  authorized, and if nobody does within ``auth.authorization_timeout`` the
+  start fails like any other.
 """
 
 from __future__ import annotations
@@ -63,6 +68,7 @@ from weald.runtime import (
 from weald.supervisors import Backoff, ChildSpec, Supervisor
 from weald.tools import Permission, ToolRegistry
 
+from ._auth import StoreTokenStorage
 from ._config import ServerConfig
 from ._exceptions import (
     MCPClosedError,
@@ -102,7 +108,7 @@ logger = logging.getLogger("weald.runtime.mcp")
 
 T = TypeVar("T")
 
-ConnectionStatus = Literal["connecting", "connected", "disconnected", "failed", "stopped"]
+ConnectionStatus = Literal["connecting", "authorizing", "connected", "disconnected", "failed", "stopped"]
 
 # Consecutive request timeouts (no answer from the server in between) after
 # which the server is judged hung and its connection restarted.
@@ -134,7 +140,9 @@ class MCPConnectionSnapshot:
             and credentials redacted.
         headers: the configured HTTP header names, every value redacted.
         env: the names of the extra environment variables (values hidden).
-        status: ``connecting`` (start-up), ``connected``, ``disconnected``
+        status: ``connecting`` (start-up), ``authorizing`` (waiting for a
+            person to authorize weald, see ``mcp.auth_required``),
+            ``connected``, ``disconnected``
             (lost; a restart follows), ``failed`` (the last start failed; a
             retry follows) or ``stopped``.
         tools: the registered names of the server's tools, sorted.
@@ -292,6 +300,12 @@ class _ConnectionEnded:
         self.error = error
 
 
+class _Authorized:
+    """The session opened after a person authorized: register the tools now."""
+
+    __slots__ = ()
+
+
 class _ToolsChanged:
     """The server's tool list changed (``notifications/tools/list_changed``, re-fetched)."""
 
@@ -322,7 +336,11 @@ class MCPConnection(Actor):
     Events (source: the actor's path): ``mcp.connected`` (server, transport,
     tools count and names, server_info), ``mcp.disconnected`` (server,
     during ``start`` or ``session``, reason with the stderr tail, stderr_tail,
-    exit_code, attempt) and ``mcp.tools_changed`` (server, tools, added, removed).
+    exit_code, attempt), ``mcp.tools_changed`` (server, tools, added, removed)
+    and ``mcp.auth_required`` (server, url: the authorization URL a person
+    must open, redirect_uri, timeout, message; OAuth in browser mode). OAuth
+    tokens live in the store (namespace ``mcp_auth``, keyed by server URL)
+    and are registered as secrets, so they appear in no event or snapshot.
 
     Args:
         config: the server; it must be enabled.
@@ -361,7 +379,8 @@ class MCPConnection(Actor):
         self._registered: dict[str, ToolRoute] = {}  # registered name -> our tool function
         self._ended: BaseException | None = None  # why the connection task ended
         self._reported = False  # mcp.disconnected already published for this incarnation
-        self._ready: trio.Event | None = None
+        self._ready: trio.Event | None = None  # the session is open, the start failed, or a person must authorize
+        self._deferred = False  # on_start returned while a person authorizes; _Authorized registers the tools
         self._closed: trio.Event | None = None
         self._connection: IOHandle | None = None
 
@@ -404,6 +423,11 @@ class MCPConnection(Actor):
         )
         with trio.move_on_after(self._config.connect_timeout + START_GRACE):
             await self._ready.wait()
+        if self._ended is None and self._session is None and self._authorizing():
+            # A person must authorize first, which takes as long as it takes:
+            # start now, without tools; _Authorized registers them.
+            self._deferred = True
+            return
         if self._ended is None and self._session is None:
             self._ended = MCPStartError(
                 f"MCP server {self.server!r} did not become ready within "
@@ -520,13 +544,46 @@ class MCPConnection(Actor):
         """Hold the connection open until the server is lost or the actor ends (then close it)."""
         assert self._ready is not None
         assert self._closed is not None
+        config = self._config
+        storage = StoreTokenStorage(self.system.store, config.url) if config.auth and config.url else None
         try:
-            async with open_connection(self._config, on_tools_changed=self._tools_changed_nowait) as session:
+            async with open_connection(
+                config,
+                on_tools_changed=self._tools_changed_nowait,
+                auth_storage=storage,
+                on_authorization=self._authorization_required,
+            ) as session:
                 self._session = session
                 self._ready.set()
+                if self._deferred:
+                    with contextlib.suppress(ActorDeadError):
+                        self.actor_ref.tell(_Authorized())
                 await session.wait_lost()
         finally:
             self._closed.set()
+
+    def _authorizing(self) -> bool:
+        # A method, not an inline test: the status changes behind an await.
+        return self._record.status == "authorizing"
+
+    def _authorization_required(self, url: str) -> None:
+        # Called by the session (loop thread) once it listens for the code.
+        auth = self._config.auth
+        assert auth is not None
+        if self._record.status == "connecting":
+            self._record.status = "authorizing"
+        self._publish(
+            "mcp.auth_required",
+            url=url,
+            redirect_uri=auth.redirect_uri,
+            timeout=auth.authorization_timeout,
+            message=(
+                f"MCP server {self.server!r} needs authorization: open the URL in a browser on this machine "
+                f"within {auth.authorization_timeout:g} s"
+            ),
+        )
+        if self._ready is not None:
+            self._ready.set()
 
     def _connection_ended(self, result: outcome.Outcome[NoReturn]) -> _ConnectionEnded:
         # Runs on the loop thread when the connection task ends: after a
@@ -590,7 +647,12 @@ class MCPConnection(Actor):
                 entry.handle.cancel()
         elif isinstance(message, _ToolsChanged):
             self._tools_changed(message.tools)
+        elif isinstance(message, _Authorized):
+            if self._session is not None and self._record.status == "authorizing":
+                self._connected(self._session)
         elif isinstance(message, _ConnectionEnded):
+            if self._deferred and self._record.status == "authorizing":
+                self._start_failed(message.error)  # nobody authorized in time, or the flow failed
             raise message.error
         else:
             logger.warning("%s dropped an unexpected message: %r", self, message)
@@ -602,7 +664,9 @@ class MCPConnection(Actor):
             return
 
         async def run(session: MCPSession) -> Any:
-            return await session.call_tool(call.tool, call.arguments, on_progress=call.on_progress)
+            return await session.call_tool(
+                call.tool, call.arguments, on_progress=call.on_progress, on_elicitation=call.on_elicitation
+            )
 
         self._start(call.call_id, "call", f"tool {call.registered_name}", call.reply, run)
 

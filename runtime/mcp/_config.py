@@ -4,18 +4,24 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import urllib.parse
 from collections.abc import Mapping
-from typing import Literal
+from typing import Final, Literal
 
 import attrs
+from weald.runtime import register_secret
 
 from ._exceptions import MCPConfigError
 
-__all__ = ["ServerConfig"]
+__all__ = ["DEFAULT_AUTHORIZATION_TIMEOUT", "DEFAULT_REDIRECT_URI", "OAuthConfig", "ServerConfig"]
 
 DEFAULT_CALL_TIMEOUT = 60.0
 DEFAULT_CONNECT_TIMEOUT = 30.0
+#: Where the authorization server sends the person's browser back to.
+DEFAULT_REDIRECT_URI: Final = "http://127.0.0.1:33418/callback"
+#: How long a person has to complete a browser authorization, in seconds.
+DEFAULT_AUTHORIZATION_TIMEOUT: Final = 300.0
 
 
 def _str_tuple(value: object) -> tuple[str, ...]:
@@ -37,6 +43,191 @@ def _optional_path(value: object) -> str | None:
     if isinstance(value, str | os.PathLike):
         return os.fspath(value)
     raise MCPConfigError(f"cwd must be a path, not {type(value).__name__}")
+
+
+Grant = Literal["authorization_code", "client_credentials"]
+RedirectMode = Literal["browser", "headless"]
+TokenEndpointAuthMethod = Literal["client_secret_basic", "client_secret_post", "none"]
+
+_GRANTS: Final = ("authorization_code", "client_credentials")
+_MODES: Final = ("browser", "headless")
+_METHODS: Final = ("client_secret_basic", "client_secret_post", "none")
+_ENV_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_LOOPBACK: Final = frozenset({"127.0.0.1", "localhost", "::1"})
+
+
+def _scopes(value: object) -> tuple[str, ...]:
+    if isinstance(value, str | bytes) or not isinstance(value, list | tuple):
+        raise MCPConfigError(f"auth.scopes must be a list of strings, not {type(value).__name__}")
+    return tuple(value)
+
+
+@attrs.frozen(kw_only=True)
+class OAuthConfig:
+    """How weald authorizes itself to one HTTP MCP server (``[mcp.servers.NAME.auth]``).
+
+    Secrets are never in the config: ``client_secret_env`` and
+    ``private_key_env`` name the environment variables that hold them,
+    read when the connection starts.
+
+    Attributes:
+        grant: ``authorization_code`` (a person approves, once; tokens are
+            then refreshed) or ``client_credentials`` (a machine client with
+            its own credentials; no person).
+        client_id: A pre-registered client's id. Without one, the client
+            registers itself (client ID metadata document or dynamic
+            registration). Required for ``client_credentials``.
+        client_secret_env: The environment variable holding the
+            pre-registered client's secret.
+        private_key_env: For ``client_credentials`` with ``private_key_jwt``:
+            the environment variable holding the client's private key (PEM).
+        signing_algorithm: The JWT algorithm for ``private_key_env``.
+        token_endpoint_auth_method: How a pre-registered client authenticates
+            at the token endpoint; default ``client_secret_basic`` with a
+            secret, ``none`` without.
+        scopes: Scopes to request besides those the server asks for (in
+            ``WWW-Authenticate`` or its metadata's ``scopes_supported``).
+        redirect_uri: Where the authorization server sends the code back.
+        redirect_mode: ``browser``: weald listens on ``redirect_uri`` (a
+            loopback address with a port) and publishes ``mcp.auth_required``
+            with the URL a person must open; ``headless``: weald requests the
+            authorization URL itself and reads the code from the redirect,
+            for authorization servers that approve without a person.
+        client_metadata_url: An https URL of this client's metadata document,
+            used as its client id where the server supports that (CIMD).
+        client_name: The name shown to the person and sent at registration.
+        issuer: The authorization server to trust for ``client_credentials``
+            (its issuer identifier); credentials are sent nowhere else.
+        authorization_timeout: Seconds a person has to complete a browser
+            authorization.
+    """
+
+    grant: Grant = "authorization_code"
+    client_id: str | None = None
+    client_secret_env: str | None = None
+    private_key_env: str | None = None
+    signing_algorithm: str = "ES256"
+    token_endpoint_auth_method: TokenEndpointAuthMethod | None = None
+    scopes: tuple[str, ...] = attrs.field(default=(), converter=_scopes)
+    redirect_uri: str = DEFAULT_REDIRECT_URI
+    redirect_mode: RedirectMode = "browser"
+    client_metadata_url: str | None = None
+    client_name: str = "weald"
+    issuer: str | None = None
+    authorization_timeout: float = DEFAULT_AUTHORIZATION_TIMEOUT
+
+    def problems(self) -> list[str]:
+        """What is wrong with this config, each as ``field: why``; empty when nothing is."""
+        problems: list[str] = []
+        if self.grant not in _GRANTS:
+            problems.append(f"grant must be one of {', '.join(_GRANTS)}, not {self.grant!r}")
+        if self.redirect_mode not in _MODES:
+            problems.append(f"redirect_mode must be one of {', '.join(_MODES)}, not {self.redirect_mode!r}")
+        if self.token_endpoint_auth_method is not None and self.token_endpoint_auth_method not in _METHODS:
+            problems.append(f"token_endpoint_auth_method must be one of {', '.join(_METHODS)}")
+        for field in ("client_id", "client_metadata_url", "issuer"):
+            value = getattr(self, field)
+            if value is not None and (not isinstance(value, str) or not value.strip()):
+                problems.append(f"{field} must be a non-empty string")
+        for field in ("client_secret_env", "private_key_env"):
+            value = getattr(self, field)
+            if value is not None and (not isinstance(value, str) or not _ENV_NAME.fullmatch(value)):
+                problems.append(
+                    f"{field} must name an environment variable (like MCP_CLIENT_SECRET), not hold the secret itself"
+                )
+        if self.client_secret_env is not None and self.private_key_env is not None:
+            problems.append("give client_secret_env or private_key_env, not both")
+        if self.private_key_env is not None and self.grant != "client_credentials":
+            problems.append("private_key_env applies to grant = client_credentials only")
+        secret = self.client_secret_env is not None
+        if self.token_endpoint_auth_method == "none" and secret:  # noqa: S105 - a method's name
+            problems.append('token_endpoint_auth_method = "none" sends no secret; drop client_secret_env')
+        if self.token_endpoint_auth_method in ("client_secret_basic", "client_secret_post") and not secret:
+            problems.append(f"token_endpoint_auth_method = {self.token_endpoint_auth_method!r} needs client_secret_env")
+        if (secret or self.private_key_env is not None) and self.client_id is None:
+            problems.append("a client secret or key belongs to a pre-registered client: give client_id too")
+        if self.grant == "client_credentials":
+            if self.client_id is None:
+                problems.append("grant = client_credentials needs client_id")
+            if not secret and self.private_key_env is None:
+                problems.append("grant = client_credentials needs client_secret_env or private_key_env")
+            if self.token_endpoint_auth_method == "none":  # noqa: S105 - a method's name
+                problems.append('grant = client_credentials cannot use token_endpoint_auth_method = "none"')
+        if any(not isinstance(scope, str) or not scope or scope.split() != [scope] for scope in self.scopes):
+            problems.append("scopes must be non-empty strings without spaces")
+        problems.extend(self._redirect_problems())
+        if self.client_metadata_url is not None and not _is_metadata_url(self.client_metadata_url):
+            problems.append("client_metadata_url must be an https:// URL with a path (the client's metadata document)")
+        if self.issuer is not None and urllib.parse.urlsplit(str(self.issuer)).scheme not in ("http", "https"):
+            problems.append("issuer must be the authorization server's http(s) issuer URL")
+        if not isinstance(self.client_name, str) or not self.client_name.strip():
+            problems.append("client_name must be a non-empty string")
+        timeout = self.authorization_timeout
+        number = isinstance(timeout, int | float) and not isinstance(timeout, bool)
+        if not number or not math.isfinite(timeout) or timeout <= 0:
+            problems.append("authorization_timeout must be a positive number of seconds")
+        return problems
+
+    def _redirect_problems(self) -> list[str]:
+        if not isinstance(self.redirect_uri, str):
+            return ["redirect_uri must be a string"]
+        parts = urllib.parse.urlsplit(self.redirect_uri)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            return [f"redirect_uri must be an absolute http:// or https:// URL, not {self.redirect_uri!r}"]
+        if self.redirect_mode == "browser" and self.grant == "authorization_code":
+            try:
+                port = parts.port
+            except ValueError:
+                port = None
+            if parts.scheme != "http" or parts.hostname not in _LOOPBACK or port is None:
+                return [
+                    "with redirect_mode = browser, redirect_uri must be http:// on a loopback address with a port "
+                    f"(like {DEFAULT_REDIRECT_URI}), where weald listens for the authorization code"
+                ]
+        return []
+
+    def token_auth_method(self) -> TokenEndpointAuthMethod:
+        """The token endpoint authentication of a pre-registered client."""
+        if self.token_endpoint_auth_method is not None:
+            return self.token_endpoint_auth_method
+        return "client_secret_basic" if self.client_secret_env is not None else "none"
+
+    def read_env(self, field: Literal["client_secret_env", "private_key_env"], server: str) -> str | None:
+        """The secret in the environment variable named by ``field``, registered as a secret.
+
+        Raises:
+            MCPConfigError: The variable is not set (or empty).
+        """
+        name = getattr(self, field)
+        if name is None:
+            return None
+        value = os.environ.get(name, "")
+        if not value:
+            raise MCPConfigError(
+                f"MCP server {server!r}: auth.{field} names the environment variable {name}, which is not set",
+                server=server,
+            )
+        register_secret(value)
+        return value
+
+
+def _is_metadata_url(url: object) -> bool:
+    # The SDK's rule for a client ID metadata document's URL: https, with a path.
+    if not isinstance(url, str):
+        return False
+    parts = urllib.parse.urlsplit(url)
+    return parts.scheme == "https" and bool(parts.netloc) and parts.path not in ("", "/")
+
+
+def _auth(value: object) -> OAuthConfig | None:
+    if value is None or isinstance(value, OAuthConfig):
+        return value
+    if not isinstance(value, Mapping):
+        raise MCPConfigError(f"auth must be a table, not {type(value).__name__}")
+    try:
+        return OAuthConfig(**value)
+    except TypeError as exc:
+        raise MCPConfigError(f"auth: {exc}") from exc
 
 
 @attrs.frozen
@@ -66,7 +257,11 @@ class ServerConfig:
             read), in seconds. A server that does not answer in time is
             treated as hung for that request.
         connect_timeout: Deadline for start-up: spawning or connecting, the
-            initialize handshake and the first tools/list, in seconds.
+            initialize handshake and the first tools/list, in seconds. Time
+            spent waiting for a person to authorize (``auth``, browser mode)
+            does not count.
+        auth: OAuth for an HTTP server that requires it (`OAuthConfig`); a
+            mapping is accepted too. None: no OAuth (static ``headers`` only).
     """
 
     name: str
@@ -79,6 +274,7 @@ class ServerConfig:
     enabled: bool = True
     call_timeout: float = DEFAULT_CALL_TIMEOUT
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
+    auth: OAuthConfig | None = attrs.field(default=None, converter=_auth)
 
     def __attrs_post_init__(self) -> None:
         problems = self._problems()
@@ -114,6 +310,12 @@ class ServerConfig:
                 problems.append("args, env and cwd apply to stdio servers only")
         if self.command is not None and self.headers:
             problems.append("headers apply to HTTP servers only")
+        if self.auth is not None:
+            if self.command is not None:
+                problems.append("auth applies to HTTP servers only")
+            if any(name.lower() == "authorization" for name in self.headers):
+                problems.append("give either an Authorization header or auth, not both")
+            problems.extend(f"auth.{problem}" for problem in self.auth.problems())
         if not isinstance(self.enabled, bool):
             problems.append("enabled must be true or false")
         for field in ("call_timeout", "connect_timeout"):

@@ -20,6 +20,7 @@ import trio
 from weald.runtime import ActorDeadError, Future, redact_text
 from weald.tools import Permission, Tool, ToolContext, ToolResult
 
+from ._elicitation import AgentElicitor, ElicitationHandler
 from ._exceptions import MCPClosedError, MCPConnectionLost, MCPError, MCPTimeout, MCPToolError
 from ._values import MCPTool, MCPToolResult
 
@@ -61,7 +62,7 @@ class NotConnected(MCPConnectionLost):
 class CallTool:
     """Message to an `MCPConnection`: run ``tool`` with ``arguments`` and complete ``reply``."""
 
-    __slots__ = ("arguments", "call_id", "on_progress", "registered_name", "reply", "tool")
+    __slots__ = ("arguments", "call_id", "on_elicitation", "on_progress", "registered_name", "reply", "tool")
 
     def __init__(
         self,
@@ -70,6 +71,8 @@ class CallTool:
         arguments: Mapping[str, object],
         reply: Future[MCPToolResult],
         on_progress: ProgressCallback | None,
+        *,
+        on_elicitation: ElicitationHandler | None = None,
     ) -> None:
         self.call_id = next(_call_ids)
         self.tool = tool
@@ -77,6 +80,7 @@ class CallTool:
         self.arguments = arguments
         self.reply = reply
         self.on_progress = on_progress
+        self.on_elicitation = on_elicitation
 
 
 class CancelCall:
@@ -194,7 +198,9 @@ class ToolRoute:
 
         Runs in the caller's trio task (the tool runner's). Cancelling it
         (the runner's timeout or an abort) tells the actor to cancel the call
-        on the server too.
+        on the server too. If the server asks for input during the call
+        (elicitation), the person driving the calling agent is asked
+        (`AgentElicitor`); outside an agent session, SEP-1034 defaults apply.
         """
         ref = self.system.whereis(self.path)
         if ref is None:
@@ -204,7 +210,7 @@ class ToolRoute:
             ctx.emit("progress", {"progress": progress, "total": total, "message": message})
 
         reply: Future[MCPToolResult] = Future()
-        call = CallTool(self.tool, self.name, arguments, reply, on_progress)
+        call = CallTool(self.tool, self.name, arguments, reply, on_progress, on_elicitation=_elicitor(ctx))
         try:
             ref.tell(call)
         except ActorDeadError:
@@ -223,6 +229,16 @@ class ToolRoute:
             output=result.text,
             data=dict(structured) if structured is not None else None,
         )
+
+
+def _elicitor(ctx: ToolContext) -> AgentElicitor | None:
+    """Who answers the server's questions during this call: the calling agent's person, if there is one."""
+    runtime = getattr(ctx.session, "runtime", None)
+    agent_path = getattr(ctx.snapshot, "path", None)
+    if runtime is None or not isinstance(agent_path, str) or not agent_path:
+        return None
+    session_path = getattr(runtime, "session_path", None)
+    return AgentElicitor(runtime, agent_path, session_path if isinstance(session_path, str) else agent_path)
 
 
 def _not_connected(server: str) -> NotConnected:

@@ -8,6 +8,11 @@ Task layout inside ``open_connection`` (one trio nursery)::
     ├── delivery   calls on_log and refreshes the tool list (on_tools_changed)
     └── (the caller's ``async with`` body)
 
+Requests from the server (``elicitation/create``) are answered in tasks of
+the SDK's, by the handler of the tool call they belong to (see
+`MCPSession.call_tool`). OAuth, when the config has ``auth``, is an
+``httpx2.Auth`` on the HTTP client (``_auth``).
+
 The SDK (``mcp`` 2.x) is the protocol layer: JSON-RPC framing, request
 correlation, progress, cancellation. It runs on anyio, which runs on trio's
 backend here. Everything it raises is translated at this boundary into the
@@ -17,9 +22,10 @@ backend here. Everything it raises is translated at this boundary into the
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import logging
 import math
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from importlib import metadata
 from typing import Any, Literal, NoReturn, TypeVar
 
@@ -30,10 +36,21 @@ import mcp_types as types
 import pydantic
 import trio
 from mcp.client import Transport
+from mcp.client.auth import TokenStorage
+from mcp.client.session import ClientRequestContext
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.message import SessionMessage
 
+from ._auth import MemoryTokenStorage, build_oauth
 from ._config import ServerConfig
+from ._elicitation import (
+    DECLINE,
+    ElicitationHandler,
+    MCPElicitation,
+    MCPElicitationResult,
+    answer_with_defaults,
+    wait_elicitation,
+)
 from ._exceptions import (
     MCPClosedError,
     MCPConfigError,
@@ -85,6 +102,7 @@ T = TypeVar("T")
 ProgressCallback = Callable[[float, float | None, str | None], None]
 ToolsChangedCallback = Callable[[tuple[MCPTool, ...]], None]
 LogCallback = Callable[[MCPLogMessage], None]
+AuthorizationCallback = Callable[[str], None]
 
 # Bounds, stated where they are used.
 LOG_BUFFER = 256  # log messages waiting for on_log; beyond this they are dropped
@@ -93,6 +111,10 @@ CLOSE_TIMEOUT = 5.0  # graceful close of an HTTP session (the DELETE)
 SETTLE_TIMEOUT = 1.0  # for the runner to record why a connection broke
 EXIT_CODE_WAIT = 0.25  # for a dead server's exit status, to put it in an error
 HTTP_TIMEOUT = httpx2.Timeout(30.0, read=300.0)  # the SDK's own defaults
+# An elicitation is answered ``cancel`` this long before its tool call's
+# deadline (a quarter of what is left, if less), so the server can still
+# finish the call with that answer.
+ELICITATION_MARGIN = 2.0
 
 # What the SDK's dispatcher and HTTP transport say when they fail a request
 # because the connection, not the server, ended it (JSON-RPC code -32000,
@@ -101,6 +123,24 @@ _SDK_CLOSED_MESSAGES = ("Connection closed",)
 _SDK_STREAM_FAILURE_PREFIX = "SSE stream"
 
 _State = Literal["starting", "open", "lost", "closed"]
+
+
+class _CallRoute:
+    """A tool call in flight, for the server's requests that come during it."""
+
+    __slots__ = ("deadline", "handler", "tool")
+
+    def __init__(self, tool: str, handler: ElicitationHandler | None, deadline: float) -> None:
+        self.tool = tool
+        self.handler = handler
+        self.deadline = deadline
+
+
+# The tool call the current task is making. The SDK's Streamable HTTP
+# transport carries the sender's context to the POST that reads the call's
+# response stream, and on to the messages it receives, so a request the server
+# sends on that stream is matched to its call exactly (see `MCPSession._tap`).
+_current_call: contextvars.ContextVar[_CallRoute | None] = contextvars.ContextVar("weald_mcp_call", default=None)
 
 
 def _client_info() -> types.Implementation:
@@ -187,10 +227,22 @@ class MCPSession(metaclass=_NoPublicConstructor):
         config: ServerConfig,
         on_tools_changed: ToolsChangedCallback | None,
         on_log: LogCallback | None,
+        *,
+        on_elicitation: ElicitationHandler | None,
+        auth_storage: TokenStorage | None,
+        on_authorization: AuthorizationCallback | None,
     ) -> None:
         self._config = config
         self._on_tools_changed = on_tools_changed
         self._on_log = on_log
+        self._on_elicitation: ElicitationHandler = on_elicitation or answer_with_defaults
+        self._auth_storage = auth_storage
+        self._on_authorization = on_authorization
+        self._auth_error: Exception | None = None
+        self._routes: list[_CallRoute] = []  # tool calls in flight, oldest first
+        self._related: dict[types.RequestId, _CallRoute] = {}  # server request id -> its call (HTTP)
+        self._elicitations = 0
+        self._elicitations_unrouted = 0
         self._state: _State = "starting"
         self._lost_reason: str | None = None
         self._client: mcp.ClientSession | None = None
@@ -265,6 +317,8 @@ class MCPSession(metaclass=_NoPublicConstructor):
             messages_received=self._messages_received,
             invalid_messages=self._invalid_messages,
             log_messages_dropped=self._logs_dropped,
+            elicitations=self._elicitations,
+            elicitations_unrouted=self._elicitations_unrouted,
             pid=self._stdio.pid if self._stdio is not None else None,
             exit_code=self._stdio.exit_code if self._stdio is not None else None,
             lost_reason=(
@@ -280,6 +334,7 @@ class MCPSession(metaclass=_NoPublicConstructor):
         arguments: Mapping[str, object] | None = None,
         *,
         on_progress: ProgressCallback | None = None,
+        on_elicitation: ElicitationHandler | None = None,
         timeout: float | None = None,
     ) -> MCPToolResult:
         """Call a tool and return its result.
@@ -294,6 +349,18 @@ class MCPSession(metaclass=_NoPublicConstructor):
                 order of ``progress``. It runs in one of the SDK's tasks and
                 must not block; if it raises, the call is cancelled and the
                 exception propagates from here.
+            on_elicitation: Answers the server's ``elicitation/create``
+                requests that come during this call (an `AgentElicitor` asks
+                the person driving an agent). It must answer before the
+                call's deadline; ``ELICITATION_MARGIN`` seconds before it, the
+                server gets ``cancel``. None: the session's handler
+                (`open_connection`'s ``on_elicitation``). Over Streamable HTTP
+                a request is matched to its call exactly; over stdio the
+                protocol does not say, so it goes to the handler of the calls
+                in flight if they all have the same one (handlers compare with
+                ``==``: an `AgentElicitor` per session), and is declined if
+                calls of different handlers are in flight, so that nobody
+                answers another session's question.
             timeout: Seconds to wait for the result; defaults to the config's
                 ``call_timeout``. This is also how a hung server is detected.
 
@@ -315,7 +382,7 @@ class MCPSession(metaclass=_NoPublicConstructor):
         self._calls_started += 1
         self._calls_in_flight += 1
         try:
-            result = await self._call_tool(wire_name, arguments, on_progress, limit)
+            result = await self._call_tool(wire_name, arguments, on_progress, on_elicitation, limit)
         except MCPTimeout:
             self._calls_timed_out += 1
             raise
@@ -336,6 +403,7 @@ class MCPSession(metaclass=_NoPublicConstructor):
         name: str,
         arguments: Mapping[str, object] | None,
         on_progress: ProgressCallback | None,
+        on_elicitation: ElicitationHandler | None,
         limit: float,
     ) -> types.CallToolResult:
         with trio.CancelScope(deadline=trio.current_time() + limit) as scope:
@@ -344,7 +412,16 @@ class MCPSession(metaclass=_NoPublicConstructor):
             async def call(client: mcp.ClientSession) -> types.CallToolResult:
                 return await client.call_tool(name, dict(arguments or {}), progress_callback=relay)
 
-            result = await self._request(f"tools/call {name!r}", call, tool=name)
+            route = _CallRoute(name, on_elicitation, scope.deadline)
+            self._routes.append(route)
+            token = _current_call.set(route)
+            try:
+                result = await self._request(f"tools/call {name!r}", call, tool=name)
+            finally:
+                _current_call.reset(token)
+                self._routes.remove(route)
+                for request_id in [key for key, value in self._related.items() if value is route]:
+                    del self._related[request_id]
         if relay is not None and relay.error is not None:
             raise relay.error
         if scope.cancelled_caught:
@@ -616,7 +693,7 @@ class MCPSession(metaclass=_NoPublicConstructor):
                     if not failures or not all(isinstance(f, Exception) for f in failures):
                         raise  # cancellation, KeyboardInterrupt and the like pass through
                     cause = failures[0]
-                    if isinstance(cause, MCPStartError):  # the process could not be spawned
+                    if isinstance(cause, MCPStartError | MCPConfigError):  # not spawned; auth's env unset
                         raise cause from cause.__cause__
                     if not started:
                         raise self._start_error(cause) from cause
@@ -634,11 +711,23 @@ class MCPSession(metaclass=_NoPublicConstructor):
             transport = self._stdio_transport()
         else:
             assert self._config.url is not None
+            auth = None
+            if self._config.auth is not None:
+                auth = build_oauth(
+                    self._config.auth,
+                    server=self._config.name,
+                    server_url=self._config.url,
+                    storage=self._auth_storage if self._auth_storage is not None else MemoryTokenStorage(),
+                    announce=self._announce_authorization,
+                    wait=self._waiting_on_a_person,
+                    on_error=self._note_auth_error,
+                )
             http = await stack.enter_async_context(
                 httpx2.AsyncClient(
                     headers=dict(self._config.headers),
                     timeout=HTTP_TIMEOUT,
                     event_hooks={"response": [self._note_http_response]},
+                    auth=auth,
                 )
             )
             transport = streamable_http_client(self._config.url, http_client=http)
@@ -651,13 +740,41 @@ class MCPSession(metaclass=_NoPublicConstructor):
         nursery.start_soon(self._tap, upstream, tapped_send)
         # Unwinds before the nursery: the tap is cancelled once the SDK is done.
         stack.callback(nursery.cancel_scope.cancel)
-        return await stack.enter_async_context(mcp.ClientSession(tapped_receive, write, client_info=_client_info()))
+        return await stack.enter_async_context(
+            mcp.ClientSession(tapped_receive, write, client_info=_client_info(), elicitation_callback=self._elicit)
+        )
 
     async def _note_http_response(self, response: httpx2.Response) -> None:
         # The SDK turns an HTTP error into a generic JSON-RPC error and drops
         # the status; keep the last one so a failed start can name it.
         if response.status_code >= 400:
             self._last_http_error = f"HTTP {response.status_code} {response.reason_phrase}"
+
+    def _note_auth_error(self, exc: Exception) -> None:
+        # The SDK's transport ends the connection with a generic error when
+        # an authorization flow fails; keep the reason for the start error.
+        self._auth_error = exc
+
+    def _announce_authorization(self, url: str) -> None:
+        if self._on_authorization is not None:
+            self._on_authorization(url)
+        else:
+            logger.warning("MCP server %r needs authorization: open %s", self._config.name, url)
+
+    @contextlib.contextmanager
+    def _waiting_on_a_person(self) -> Iterator[None]:
+        """Hold the start-up deadline while a person authorizes; it resumes with what was left."""
+        scope = self._runner_scope
+        if scope is None or self._state != "starting" or math.isinf(scope.deadline):
+            yield
+            return
+        left = scope.deadline - trio.current_time()
+        scope.deadline = math.inf
+        try:
+            yield
+        finally:
+            if self._state == "starting":  # closing sets a deadline of its own
+                scope.deadline = trio.current_time() + max(left, 0.0)
 
     @contextlib.asynccontextmanager
     async def _stdio_transport(self) -> AsyncIterator[tuple[ReadReceive, WriteSend]]:
@@ -685,13 +802,15 @@ class MCPSession(metaclass=_NoPublicConstructor):
         stdio = self._stdio
         exit_code = stdio.exit_code if stdio is not None else None
         tail = stdio.stderr_tail() if stdio is not None else ""
-        if isinstance(cause, mcp.MCPError) and cause.code == types.CONNECTION_CLOSED:
+        if self._auth_error is not None:
+            why = f"authorization failed: {_describe_failure(self._auth_error)}"
+        elif isinstance(cause, mcp.MCPError) and cause.code == types.CONNECTION_CLOSED:
             if exit_code is not None:
                 why = f"the server process {describe_exit(exit_code)} before completing the handshake"
             else:
                 why = f"the connection closed during the handshake ({self._lost_reason or cause.message})"
         elif isinstance(cause, mcp.MCPError):
-            why = f"the server rejected initialize: {_describe_failure(cause)}"
+            why = f"the server refused the handshake (initialize, tools/list): {_describe_failure(cause)}"
             if self._last_http_error is not None:
                 why += f" after {self._last_http_error}"
         elif isinstance(cause, httpx2.HTTPError | OSError):
@@ -731,18 +850,25 @@ class MCPSession(metaclass=_NoPublicConstructor):
         async with downstream:
             try:
                 async for item in upstream:
-                    self._observe(item)
+                    self._observe(item, getattr(upstream, "last_context", None))
                     await downstream.send(item)
             except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                 return  # the SDK session is gone: we are closing
         self._mark_lost("the server closed the connection")
 
-    def _observe(self, item: SessionMessage | Exception) -> None:
+    def _observe(self, item: SessionMessage | Exception, sender: contextvars.Context | None) -> None:
         if isinstance(item, Exception):
             self._invalid_messages += 1
             return
         self._messages_received += 1
         message = item.message
+        if isinstance(message, types.JSONRPCRequest):
+            # Streamable HTTP: a request on a tool call's response stream
+            # arrives with that call's context (see _current_call).
+            route = sender.get(_current_call) if sender is not None else None
+            if route is not None and route in self._routes:
+                self._related[message.id] = route
+            return
         if not isinstance(message, types.JSONRPCNotification):
             return
         if message.method == "notifications/tools/list_changed":
@@ -775,6 +901,52 @@ class MCPSession(metaclass=_NoPublicConstructor):
             self._log_send.send_nowait(message)
         except trio.WouldBlock:
             self._logs_dropped += 1
+
+    # -- requests from the server -------------------------------------------
+
+    async def _elicit(
+        self, context: ClientRequestContext, params: types.ElicitRequestParams
+    ) -> types.ElicitResult | types.ErrorData:
+        """Answer ``elicitation/create``; runs in a task of the SDK's (see `call_tool`)."""
+        self._elicitations += 1
+        route, handler = self._route_elicitation(context.request_id)
+        tool = route.tool if route is not None else None
+        if isinstance(params, types.ElicitRequestURLParams):
+            request = MCPElicitation(self._config.name, params.message, "url", url=params.url, tool=tool)
+        else:
+            schema = dict(params.requested_schema)
+            request = MCPElicitation(self._config.name, params.message, "form", schema, tool=tool)
+        if handler is None:
+            self._elicitations_unrouted += 1
+            logger.warning(
+                "MCP server %r asked for input while calls of different sessions were in flight, and stdio does "
+                "not say which call it belongs to; declined it so that nobody answers another session's question",
+                self._config.name,
+            )
+            result = DECLINE
+        else:
+            now = trio.current_time()
+            deadline = route.deadline if route is not None else now + self._config.call_timeout
+            deadline -= min(ELICITATION_MARGIN, max(deadline - now, 0.0) / 4)
+            try:
+                result = await wait_elicitation(handler, request, deadline)
+            except Exception as exc:  # a handler's bug: the server hears of it, and so does the log
+                logger.exception("MCP server %r: answering its elicitation failed", self._config.name)
+                return types.ErrorData(code=types.INTERNAL_ERROR, message=f"the client failed to answer: {exc}")
+        return _elicit_result(result)
+
+    def _route_elicitation(self, request_id: types.RequestId) -> tuple[_CallRoute | None, ElicitationHandler | None]:
+        """The call a server request belongs to, and who answers it (None: nobody may)."""
+        route = self._related.pop(request_id, None)
+        if route is not None:
+            return route, route.handler or self._on_elicitation
+        routes = list(self._routes)
+        if not routes:
+            return None, self._on_elicitation
+        handlers = [r.handler or self._on_elicitation for r in routes]
+        if all(handler == handlers[0] for handler in handlers):
+            return routes[0], handlers[0]
+        return None, None
 
     # -- the delivery task ------------------------------------------------
 
@@ -821,6 +993,11 @@ class MCPSession(metaclass=_NoPublicConstructor):
             self._refreshes += 1
             if self._on_tools_changed is not None:
                 self._on_tools_changed(tools)
+
+
+def _elicit_result(result: MCPElicitationResult) -> types.ElicitResult:
+    content = dict(result.content) if result.action == "accept" and result.content is not None else None
+    return types.ElicitResult(action=result.action, content=content)
 
 
 def _page_params(cursor: str | None) -> types.PaginatedRequestParams | None:
@@ -901,6 +1078,9 @@ async def open_connection(
     *,
     on_tools_changed: ToolsChangedCallback | None = None,
     on_log: LogCallback | None = None,
+    on_elicitation: ElicitationHandler | None = None,
+    auth_storage: TokenStorage | None = None,
+    on_authorization: AuthorizationCallback | None = None,
 ) -> AsyncIterator[MCPSession]:
     """Connect to an MCP server and keep the connection for the ``async with`` block.
 
@@ -924,6 +1104,17 @@ async def open_connection(
             line it writes to stderr (stdio), in order. Same task and
             failure rule as ``on_tools_changed``. At most 256 messages wait
             for it; more are dropped and counted in `MCPSession.statistics`.
+        on_elicitation: Answers ``elicitation/create`` requests that no
+            tool call's own handler answers (see `MCPSession.call_tool`).
+            Default: `answer_with_defaults`, SEP-1034's answer when nobody
+            can be asked (accept with the schema's defaults when they make a
+            valid answer, else decline). Either way the ``elicitation``
+            capability (form and URL mode) is declared.
+        auth_storage: Where OAuth tokens and the client registration are
+            kept (config ``auth``); default: in memory, for this session only.
+        on_authorization: Called with the authorization URL a person must
+            open (``auth.redirect_mode = "browser"``), once weald listens on
+            the redirect URI; must not block. Default: a log warning.
 
     Yields:
         The open session.
@@ -933,11 +1124,20 @@ async def open_connection(
         MCPStartError: The server could not be started or reached, exited
             or refused the handshake; it carries the exit status and the
             tail of its stderr when there are any.
-        MCPHandshakeTimeout: Start-up took longer than ``connect_timeout``.
+        MCPHandshakeTimeout: Start-up took longer than ``connect_timeout``
+            (not counting time spent waiting for a person to authorize).
+        MCPConfigError: An environment variable that ``auth`` names is unset.
     """
     if not config.enabled:
         raise MCPConfigError(f"MCP server {config.name!r} is disabled in its config", server=config.name)
-    session = MCPSession._create(config, on_tools_changed, on_log)
+    session = MCPSession._create(
+        config,
+        on_tools_changed,
+        on_log,
+        on_elicitation=on_elicitation,
+        auth_storage=auth_storage,
+        on_authorization=on_authorization,
+    )
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(session._run)

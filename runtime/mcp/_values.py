@@ -216,6 +216,9 @@ class MCPSessionStatistics:
         invalid_messages: Lines or events from the server that were not JSON-RPC.
         log_messages_dropped: Log messages dropped because the ``on_log``
             consumer fell behind.
+        elicitations: ``elicitation/create`` requests the server sent.
+        elicitations_unrouted: Of those, the ones declined because calls of
+            different sessions were in flight and stdio does not say whose it was.
         pid: The server process id (and process group id), stdio only.
         exit_code: The server process's exit status once it has exited.
         lost_reason: Why the connection was lost, when ``state == "lost"``.
@@ -239,6 +242,8 @@ class MCPSessionStatistics:
     pid: int | None
     exit_code: int | None
     lost_reason: str | None
+    elicitations: int = 0
+    elicitations_unrouted: int = 0
 
 
 def _decoded_size(data: str) -> int:

@@ -25,14 +25,13 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import trio
-from weald.runtime.mcp import ServerConfig
+from mcp_scripted import ScriptedServer
 
 EVERYTHING_PACKAGE = "@modelcontextprotocol/server-everything"
 EVERYTHING_VERSION = "2026.8.31"
@@ -180,23 +179,6 @@ def _stop(process: subprocess.Popen[str]) -> None:
         process.wait(timeout=5)
     if process.stderr is not None:
         process.stderr.close()
-
-
-class ScriptedServer:
-    """Builds configs for ``scripted_server.py`` (fixture ``scripted``)."""
-
-    path = SCRIPTED_SERVER
-
-    def config(self, *flags: str, **overrides: float) -> ServerConfig:
-        """Config for the scripted server with the given command-line flags."""
-        timeouts = {"call_timeout": 30.0, "connect_timeout": 20.0} | overrides
-        return ServerConfig(
-            name="scripted",
-            command=sys.executable,
-            args=[str(SCRIPTED_SERVER), *flags],
-            call_timeout=timeouts["call_timeout"],
-            connect_timeout=timeouts["connect_timeout"],
-        )
 
 
 @pytest.fixture

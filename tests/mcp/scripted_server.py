@@ -14,20 +14,26 @@ Tools: ``echo``, ``add_tool`` (registers ``extra_<n>`` and sends
 ``notifications/tools/list_changed``), ``crash`` (``os._exit`` mid-call),
 ``hang`` (never returns), ``slow`` (sleeps, reporting progress), ``fail``
 (a tool that raises: an isError result), ``reject`` (a JSON-RPC error),
-``log`` (sends a log notification), ``child_pid``.
+``log`` (sends a log notification), ``child_pid``, and two that ask the
+user during the call (elicitation): ``ask_name`` (a required name and an
+optional colour from a list) and ``ask_settings`` (fields that all have
+defaults), each answering with what came back.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import time
 import warnings
+from typing import Literal
 
 import anyio
 from mcp import MCPDeprecationWarning, MCPError
 from mcp.server.mcpserver import Context, MCPServer
+from pydantic import BaseModel, Field
 
 # The 2025 logging capability is deprecated for 2026-era servers; this one
 # speaks 2025 to the client under test and needs it.
@@ -96,6 +102,35 @@ async def log(message: str, ctx: Context) -> str:
     """Send ``message`` as a warning log notification."""
     await ctx.warning(message, logger_name="scripted")
     return "logged"
+
+
+class Name(BaseModel):
+    name: str = Field(description="Your name")
+    colour: Literal["red", "green", "blue"] = Field(default="green", description="Favourite colour")
+
+
+class Settings(BaseModel):
+    units: Literal["metric", "imperial"] = "metric"
+    retries: int = 3
+    verbose: bool = False
+
+
+@server.tool()
+async def ask_name(ctx: Context) -> str:
+    """Ask the user's name and colour, and greet them (or say how the question ended)."""
+    result = await ctx.elicit("What is your name?", Name)
+    if result.action == "accept":
+        return f"Hello {result.data.name} ({result.data.colour})"
+    return f"no answer: {result.action}"
+
+
+@server.tool()
+async def ask_settings(ctx: Context) -> str:
+    """Ask for settings that all have defaults; return what came back as JSON."""
+    result = await ctx.elicit("Which settings?", Settings)
+    if result.action == "accept":
+        return json.dumps(result.data.model_dump(), sort_keys=True)
+    return f"no answer: {result.action}"
 
 
 @server.tool()

@@ -6,7 +6,9 @@ from pathlib import Path
 
 import attrs
 import pytest
-from weald.runtime.mcp import MCPConfigError, MCPError, ServerConfig
+from weald.runtime.config import ConfigError, parse_config
+from weald.runtime.mcp import MCPConfigError, MCPError, OAuthConfig, ServerConfig
+from weald.runtime.mcp._config import DEFAULT_REDIRECT_URI
 
 
 def test_a_stdio_config_keeps_its_fields_and_defaults():
@@ -81,3 +83,96 @@ def test_args_must_be_a_list_not_a_string():
 def test_config_error_is_a_value_error_and_an_mcp_error():
     assert issubclass(MCPConfigError, ValueError)
     assert issubclass(MCPConfigError, MCPError)
+
+
+# -- auth (OAuth) ----------------------------------------------------------------------------------
+
+
+def test_an_http_config_takes_an_auth_table_as_oauth_config():
+    config = ServerConfig(name="r", url="https://h/mcp", auth={"redirect_mode": "headless", "scopes": ["a:read"]})
+    assert config.auth == OAuthConfig(redirect_mode="headless", scopes=("a:read",))
+    assert config.auth.redirect_uri == DEFAULT_REDIRECT_URI
+    assert ServerConfig(name="r", url="https://h/mcp").auth is None
+
+
+@pytest.mark.parametrize(
+    ("fields", "complaint"),
+    [
+        ({"grant": "password"}, "auth.grant must be one of authorization_code, client_credentials"),
+        ({"grant": "client_credentials"}, "auth.grant = client_credentials needs client_id"),
+        ({"grant": "client_credentials", "client_id": "m"}, "needs client_secret_env or private_key_env"),
+        ({"client_secret_env": "S_SECRET"}, "belongs to a pre-registered client: give client_id too"),
+        ({"client_id": "c", "client_secret_env": "sk-live-123456"}, "must name an environment variable"),
+        ({"client_id": "c", "token_endpoint_auth_method": "client_secret_post"}, "needs client_secret_env"),
+        ({"client_id": "c", "private_key_env": "KEY"}, "private_key_env applies to grant = client_credentials"),
+        ({"redirect_uri": "https://example.com/cb"}, "redirect_uri must be http:// on a loopback address with a port"),
+        ({"redirect_uri": "http://127.0.0.1/cb"}, "with a port"),
+        ({"redirect_mode": "headless", "redirect_uri": "cb"}, "absolute http:// or https:// URL"),
+        ({"redirect_mode": "sideways"}, "redirect_mode must be one of browser, headless"),
+        ({"scopes": ["a b"]}, "scopes must be non-empty strings without spaces"),
+        ({"client_metadata_url": "http://h/client.json"}, "client_metadata_url must be an https:// URL with a path"),
+        ({"authorization_timeout": 0}, "authorization_timeout must be a positive number"),
+    ],
+)
+def test_invalid_auth_is_refused_naming_the_field(fields, complaint):
+    with pytest.raises(MCPConfigError, match="invalid MCP server config 'svc'") as caught:
+        ServerConfig(name="svc", url="https://h/mcp", auth=fields)
+    assert complaint in str(caught.value)
+
+
+def test_auth_is_for_http_servers_and_excludes_a_static_authorization_header():
+    with pytest.raises(MCPConfigError, match="auth applies to HTTP servers only"):
+        ServerConfig(name="svc", command="srv", auth={})
+    with pytest.raises(MCPConfigError, match="either an Authorization header or auth"):
+        ServerConfig(name="svc", url="https://h/mcp", headers={"Authorization": "Bearer t"}, auth={})
+
+
+def test_weald_toml_auth_problems_are_reported_with_their_paths():
+    text = """
+[mcp.servers.remote]
+url = "https://example.com/mcp"
+
+[mcp.servers.remote.auth]
+grant = "client_credentials"
+client_secret = "sk-abc-123"
+redirect_mode = "sideways"
+
+[mcp.servers.machine]
+url = "https://example.com/mcp"
+
+[mcp.servers.machine.auth]
+grant = "client_credentials"
+client_secret_env = "MACHINE_SECRET"
+"""
+    with pytest.raises(ConfigError) as caught:
+        parse_config(text)
+    found = {(problem.path, problem.message) for problem in caught.value.problems}
+    assert ("mcp.servers.remote.auth.redirect_mode", 'expected "browser" or "headless", got "sideways"') in found
+    assert any(
+        key == "mcp.servers.remote.auth.client_secret" and "client_secret_env" in message for key, message in found
+    )
+    assert "sk-abc-123" not in str(caught.value)
+    assert ("mcp.servers.machine.auth", "grant = client_credentials needs client_id") in found
+
+
+def test_a_weald_toml_auth_table_becomes_the_servers_oauth_config():
+    config = parse_config(
+        """
+[mcp.servers.remote]
+url = "https://example.com/mcp"
+
+[mcp.servers.remote.auth]
+client_id = "weald-desktop"
+client_secret_env = "REMOTE_MCP_SECRET"
+scopes = ["files:read"]
+redirect_uri = "http://localhost:8976/callback"
+"""
+    )
+    server = config.mcp.servers["remote"].to_server_config("remote")
+    assert server.auth == OAuthConfig(
+        client_id="weald-desktop",
+        client_secret_env="REMOTE_MCP_SECRET",
+        scopes=("files:read",),
+        redirect_uri="http://localhost:8976/callback",
+    )
+    assert config.to_dict()["mcp"]["servers"]["remote"]["auth"]["client_secret_env"] == "REMOTE_MCP_SECRET"

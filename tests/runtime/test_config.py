@@ -627,6 +627,7 @@ def test_the_public_names_are_exactly_these() -> None:
         "DaemonConfig",
         "FaultsConfig",
         "LimitsConfig",
+        "MCPAuthConfig",
         "MCPConfig",
         "MCPServerConfig",
         "ModelChoice",
