@@ -1,0 +1,264 @@
+"""The reliability report: chaos schedules, kill -9 cycles, a fuzz burst and a load burst, with every invariant counted.
+
+What it measures is not speed but whether weald keeps its promises under
+faults, and how often it was put to the test:
+
+- chaos: seeded fault schedules (actor crashes and delays, tool crashes,
+  hangs, delays and subprocess kills, provider errors, stalls and malformed
+  streams) against scripted agents doing real tool work in an in-process
+  system, and against random supervision trees (checked against a model of
+  OTP and replayed); faults fired by kind, restarts, escalations;
+- crash: a real ``weald serve`` killed with SIGKILL at seeded points of a
+  write-heavy run, restarted each time; acknowledged writes verified;
+- fuzz: random bytes and wrong requests to every method of the JSON-RPC
+  server of one real daemon; sent, answered, error codes;
+- load: a thousand concurrent clients for a bounded time; requests, answers,
+  requests per second, and the daemon's RSS before, at its peak and after.
+
+Each part checks the invariants of its test suite (``tests/reliability``,
+whose helpers it runs) and the report counts how many were checked and how
+many held. The exit code is 1 if any did not hold.
+
+Run: ``python benchmarks/reliability.py [--schedules N] [--trees N] [--crash-cycles N]
+[--fuzz N] [--clients N] [--load-seconds S] [--seed S]``. The defaults take one
+to two minutes on a 2-core machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import random
+import sys
+import tempfile
+import time
+import warnings
+from collections import Counter
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+_TESTS = Path(__file__).resolve().parents[1] / "tests"
+for _directory in (_TESTS / "reliability", _TESTS / "supervisors", _TESTS / "daemon"):
+    sys.path.insert(0, str(_directory))
+
+import msgspec  # noqa: E402
+from daemon_harness import DaemonProcess  # noqa: E402
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import seed as hypothesis_seed  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from rel_chaos import InvariantCheck, escalating_plan, random_plan, run_chaos  # noqa: E402
+from rel_crash import run_crash_cycles  # noqa: E402
+from rel_fuzz import FuzzClient  # noqa: E402
+from rel_load import run_load  # noqa: E402
+from rel_strategies import fuzz_methods, pings, raw_lines, seeds, tree_faults, trees, wrong_requests  # noqa: E402
+from rel_trees import run_tree_chaos  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+
+class Tally:
+    """Invariant checks by name (checked, held) and the details of those that broke."""
+
+    def __init__(self) -> None:
+        self.checked: Counter[str] = Counter()
+        self.held: Counter[str] = Counter()
+        self.broken: list[str] = []
+
+    def add(self, part: str, checks: Iterable[InvariantCheck], context: str = "") -> None:
+        for check in checks:
+            key = f"{part}: {check.name}"
+            self.checked[key] += 1
+            if check.held:
+                self.held[key] += 1
+            else:
+                self.broken.append(f"{key} ({context}): {check.detail}")
+
+    def add_one(self, part: str, name: str, held: bool, detail: str = "") -> None:
+        self.add(part, [InvariantCheck(name, held, detail)])
+
+
+def run_schedules(count: int, seed: int, tally: Tally, console: Console) -> dict[str, Any]:
+    """Seeded chaos schedules against scripted agents."""
+    faults: Counter[str] = Counter()
+    restarts = escalations = prompts = ok = 0
+    for i in range(count):
+        # One schedule in twenty drives a session supervisor past its restart intensity.
+        if i % 20 == 19:
+            plan = escalating_plan(seed + i)
+        else:
+            plan = random_plan(random.Random(seed + i), sessions=3, prompts=5, faults=4)
+        report = run_chaos(plan)
+        tally.add("chaos", report.checks, f"schedule {i}, seed {seed + i}")
+        faults.update(report.faults_by_kind)
+        restarts += report.restarts
+        escalations += report.escalations
+        prompts += len(report.prompts)
+        ok += sum(1 for p in report.prompts if p.result is not None and p.result.ok)
+        if report.failures:
+            console.print(report.summary(), markup=False)
+    return {
+        "schedules": count,
+        "faults": faults,
+        "restarts": restarts,
+        "escalations": escalations,
+        "prompts": prompts,
+        "ok": ok,
+    }
+
+
+def run_trees(count: int, seed: int, tally: Tally) -> dict[str, Any]:
+    """Random supervision trees crashed by seeded faults, against the OTP model, each replayed."""
+    totals: dict[str, Any] = {"trees": 0, "faults": Counter(), "crashes": 0, "escalations": 0}
+
+    @hypothesis_seed(seed)
+    @settings(max_examples=count, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(tree=trees(), faults=tree_faults(), fault_seed=seeds, picks=pings)
+    def one(tree: Any, faults: Any, fault_seed: int, picks: list[int]) -> None:
+        report = run_tree_chaos(tree, faults, fault_seed, picks)
+        tally.add("trees", report.checks, f"tree {tree!r}, faults {faults!r}, seed {fault_seed}")
+        totals["trees"] += 1
+        totals["faults"].update(report.faults_by_kind)
+        totals["crashes"] += report.restarts
+        totals["escalations"] += int(report.escalated)
+
+    one()
+    return totals
+
+
+def run_fuzz(count: int, seed: int, root: Path, tally: Tally) -> dict[str, Any]:
+    """A burst of random bytes and wrong requests to one real daemon."""
+    daemon = DaemonProcess(root)
+    daemon.start()
+    assert daemon.proc is not None
+    pid = daemon.proc.pid
+    try:
+        with FuzzClient(daemon.socket) as client:
+
+            @hypothesis_seed(seed)
+            @settings(max_examples=count, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+            @given(data=st.data())
+            def one(data: st.DataObject) -> None:
+                if data.draw(st.integers(0, 3)) == 0:
+                    client.exchange(data.draw(raw_lines))
+                else:
+                    request = data.draw(st.sampled_from(fuzz_methods()).flatmap(wrong_requests))
+                    client.exchange(msgspec.json.encode(request), request, what=f"{request!r:.200}")
+
+            one()
+            tally.add_one("fuzz", "connection_carries_on", client.probe()["pid"] == pid)
+            tally.add_one(
+                "fuzz", "replies_well_formed_no_internal_error", not client.problems, "; ".join(client.problems[:3])
+            )
+            tally.add_one("fuzz", "every_request_due_an_answer_answered", client.due == client.answered)
+            figures = {"sent": client.sent, "raw": client.raw, "due": client.due, "answered": client.answered}
+        tally.add_one("fuzz", "daemon_same_pid", daemon.proc.poll() is None)
+        daemon.terminate()
+    finally:
+        daemon.close()
+    return {**figures, "codes": client.codes}
+
+
+def machine() -> str:
+    """Python, OS and CPU count, for the report."""
+    import os
+
+    return (
+        f"{platform.python_implementation()} {platform.python_version()}, {platform.platform()}, {os.cpu_count()} CPUs"
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--schedules", type=int, default=80, help="seeded chaos schedules against agents")
+    parser.add_argument("--trees", type=int, default=100, help="random supervision trees under seeded faults")
+    parser.add_argument("--crash-cycles", type=int, default=3, help="kill -9 cycles of a real daemon")
+    parser.add_argument("--fuzz", type=int, default=1500, help="fuzz requests to a real daemon")
+    parser.add_argument("--clients", type=int, default=1000, help="concurrent clients of the load burst")
+    parser.add_argument("--load-seconds", type=float, default=20.0, help="how long the load lasts")
+    parser.add_argument("--seed", type=int, default=2025, help="the seed everything derives from")
+    args = parser.parse_args()
+    warnings.simplefilter("ignore")  # hypothesis outside pytest warns about its database and settings
+    console = Console(highlight=False, width=110)
+    tally = Tally()
+    began = time.monotonic()
+    timings: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="weald-reliability-") as tmp:
+        root = Path(tmp)
+        started = time.monotonic()
+        chaos = run_schedules(args.schedules, args.seed, tally, console)
+        timings["chaos"] = time.monotonic() - started
+        started = time.monotonic()
+        tree_totals = run_trees(args.trees, args.seed, tally)
+        timings["trees"] = time.monotonic() - started
+        started = time.monotonic()
+        crash = run_crash_cycles(root / "crash", cycles=args.crash_cycles, seed=args.seed)
+        tally.add("crash", crash.checks, f"seed {args.seed}, kill points {crash.kill_points}")
+        timings["crash"] = time.monotonic() - started
+        started = time.monotonic()
+        fuzz = run_fuzz(args.fuzz, args.seed, root / "fuzz", tally)
+        timings["fuzz"] = time.monotonic() - started
+        started = time.monotonic()
+        load = run_load(root / "load", clients=args.clients, seconds=args.load_seconds, seed=args.seed)
+        tally.add("load", load.checks)
+        timings["load"] = time.monotonic() - started
+
+    table = Table(title="weald reliability report", show_lines=False)
+    table.add_column("part")
+    table.add_column("figure")
+    table.add_column("value", justify="right")
+    faults = chaos["faults"]
+    table.add_row("chaos", "schedules run (agents)", str(chaos["schedules"]))
+    table.add_row("", "prompts (answered ok / in all)", f"{chaos['ok']} / {chaos['prompts']}")
+    for kind, n in sorted(faults.items()):
+        table.add_row("", f"faults injected: {kind}", str(n))
+    table.add_row("", "restarts", str(chaos["restarts"]))
+    table.add_row("", "escalations (supervisor gave up)", str(chaos["escalations"]))
+    table.add_row("trees", "trees run (each replayed)", str(tree_totals["trees"]))
+    for kind, n in sorted(tree_totals["faults"].items()):
+        table.add_row("", f"faults injected: {kind}", str(n))
+    table.add_row("", "crashes restarted or escalated", str(tree_totals["crashes"]))
+    table.add_row("", "escalations (the top gave up)", str(tree_totals["escalations"]))
+    table.add_row(
+        "crash", "kill -9 cycles (kill after N acknowledged turns)", f"{len(crash.kill_points)} {crash.kill_points}"
+    )
+    table.add_row("", "acknowledged turns / agents", f"{crash.acked_turns} / {crash.acked_agents}")
+    table.add_row("", "acknowledged writes verified", str(crash.verified_writes))
+    table.add_row("fuzz", "lines sent (garbage lines among them)", f"{fuzz['sent']} ({fuzz['raw']})")
+    table.add_row("", "requests due an answer / answered", f"{fuzz['due']} / {fuzz['answered']}")
+    table.add_row("", "error codes", ", ".join(f"{c}: {n}" for c, n in sorted(fuzz["codes"].items())))
+    table.add_row("load", "clients (most connections open at once)", f"{load.clients} ({load.peak_connections})")
+    table.add_row("", "connections served", str(load.connections))
+    table.add_row("", "requests sent / answered", f"{load.sent} / {load.answered}")
+    table.add_row("", "requests/s (measured, not a target)", f"{load.requests_per_second:.0f}")
+    table.add_row(
+        "", "RSS MB before / peak / after", f"{load.rss_before:.1f} / {load.rss_peak:.1f} / {load.rss_after:.1f}"
+    )
+    checked = sum(tally.checked.values())
+    held = sum(tally.held.values())
+    table.add_row("all", "invariants checked / held", f"{checked} / {held}")
+    console.print(table)
+
+    invariants = Table(title="invariants")
+    invariants.add_column("invariant")
+    invariants.add_column("checked", justify="right")
+    invariants.add_column("held", justify="right")
+    for name in sorted(tally.checked):
+        invariants.add_row(name, str(tally.checked[name]), str(tally.held[name]))
+    console.print(invariants)
+    console.print(
+        f"{machine()}; {time.monotonic() - began:.0f} s in all ("
+        + ", ".join(f"{k} {v:.0f} s" for k, v in timings.items())
+        + ")"
+    )
+    if tally.broken:
+        console.print(f"[red]{len(tally.broken)} invariant checks did not hold:[/red]")
+        for line in tally.broken[:50]:
+            console.print(f"  {line}", markup=False)
+        return 1
+    console.print("[green]every invariant held[/green]")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

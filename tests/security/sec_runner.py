@@ -1,0 +1,68 @@
+"""The real tool runner, driven as an agent drives it: `RunTools` in, `ToolResults` out.
+
+`RunnerHarness` spawns a `ToolRunner` (with the built-in tools, every
+permission allowed so that only the sandbox can refuse) and a stand-in agent
+that collects the results; `call` runs one tool call through it and returns
+the `ToolResult` the model would read.
+"""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Any
+
+from weald.runtime import Actor, ActorSystem
+from weald.runtime.testing import wait_until
+from weald.runtime.tool_runner import RunnerConfig, RunTools, ToolCallRequest, ToolResults, ToolRunner
+from weald.tools import ToolConfig, ToolResult, default_registry
+
+SECRET = "top secret: the launch codes\n"
+"""The content of ``outside/secret.txt``: finding it in any output is a leak."""
+
+ALLOW_ALL = {"write_file": "allow", "edit_file": "allow", "shell": "allow"}
+
+
+class Collector(Actor):
+    """Stands in for the agent: keeps the ToolResults it receives."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.results: dict[str, ToolResults] = {}
+
+    def on_receive(self, message: Any) -> None:
+        if isinstance(message, ToolResults):
+            self.results[message.batch_id] = message
+
+    def result(self, batch_id: str) -> ToolResults | None:
+        return self.results.get(batch_id)
+
+
+class RunnerHarness:
+    """A ToolRunner for ``project`` and an agent stand-in, in ``system``."""
+
+    _batches = itertools.count(1)
+
+    def __init__(self, system: ActorSystem, project: Path, *, options: dict[str, Any] | None = None) -> None:
+        config = RunnerConfig(
+            permissions=ALLOW_ALL,
+            tool_config=ToolConfig(options=options or {}),
+            timeouts={"shell": 20.0, "grep": 20.0, "glob": 20.0},
+        )
+        self.runner = system.spawn(
+            ToolRunner,
+            args=("sec", project),
+            kwargs={"registry": default_registry, "config": config, "output_dir": project.parent / "outputs"},
+            name="runner",
+        )
+        self.agent = system.spawn(Collector, name="agent")
+
+    def call(self, tool: str, **arguments: Any) -> ToolResult:
+        """Run one call through the runner; the result the model would read."""
+        batch = f"b{next(self._batches)}"
+        request = ToolCallRequest(f"{batch}-c0", tool, arguments)
+        self.runner.tell(RunTools(batch, (request,), None, self.agent, agent_id="sec", agent_path="/agent"))
+        results: ToolResults = wait_until(
+            lambda: self.agent.proxy().result(batch).get(timeout=5), timeout=30, message=f"the result of {tool}"
+        )
+        return results.outcomes[0].result
