@@ -229,6 +229,26 @@ class Store:
         self.reads += len(rows)
         return [(key, self._decode(namespace, key, raw, type)) for key, raw in rows]
 
+    def scan(
+        self, namespace: str, prefix: str = "", *, type: Any = None
+    ) -> tuple[list[tuple[str, Any]], list[tuple[str, StoreCodecError]]]:
+        """Like `items`, but a value that cannot be decoded is set aside, not fatal.
+
+        Returns:
+            The ``(key, value)`` pairs that decoded, and the ``(key, error)``
+            pairs that did not, each in insertion order.
+        """
+        rows = self._select(namespace, "key, value", prefix)
+        self.reads += len(rows)
+        good: list[tuple[str, Any]] = []
+        bad: list[tuple[str, StoreCodecError]] = []
+        for key, raw in rows:
+            try:
+                good.append((key, self._decode(namespace, key, raw, type)))
+            except StoreCodecError as exc:
+                bad.append((key, exc))
+        return good, bad
+
     def count(self, namespace: str) -> int:
         """Return how many keys a namespace holds."""
         return self._run(namespace, len)

@@ -216,9 +216,16 @@ class Sessions:
         return True
 
     def records(self) -> list[SessionRecord]:
-        """Every stored session (active and stopped), in creation order."""
-        items = self.system.store.items("sessions", type=SessionRecord)
-        return [record for _, record in items]
+        """Every readable stored session (active and stopped), in creation order.
+
+        A record that cannot be decoded is skipped and reported
+        (``daemon.bad_session_record``), never fatal: one damaged value must not
+        keep every other session from being served.
+        """
+        good, bad = self.system.store.scan("sessions", type=SessionRecord)
+        for key, exc in bad:
+            self.system.events.publish("daemon.bad_session_record", "/sessions", {"session_id": key, "error": str(exc)})
+        return [record for _, record in good]
 
     async def restore(self, on_progress: Callable[[int, int], None] | None = None) -> int:
         """Start every stored active session that is not running; returns how many started."""

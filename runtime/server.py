@@ -29,12 +29,12 @@ import struct
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import attrs
 import msgspec
 import trio
-from weald.runtime import Actor, Event, WealdError, redact
+from weald.runtime import Actor, Event, StoreError, WealdError, redact
 from weald.runtime.session import RuntimeView, agent_path
 from weald.supervisors import SupervisorBase
 
@@ -112,7 +112,7 @@ class AgentParams(_Params):
 class AgentPromptParams(_Params):
     agent_id: str
     text: str
-    timeout: float | None = None
+    timeout: Annotated[float, msgspec.Meta(ge=0)] | None = None
 
 
 class AgentHistoryParams(_Params):
@@ -558,6 +558,9 @@ class Server(Actor):
         except msgspec.DecodeError as exc:
             await conn.reply(_error(None, PARSE_ERROR, f"parse error: the message is not valid JSON ({exc})"))
             return
+        except RecursionError:
+            await conn.reply(_error(None, PARSE_ERROR, "parse error: the JSON is nested too deeply"))
+            return
         if isinstance(request, list):
             if not request:
                 await conn.reply(_error(None, INVALID_REQUEST, "invalid request: an empty batch"))
@@ -811,7 +814,9 @@ class Server(Actor):
             scope = scope_for_project(Path(working_dir))
         try:
             tasks = await trio.to_thread.run_sync(lambda: list_tasks(self.system.store, scope, view=p.view))
-        except Exception as exc:
+        except StoreError as exc:
+            raise RPCError(APP_ERROR, f"tasks.list failed: {exc}") from exc
+        except Exception as exc:  # the view or scope given was wrong
             raise RPCError(INVALID_PARAMS, f"invalid params for tasks.list: {exc}") from exc
         return {"scope": scope, "view": p.view, "tasks": _plain(tasks)}
 

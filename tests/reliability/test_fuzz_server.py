@@ -135,14 +135,6 @@ def test_daemon_stop_with_wrong_params_is_refused_and_stops_nothing(
     _check(connection, fuzzed)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "runtime/server.py Server._agent_prompt calls agent.proxy().prompt(p.text) before trio.move_on_after("
-        "p.timeout) rejects a negative timeout (AgentPromptParams.timeout has no lower bound), so the request "
-        'fails with -32000 "`seconds` must be non-negative" while the turn it started runs anyway'
-    ),
-)
 def test_a_prompt_with_a_negative_timeout_is_refused_and_starts_no_turn(fuzzed: DaemonProcess) -> None:
     model = fuzzed.script("neg", [{"text": "should not run"}])
     with fuzzed.client() as client:
@@ -153,14 +145,6 @@ def test_a_prompt_with_a_negative_timeout_is_refused_and_starts_no_turn(fuzzed: 
         assert client.call("agent.history", {"agent_id": "neg"})["messages"] == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "runtime/server.py Server._handle catches only msgspec.DecodeError around msgspec.json.decode; "
-        "JSON nested ~1000 deep (a 2 KB line) makes msgspec raise RecursionError, which escapes the "
-        "request task, fails the connection's nursery and closes the connection without a reply"
-    ),
-)
 def test_deeply_nested_json_gets_a_parse_error_and_the_connection_carries_on(fuzzed: DaemonProcess) -> None:
     with FuzzClient(fuzzed.socket) as client:
         reply = client.exchange(b"[" * 100_000, ...)

@@ -164,15 +164,6 @@ def test_the_daemon_itself_never_writes_pickle(template: Path) -> None:
                 json.loads(raw)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "runtime/daemon.py Sessions.restore calls Sessions.records(), which decodes every session record at "
-        "once; one undecodable record raises StoreCodecError out of Daemon.start, so `weald serve` exits 1 and "
-        "serves nothing, instead of skipping that session with a daemon.restore_failed event (as a session "
-        "that fails to launch is)"
-    ),
-)
 def test_one_unreadable_session_record_does_not_keep_the_daemon_from_serving(template: Path, tmp_path: Path) -> None:
     daemon = DaemonProcess(tmp_path)
     shutil.copy(template / "store.db", tmp_path / "store.db")
@@ -187,14 +178,6 @@ def test_one_unreadable_session_record_does_not_keep_the_daemon_from_serving(tem
         daemon.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "runtime/server.py Server._tasks_list wraps every exception of list_tasks as -32602 'invalid params "
-        "for tasks.list', so an undecodable task record (a StoreCodecError) is reported as the caller's fault; "
-        "it should be -32000 (request failed) naming the store value, as agent.history does"
-    ),
-)
 @pytest.mark.parametrize("tampered", ["tasks"], indirect=True)
 def test_an_undecodable_task_is_not_reported_as_invalid_params(tampered: tuple[str, Outcome]) -> None:
     _, outcome = tampered
