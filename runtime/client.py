@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
 import queue
 import socket
+import struct
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -51,26 +54,50 @@ class Client:
         self._lock = threading.Lock()
         self._send_lock = threading.Lock()
         self.notifications: queue.Queue[tuple[str, Any]] = queue.Queue()
-        self._closed = False
+        self._closed = False  # close() was called
+        self._broken = False  # the daemon ended the connection
         self.embedded = False  # True when the CLI started the daemon in its own process
         self._reader = threading.Thread(target=self._read, name="weald-client-reader", daemon=True)
         self._reader.start()
 
     @classmethod
     def connect(cls, path: str | Path, *, timeout: float = 5.0) -> Client:
-        """Connect to the daemon's socket.
+        """Connect to the daemon's socket, and check that the daemon is this user's.
+
+        A daemon whose accept queue is full (it is busy, not gone) is retried
+        until ``timeout``.
 
         Raises:
-            DaemonUnavailableError: nothing listens there.
+            DaemonUnavailableError: nothing listens there, it stayed too busy,
+                or another user serves the socket.
         """
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(timeout)
-        try:
-            sock.connect(str(path))
-        except OSError as exc:
+        deadline = time.monotonic() + timeout
+        delay = 0.005
+        while True:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(timeout)
+            try:
+                sock.connect(str(path))
+                break
+            except BlockingIOError as exc:  # EAGAIN: the accept queue is full
+                sock.close()
+                if time.monotonic() + delay > deadline:
+                    msg = f"the weald daemon on {path} stayed too busy to accept a connection for {timeout:g} s"
+                    raise DaemonUnavailableError(msg) from exc
+                time.sleep(delay)
+                delay = min(delay * 2, 0.2)
+            except OSError as exc:
+                sock.close()
+                msg = f"no weald daemon answers on {path} ({exc.strerror or exc}); start one with `weald serve`"
+                raise DaemonUnavailableError(msg) from exc
+        # As the daemon checks its clients, a client checks its daemon: in a
+        # directory others may write to, someone else's socket could be there.
+        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        _, uid, _ = struct.unpack("3i", creds)
+        if uid != os.getuid():
             sock.close()
-            msg = f"no weald daemon answers on {path} ({exc.strerror or exc}); start one with `weald serve`"
-            raise DaemonUnavailableError(msg) from exc
+            msg = f"the socket {path} is served by another user (uid {uid}); refusing to talk to it"
+            raise DaemonUnavailableError(msg)
         sock.settimeout(None)
         return cls(sock)
 
@@ -100,7 +127,7 @@ class Client:
         request_id = next(self._ids)
         future: Future[Any] = Future()
         with self._lock:
-            if self._closed:
+            if self._closed or self._broken:
                 msg = "the connection to the daemon is closed"
                 raise DaemonUnavailableError(msg)
             self._pending[request_id] = (method, future)
@@ -143,7 +170,7 @@ class Client:
         with self._lock:
             pending = list(self._pending.values())
             self._pending.clear()
-            self._closed = True
+            self._broken = True
         for method, future in pending:
             why = f": {error}" if error else ""
             lost = DaemonUnavailableError(f"the daemon closed the connection during {method}{why}")

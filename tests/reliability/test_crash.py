@@ -13,7 +13,6 @@ import random
 import socket
 from pathlib import Path
 
-import pytest
 from rel_crash import CRASH_INVARIANTS, run_crash_cycles
 from weald.runtime.client import Client, DaemonUnavailableError
 from weald.runtime.testing import wait_until
@@ -32,14 +31,6 @@ def test_every_acknowledged_write_survives_kill_9_at_random_points_and_the_store
     assert report.verified_writes > report.acked_turns
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "runtime/client.py: Client._read sets self._closed = True when the daemon ends the connection (it "
-        "died, or restarted), and Client.close returns early when _closed is set, so the socket is never "
-        "closed: every client of a daemon that went away leaks a descriptor (a ResourceWarning)"
-    ),
-)
 def test_a_client_whose_daemon_went_away_closes_its_socket(tmp_path: Path) -> None:
     path = tmp_path / "daemon.sock"
     with socket.socket(socket.AF_UNIX) as listener:

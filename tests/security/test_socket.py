@@ -83,14 +83,6 @@ def shared_dir() -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "runtime/client.py Client.connect does not check who serves the socket (SO_PEERCRED, as the daemon "
-        "does for its clients): in a directory others can write to (--socket /tmp/...), another user can put "
-        "a socket of their own at the path and receive the client's prompts and permission answers"
-    ),
-)
 def test_a_client_refuses_a_socket_served_by_another_user(shared_dir: Path) -> None:
     if os.getuid() != 0:
         pytest.fail("this test serves a socket as another uid, which needs root (the CI runs as root)")
