@@ -358,6 +358,10 @@ class Agent(Actor):
         self._permissions: set[str] = set()
         self._provider: Provider | None = None
         self._flush_tokens = itertools.count(1)
+        # Turns that ended but whose writes are not yet confirmed committed:
+        # (their futures, their result). Answered on acknowledgement, or, if
+        # this actor ends first, once the store confirms (the store outlives it).
+        self._unacknowledged: list[tuple[list[Future[TurnResult]], TurnResult]] = []
         self._flush_waiters: dict[int, Callable[[], None]] = {}
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -458,6 +462,22 @@ class Agent(Actor):
         self._interrupt_waiters("killed")
 
     def _interrupt_waiters(self, error: str) -> None:
+        # Turns that ended before the crash: their writes are queued in the
+        # store, which outlives this actor; answer them once it confirms.
+        ended = list(self._unacknowledged)
+        self._unacknowledged.clear()
+        if ended:
+
+            def answer(_: object) -> None:
+                for futures, result in ended:
+                    for future in futures:
+                        with contextlib.suppress(Exception):
+                            future.set(result)
+
+            try:
+                self.system.store.flush()._on_done(answer)
+            except StoreError:
+                answer(None)
         for future in self._pending_futures():
             with contextlib.suppress(Exception):
                 future.set(
@@ -788,10 +808,14 @@ class Agent(Actor):
             aborted=aborted,
         )
         futures = list(turn.futures)
+        entry = (futures, result)
+        self._unacknowledged.append(entry)
         self._set_state("idle")
 
         def acknowledge() -> None:
             # Everything the turn wrote is committed: now the result may be seen.
+            with contextlib.suppress(ValueError):
+                self._unacknowledged.remove(entry)
             for future in futures:
                 with contextlib.suppress(Exception):
                     future.set(result)

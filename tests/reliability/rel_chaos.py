@@ -610,14 +610,11 @@ def call_menu(session_id: str, prompt: int, round_: int, n: int) -> list[Call]:
 
 
 def fault_menu() -> list[FaultSpec]:
-    """The kinds of fault a schedule draws from (each then gets a schedule: nth or p, and a count).
-
-    Crashing the agent on ``_ModelDone`` or ``_Flushed`` is left out: a crash
-    there loses the answer to a turn that has ended (a known bug, pinned by
-    test_chaos.py's xfail test), and would fail every run that draws it.
-    """
+    """The kinds of fault a schedule draws from (each then gets a schedule: nth or p, and a count)."""
     return [
         ActorFault(kind="crash", path="/sessions/*/agent", message="ToolResults"),
+        ActorFault(kind="crash", path="/sessions/*/agent", message="_ModelDone"),
+        ActorFault(kind="crash", path="/sessions/*/agent", message="_Flushed"),
         ActorFault(kind="crash", path="/sessions/*/agent", message="_ModelEvent"),
         ActorFault(kind="crash", path="/sessions/*/agent", message="call:prompt"),
         ActorFault(kind="crash", path="/sessions/*/tool_runner", message="RunTools"),

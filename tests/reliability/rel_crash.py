@@ -155,19 +155,12 @@ class _Workload:
 
 @contextlib.contextmanager
 def _connect(path: Path) -> Iterator[Client]:
-    """`Client.connect`, and a close that really closes after the daemon died.
-
-    `Client.close` skips closing its socket once the reader saw the
-    connection end (test_crash.py's xfail test names the bug); until that is
-    fixed, the socket is closed here so that no descriptor leaks.
-    """
+    """`Client.connect` as a context manager (it closes its socket even after the daemon died)."""
     client = Client.connect(path)
     try:
         yield client
     finally:
         client.close()
-        with contextlib.suppress(OSError):
-            client._sock.close()
 
 
 def _verify_store(path: Path, project: Path, acked: list[AckedTurn], agents: list[str], report: CrashReport) -> None:

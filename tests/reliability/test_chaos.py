@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 from hypothesis import HealthCheck, example, given, settings
 from rel_chaos import INVARIANTS, ChaosPlan, PromptPlan, SessionPlan, escalating_plan, run_chaos
 from rel_strategies import chaos_plans, pings, seeds, tree_faults, trees
@@ -49,15 +48,6 @@ def test_scripted_agents_under_seeded_faults_keep_every_invariant(plan: ChaosPla
         assert report.escalations == 1, report.summary()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "runtime/agent.py Agent._end_turn resolves the turn's futures in acknowledge(), a flush waiter run "
-        "when the _Flushed message arrives; if the agent crashes before that (here on _ModelDone, which "
-        "follows the last model event), on_failure -> _interrupt_waiters only sees self._turn (already None) "
-        "and the queue, so the ended turn's futures are never resolved and the prompt never gets an answer"
-    ),
-)
 def test_a_crash_between_the_end_of_a_turn_and_its_acknowledgement_still_answers_the_prompt(
     tmp_path: Path,
 ) -> None:
