@@ -29,6 +29,7 @@ from weald.runtime._future import Future, is_loop_thread
 from weald.runtime._loop import Loop, LoopStatistics
 from weald.runtime._secrets import (
     REDACTED,
+    is_known_secret,
     is_secret_name,
     redact,
     redact_text,
@@ -84,6 +85,7 @@ __all__ = [
     "ThreadActor",
     "Timeout",
     "WealdError",
+    "is_known_secret",
     "is_loop_thread",
     "is_secret_name",
     "redact",

@@ -19,6 +19,7 @@ from typing import Any
 
 __all__ = [
     "REDACTED",
+    "is_known_secret",
     "is_secret_name",
     "redact",
     "redact_text",
@@ -89,15 +90,23 @@ def redact(value: Any) -> Any:
     return value
 
 
+def is_known_secret(value: str) -> bool:
+    """True if ``value`` is a secret registered with `register_secret`."""
+    return value in _secrets
+
+
 def sanitized_env(environ: Mapping[str, str] | None = None, keep: tuple[str, ...] = ()) -> dict[str, str]:
-    """Return a copy of the environment without secret-looking variables.
+    """Return a copy of the environment without secrets.
+
+    A variable goes if its name looks secret, or if its value is a known
+    secret (a key in a variable named in config, whatever its name).
 
     Args:
         environ: the environment to clean (``os.environ`` by default).
         keep: names to keep even though they look secret.
     """
     env = os.environ if environ is None else environ
-    return {k: v for k, v in env.items() if k in keep or not is_secret_name(k)}
+    return {k: v for k, v in env.items() if k in keep or not (is_secret_name(k) or v in _secrets)}
 
 
 refresh_from_env()

@@ -47,7 +47,7 @@ import attrs
 import msgspec
 import outcome
 import trio
-from weald.runtime import Actor, Future, Ref, StoreError, redact_text
+from weald.runtime import Actor, Future, Ref, StoreError, redact, redact_text
 from weald.runtime.llm import (
     Completed,
     Message,
@@ -298,6 +298,22 @@ class _Turn:
         self.text = ""
         self.batch: str | None = None
         self.pending_calls: tuple[str, ...] = ()
+
+
+def _redacted(message: Message) -> Message:
+    """The message with every known secret cut out of its text and its tool calls' arguments."""
+    content = redact_text(message.content)
+    calls = [
+        msgspec.structs.replace(
+            call,
+            arguments=redact(call.arguments) if call.arguments is not None else None,
+            raw_arguments=redact_text(call.raw_arguments),
+        )
+        for call in message.tool_calls
+    ]
+    if content == message.content and calls == message.tool_calls:
+        return message
+    return msgspec.structs.replace(message, content=content, tool_calls=calls)
 
 
 def history_key(session_id: str, agent_id: str, depth: int) -> str:
@@ -697,7 +713,7 @@ class Agent(Actor):
         record = self._record
         assert record is not None
         record.usage = record.usage + event.usage
-        self._append(message, turn.id)
+        kept = self._append(message, turn.id)
         self._publish(
             "agent.message_end",
             {
@@ -708,8 +724,8 @@ class Agent(Actor):
                 "stop_reason": event.stop_reason,
             },
         )
-        if message.content:
-            turn.text = message.content
+        if kept.content:
+            turn.text = kept.content
         if not message.tool_calls:
             self._end_turn(ok=True)
             return
@@ -918,7 +934,13 @@ class Agent(Actor):
 
     # -- persistence ----------------------------------------------------------------------------------
 
-    def _append(self, message: Message, turn_id: str) -> None:
+    def _append(self, message: Message, turn_id: str) -> Message:
+        """Add a message to the history (in memory and the store); returns it as kept.
+
+        Known secrets are cut out first (a key the model or a tool output
+        repeats): histories, turn results and the store never hold one.
+        """
+        message = _redacted(message)
         record = self._record
         assert record is not None
         seq = record.next_seq
@@ -926,6 +948,7 @@ class Agent(Actor):
         self._history.append(message)
         entry = HistoryEntry(seq=seq, turn_id=turn_id, time=time.time(), message=message)
         self._enqueue_write("history", f"{self._key}/{seq:08d}", entry)
+        return message
 
     def _write_turn(self, turn: _Turn, status: str, *, error: str | None = None) -> None:
         record = TurnRecord(

@@ -22,14 +22,14 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import trio
-from weald.runtime import ActorSystem, Ref, WealdError
+from weald.runtime import ActorSystem, Ref, WealdError, is_secret_name, register_secret
 from weald.runtime.agent import AgentConfig
 from weald.runtime.config import Config
 from weald.runtime.llm import Provider, make_provider
@@ -292,6 +292,7 @@ class Daemon:
         self.stdio = stdio
         self.faults = faults
         self.registry = registry if registry is not None else default_registry.copy()
+        register_config_secrets(config)
         self.system = ActorSystem(store_path=config.store.path, durability=config.store.durability)
         self.sessions: Sessions | None = None
         self._stop_requested = False
@@ -370,6 +371,24 @@ class Daemon:
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
+
+
+def register_config_secrets(config: Config, environ: Mapping[str, str] | None = None) -> None:
+    """Make the secrets the configuration names unprintable, whatever their names.
+
+    The value of every provider's ``api_key_env`` variable, and the values of
+    its secret-looking ``extra_headers`` (whole, and each word, so the token
+    of ``Bearer <token>`` too).
+    """
+    env = os.environ if environ is None else environ
+    for provider in config.providers.values():
+        if provider.api_key_env and env.get(provider.api_key_env):
+            register_secret(env[provider.api_key_env])
+        for name, value in provider.extra_headers.items():
+            if is_secret_name(name) and value:
+                register_secret(value)
+                for part in value.split():
+                    register_secret(part)
 
 
 def _resolve_working_dir(working_dir: str) -> str:

@@ -171,12 +171,7 @@ def test_the_shell_environment_has_no_secret_looking_variables(surfaces: Surface
 
 @pytest.mark.parametrize("name", sorted(ENV_SECRETS))
 def test_secrets_from_the_environment_appear_nowhere(surfaces: Surfaces, name: str) -> None:
-    secret = ENV_SECRETS[name]
-    leaks = surfaces.containing(secret)
-    if name == "API_KEY":
-        # The model repeats the key on purpose; where that lands is the xfail test below.
-        leaks = [s for s in leaks if s not in ("agent.history", "turn results") and not s.startswith("store file")]
-    assert leaks == []
+    assert surfaces.containing(ENV_SECRETS[name]) == []
 
 
 @pytest.mark.parametrize("secret", [MCP_HEADER, MCP_ENV], ids=["mcp-header", "mcp-env"])
@@ -196,42 +191,16 @@ def test_the_surfaces_were_collected(surfaces: Surfaces) -> None:
     assert "mcp.disconnected" in surfaces.texts["events"]  # the MCP servers were tried (and their errors seen)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "runtime/agent.py Agent._append stores (and Agent.history, TurnResult.text return) message content "
-        "as the model wrote it; events and debug_state go through redact(), histories and the store do not, "
-        "so a known secret the model repeats is kept in agent.history, the turn result and store.db"
-    ),
-)
 def test_an_api_key_echoed_by_the_model_is_kept_out_of_histories_turn_results_and_the_store(
     surfaces: Surfaces,
 ) -> None:
     assert surfaces.containing(API_KEY) == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "runtime/_config_model.py / runtime/daemon.py: the values of a provider's extra_headers with "
-        "secret-looking names (X-Custom-Auth-Token) are never passed to register_secret (MCP headers are, in "
-        "runtime/mcp/_actor.py), so a server error that repeats the request's headers carries the value "
-        "into the turn's error, agent.error events, debug_state, the history and the store"
-    ),
-)
 def test_a_provider_auth_header_appears_nowhere(surfaces: Surfaces) -> None:
     assert surfaces.containing(PROVIDER_HEADER) == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "runtime/_secrets.py sanitized_env / refresh_from_env judge variables by name only: the variable a "
-        "provider's api_key_env names (OPENAI_KEY_PROD, which matches no secret pattern) is neither registered "
-        "as a secret nor removed from the shell tool's environment, so `env` shows the key to the model, and "
-        "it lands in events, debug_state, the history and the store"
-    ),
-)
 def test_an_api_key_in_a_plainly_named_variable_is_kept_from_the_shell_and_every_output(surfaces: Surfaces) -> None:
     assert PLAIN_NAMED_KEY not in surfaces.plain_shell_env
     assert surfaces.containing(PLAIN_NAMED_KEY) == []
