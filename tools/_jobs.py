@@ -145,8 +145,10 @@ class _Job:
         "handle",
         "id",
         "kill_requested",
+        "pass_fds",
         "pid",
         "process",
+        "run_in",
         "scope",
         "started",
         "started_at",
@@ -169,6 +171,8 @@ class _Job:
         self.argv = list(argv)
         self.command = command
         self.cwd = cwd
+        self.run_in = cwd  # where the process starts (a pinned /proc/self/fd path, or cwd)
+        self.pass_fds: tuple[int, ...] = ()
         self.env = env
         self.capture = capture
         self.token = trio.lowlevel.current_trio_token()
@@ -290,6 +294,8 @@ class JobTable:
         command: str,
         cwd: Path,
         env: Mapping[str, str] | None = None,
+        pass_fds: Sequence[int] = (),
+        run_in: Path | None = None,
     ) -> JobInfo:
         """Start ``argv`` as a background job; return once it runs.
 
@@ -300,6 +306,10 @@ class JobTable:
             command: how the job is shown (the command line).
             cwd: where it runs.
             env: its environment (None: this process's).
+            pass_fds: descriptors it inherits (a pinned directory); they must
+                stay open until this returns, which is when the job runs.
+            run_in: where the process starts, if not ``cwd`` (a pinned
+                ``/proc/self/fd/N`` naming ``cwd``'s directory).
 
         Raises:
             ToolError: the table is closed, too many jobs run, or the program did not start.
@@ -318,6 +328,8 @@ class JobTable:
             job_id = f"job{next(self._ids)}"
             capture = OutputCapture(tail_bytes=self._tail_bytes, spool_dir=spool_dir, spool_prefix=f"{job_id}-")
             job = _Job(job_id, argv, command=command, cwd=cwd, env=env, capture=capture)
+            job.pass_fds = tuple(pass_fds)
+            job.run_in = run_in if run_in is not None else cwd
             self._jobs[job_id] = job
             self._prune_locked()
         try:
@@ -356,11 +368,12 @@ class JobTable:
             with job.scope:
                 async with open_group_process(
                     job.argv,
-                    cwd=job.cwd,
+                    cwd=job.run_in,
                     env=job.env,
                     stdin=subprocess.PIPE,
                     grace=self._kill_grace,
                     session=True,
+                    pass_fds=job.pass_fds,
                 ) as process:
                     job.process = process
                     job.pid = process.pid

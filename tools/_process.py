@@ -287,6 +287,7 @@ async def open_group_process(
     stdin: int = subprocess.DEVNULL,
     grace: float = DEFAULT_KILL_GRACE,
     session: bool = False,
+    pass_fds: Sequence[int] = (),
 ) -> AsyncIterator[trio.Process]:
     """Start ``argv`` in a new session with piped stdout and stderr; stop all of it on exit.
 
@@ -301,6 +302,8 @@ async def open_group_process(
         stdin: ``subprocess.DEVNULL`` or ``subprocess.PIPE``.
         grace: seconds between SIGTERM and SIGKILL.
         session: also stop processes that moved to another group of the session.
+        pass_fds: descriptors the program inherits at the same numbers (a
+            pinned directory it runs in, as ``cwd=/proc/self/fd/<n>``).
 
     Raises:
         OSError: the program could not be started.
@@ -313,6 +316,7 @@ async def open_group_process(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         start_new_session=True,
+        pass_fds=tuple(pass_fds),
     )
     try:
         yield process

@@ -27,7 +27,7 @@ import errno
 import os
 import secrets
 import stat
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -476,3 +476,30 @@ def path_subject(arguments: Mapping[str, Any]) -> str | None:
     """The subject permission patterns match for a file tool: its ``path`` argument."""
     path = arguments.get("path")
     return path if isinstance(path, str) else None
+
+
+@contextlib.contextmanager
+def pinned_directory(ctx: ToolContext, real: Path) -> Iterator[tuple[Path, int]]:
+    """Hold open a checked directory of the sandbox, reached without following symlinks.
+
+    ``real`` is a path `resolve_in_sandbox` returned. The directory is opened
+    by walking from its sandbox root with ``O_NOFOLLOW``, so a directory
+    swapped for a symlink after the check is refused (`ToolError`), never
+    followed.
+
+    Yields:
+        ``(pinned, fd)``: ``pinned`` is ``/proc/self/fd/<fd>``, which names
+        that very directory in this process, and in a child started with
+        ``pass_fds=(fd,)`` (as its ``cwd``, or as a path operand).
+    """
+    root, parts = _split(ctx, real)
+    fd = _open_dir(ctx, root, parts, real, create=False)
+    try:
+        yield Path(f"/proc/self/fd/{fd}"), fd
+    finally:
+        os.close(fd)
+
+
+def hardlinked(ctx: ToolContext, st: os.stat_result) -> bool:
+    """True if a regular file has other names, and the sandbox does not allow hard links."""
+    return stat.S_ISREG(st.st_mode) and st.st_nlink > 1 and not _allow_hardlinks(ctx)

@@ -24,7 +24,7 @@ import attrs
 import trio
 from weald.tools._contract import ToolContext, ToolError, ToolResult, tool
 from weald.tools._process import RIPGREP_FILTERS, find_ripgrep, open_group_process
-from weald.tools._sandbox import display_path
+from weald.tools._sandbox import display_path, pinned_directory
 
 __all__ = ["MAX_FILES", "PathPattern", "glob"]
 
@@ -227,7 +227,9 @@ def _stat_batch(root: Path, names: Iterable[str]) -> list[tuple[float, str]]:
     return out
 
 
-async def list_files(root: Path, pattern: PathPattern, *, limit: int) -> tuple[list[str], int, str]:
+async def list_files(
+    root: Path, pattern: PathPattern, *, limit: int, pass_fds: tuple[int, ...] = ()
+) -> tuple[list[str], int, str]:
     """The ``limit`` newest files under ``root`` that match ``pattern``, and how many match in all.
 
     Returns:
@@ -249,7 +251,7 @@ async def list_files(root: Path, pattern: PathPattern, *, limit: int) -> tuple[l
         best = heapq.nsmallest(limit, [*best, *stats])
 
     stderr = b""
-    async with open_group_process(argv, cwd=root) as process:
+    async with open_group_process(argv, cwd=root, pass_fds=pass_fds) as process:
         assert process.stdout is not None
         assert process.stderr is not None
         async with trio.open_nursery() as nursery:
@@ -292,7 +294,10 @@ async def glob(ctx: ToolContext, *, pattern: str, path: str = ".") -> ToolResult
             f"{path} is a file, not a directory; glob lists the files in a directory. "
             "Give its directory as path, or use read_file to read it.",
         )
-    names, total, errors = await list_files(root, compiled, limit=MAX_FILES)
+    # Listed from the directory held open, not by its name: one swapped for a
+    # symlink after the check is refused, never followed.
+    with pinned_directory(ctx, root) as (pinned, fd):
+        names, total, errors = await list_files(pinned, compiled, limit=MAX_FILES, pass_fds=(fd,))
     prefix = display_path(ctx, root)
     where = "the working directory" if prefix == "." else prefix
     if not names:

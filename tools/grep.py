@@ -21,6 +21,8 @@ a second ``rg --count`` pass counts instead.
 from __future__ import annotations
 
 import base64
+import contextlib
+import functools
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -31,7 +33,7 @@ import trio
 from weald.tools._contract import ToolContext, ToolError, ToolResult, tool
 from weald.tools._hashline import line_hash, to_display
 from weald.tools._process import RIPGREP_FILTERS, find_ripgrep, open_group_process
-from weald.tools._sandbox import display_path
+from weald.tools._sandbox import display_path, hardlinked, open_read, pinned_directory
 from weald.tools.glob import PathPattern, join_display, strip_dot
 
 __all__ = ["grep"]
@@ -304,12 +306,33 @@ def _line_text(text: str, number: int) -> tuple[str, str]:
     return shown, line_hash(text)
 
 
-def _format(collector: _Collector, prefix: str) -> list[str]:
+def _drop_hardlinked(ctx: ToolContext, collector: _Collector, pinned: Path) -> tuple[int, int]:
+    """Take out the matches of files with other names (hard links may lead outside the sandbox).
+
+    rg reads what the directory holds; a hard link to a file outside is one
+    of its entries, so its lines are dropped here unless the sandbox allows
+    hard links. Returns the matching lines and files dropped.
+    """
+    lines = files = 0
+    for path in list(collector.files):
+        try:
+            st = os.stat(pinned / path, follow_symlinks=False)
+        except OSError:
+            continue
+        if hardlinked(ctx, st):
+            file = collector.files.pop(path)
+            collector.shown -= file.matches
+            lines += file.matches
+            files += 1
+    return lines, files
+
+
+def _format(collector: _Collector, prefix: str, rename: dict[str, str] | None = None) -> list[str]:
     out: list[str] = []
     separate = collector.context > 0
     for path in sorted(collector.files):
         file = collector.files[path]
-        shown_path = join_display(prefix, path)
+        shown_path = join_display(prefix, (rename or {}).get(path, path))
         if file.binary:
             out.append(f"{shown_path}: binary file matches ({file.matches} line{'s' if file.matches != 1 else ''})")
             continue
@@ -335,14 +358,16 @@ def _plural(n: int, word: str) -> str:
 # -- the tool ---------------------------------------------------------------------------
 
 
-async def _run_rg(argv: list[str], cwd: Path, on_output: Callable[[bytes | bytearray], bool]) -> tuple[int | None, str]:
+async def _run_rg(
+    argv: list[str], cwd: Path, on_output: Callable[[bytes | bytearray], bool], pass_fds: tuple[int, ...] = ()
+) -> tuple[int | None, str]:
     """Run ripgrep, handing its output to ``on_output`` until that returns False.
 
     Returns:
         ripgrep's exit status (None when it was stopped early) and its error output.
     """
     stderr = bytearray()
-    async with open_group_process(argv, cwd=cwd) as process:
+    async with open_group_process(argv, cwd=cwd, pass_fds=pass_fds) as process:
         assert process.stdout is not None
         assert process.stderr is not None
         stdout, err = process.stdout, process.stderr
@@ -402,17 +427,57 @@ async def grep(
     """Search the files under ``path`` for ``pattern``."""
     rg = find_ripgrep()
     target = ctx.resolve_path(path, must_exist=True)
-    if target.is_dir():
-        cwd, operand = target, "."
-    else:
-        cwd, operand = target.parent, target.name
+    run = functools.partial(
+        _grep,
+        ctx,
+        rg=rg,
+        target=target,
+        pattern=pattern,
+        include=include,
+        context=context,
+        max_results=max_results,
+        case_insensitive=case_insensitive,
+        fixed_strings=fixed_strings,
+    )
+    with contextlib.ExitStack() as held:
+        # rg never reaches the target by name: a directory is held open by an
+        # O_NOFOLLOW walk and searched as /proc/self/fd/N; a file is opened by
+        # open_read (which refuses a swapped symlink and a hard link) and rg
+        # reads that descriptor. So nothing swapped in after the check is read.
+        if target.is_dir():
+            pinned, fd = held.enter_context(pinned_directory(ctx, target))
+            found = await run(cwd=pinned, operand=".", pass_fds=(fd,))
+        else:
+            file, _ = open_read(ctx, path)
+            held.enter_context(file)
+            found = await run(cwd=target.parent, operand=f"/proc/self/fd/{file.fileno()}", pass_fds=(file.fileno(),))
+    return found
+
+
+async def _grep(
+    ctx: ToolContext,
+    *,
+    rg: str,
+    target: Path,
+    cwd: Path,
+    operand: str,
+    pass_fds: tuple[int, ...],
+    pattern: str,
+    include: str | None,
+    context: int,
+    max_results: int,
+    case_insensitive: bool,
+    fixed_strings: bool,
+) -> ToolResult:
+    """Run the search (``operand`` under ``cwd``) and format its result for ``target``."""
+    rename = {} if operand == "." else {operand: target.name}
     search: list[str] = []
     if case_insensitive:
         search.append("--ignore-case")
     if fixed_strings:
         search.append("--fixed-strings")
     path_filter = None
-    if include is not None and target.is_dir():
+    if include is not None and operand == ".":
         included = PathPattern.compile(include)
         search += included.ripgrep_args()
         path_filter = None if included.by_name_only else included
@@ -425,18 +490,22 @@ async def grep(
         collector.feed(chunk)
         return not collector.needs_count
 
-    code, errors = await _run_rg([rg, *show, *search], cwd, collect)
+    code, errors = await _run_rg([rg, *show, *search], cwd, collect, pass_fds)
     if code == 2 and not collector.files:
         raise _rg_failure(pattern, include, errors)
     if code is None:
         counter = _Counter(path_filter)
-        await _run_rg([rg, "--count", "--with-filename", "--null", *search], cwd, counter.feed)
+        await _run_rg([rg, "--count", "--with-filename", "--null", *search], cwd, counter.feed, pass_fds)
         total, files = counter.lines, counter.files
     else:
         collector.finish()
         total, files = collector.totals()
 
-    prefix = display_path(ctx, cwd)
+    if operand == ".":
+        dropped_lines, dropped_files = _drop_hardlinked(ctx, collector, cwd)
+        total -= dropped_lines
+        files -= dropped_files
+    prefix = display_path(ctx, target if operand == "." else target.parent)
     where = display_path(ctx, target)
     where = "the working directory" if where == "." else where
     total = max(total, collector.shown)
@@ -450,7 +519,7 @@ async def grep(
             hints=hints,
             data={"matches": 0, "files": 0, "shown": 0},
         )
-    lines = _format(collector, prefix)
+    lines = _format(collector, prefix, rename)
     cut = total > collector.shown
     header = f"Found {_plural(total, 'matching line')} in {_plural(files, 'file')}"
     header += f"; showing the first {collector.shown}:" if cut else ":"

@@ -42,6 +42,7 @@ from weald.tools._process import (
     open_group_process,
     own_deadline,
 )
+from weald.tools._sandbox import pinned_directory
 
 __all__ = ["DEFAULT_TIMEOUT", "MAX_TIMEOUT", "shell"]
 
@@ -206,10 +207,13 @@ def _argv(command: str) -> list[str]:
     return [_shell_program(), "-c", command]
 
 
-def _environment(ctx: ToolContext) -> dict[str, str]:
+def _environment(ctx: ToolContext, workdir: Path) -> dict[str, str]:
     keep = tuple(str(name) for name in ctx.config.option("shell", "env_keep", ()))
     env = sanitized_env(keep=keep)
     env.update(_NON_INTERACTIVE)
+    # The command runs in /proc/self/fd/N; PWD gives the shell its real name
+    # (bash checks it names the same directory before it uses it).
+    env["PWD"] = str(workdir)
     extra: Mapping[str, Any] = ctx.config.option("shell", "env", {})
     env.update({str(k): str(v) for k, v in extra.items()})
     return env
@@ -271,6 +275,16 @@ def _job_table(ctx: ToolContext) -> JobTable:
 
 async def _run(ctx: ToolContext, command: str, timeout: float, cwd: str | None) -> ToolResult:
     workdir = _workdir(ctx, cwd)
+    # The command starts in the directory held open by an O_NOFOLLOW walk
+    # (/proc/self/fd/N), not by its name: one swapped for a symlink after the
+    # check is refused, never entered.
+    with pinned_directory(ctx, workdir) as (pinned, fd):
+        return await _run_in(ctx, command, timeout, workdir=workdir, pinned=pinned, fd=fd)
+
+
+async def _run_in(
+    ctx: ToolContext, command: str, timeout: float, *, workdir: Path, pinned: Path, fd: int
+) -> ToolResult:
     limits = _Limits.of(ctx)
     grace = float(ctx.config.option("shell", "kill_grace", DEFAULT_KILL_GRACE))
     capture = OutputCapture(tail_bytes=limits.bytes, spool_dir=_spool_dir(ctx), spool_prefix="shell-", emit=ctx.emit)
@@ -281,11 +295,12 @@ async def _run(ctx: ToolContext, command: str, timeout: float, cwd: str | None) 
     try:
         async with open_group_process(
             _argv(command),
-            cwd=workdir,
-            env=_environment(ctx),
+            cwd=pinned,
+            env=_environment(ctx, workdir),
             stdin=subprocess.DEVNULL,
             grace=grace,
             session=True,
+            pass_fds=(fd,),
         ) as process:
             with trio.move_on_after(own_deadline(timeout)) as deadline:
                 held_open = await capture_until_exit(process, capture, drain=_DRAIN_AFTER_EXIT)
@@ -365,7 +380,15 @@ def _foreground_result(
 async def _start_job(ctx: ToolContext, command: str, cwd: str | None) -> ToolResult:
     jobs = _job_table(ctx)
     workdir = _workdir(ctx, cwd)
-    info = await jobs.start(_argv(command), command=command, cwd=workdir, env=_environment(ctx))
+    with pinned_directory(ctx, workdir) as (pinned, fd):  # held until the job has started in it
+        info = await jobs.start(
+            _argv(command),
+            command=command,
+            cwd=workdir,
+            env=_environment(ctx, workdir),
+            pass_fds=(fd,),
+            run_in=pinned,
+        )
     return ToolResult.success(
         f"Started {info.id} (pid {info.pid}) in the background: {command}\n"
         f"Use action='wait' with job_id='{info.id}' to read its output and see whether it ended, "

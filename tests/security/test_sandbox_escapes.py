@@ -124,15 +124,6 @@ def test_searches_of_the_project_never_follow_its_links_out(
     assert "secret.txt" not in result.text()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "tools/grep.py grep: ripgrep reads every regular file under the target, whatever its link count; "
-        "the sandbox's hard-link rule (files with st_nlink > 1 refused unless [tools.options.files] "
-        "allow_hardlinks) is enforced by open_read/write_atomic only, so a hard link to an outside file "
-        "is searched and its lines are shown"
-    ),
-)
 def test_grep_does_not_show_the_lines_of_a_hard_link_to_an_outside_file(
     runner: RunnerHarness, layout: tuple[Path, Path]
 ) -> None:
@@ -214,14 +205,6 @@ def test_a_symlink_swapped_in_after_the_check_is_not_followed(
 _SWAP_ESCAPES = "the swap is not caught: {}"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=_SWAP_ESCAPES.format(
-        "tools/grep.py grep resolves the target with ctx.resolve_path, then runs rg with cwd=<that path> "
-        "(and the file name as operand); chdir and rg follow a symlink swapped in meanwhile, so rg searches "
-        "the outside directory and its lines are shown"
-    ),
-)
 @pytest.mark.parametrize("make_swap", [swap_directory, swap_file])
 def test_grep_does_not_search_a_directory_or_file_swapped_for_a_symlink_after_the_check(
     runner: RunnerHarness,
@@ -236,13 +219,6 @@ def test_grep_does_not_search_a_directory_or_file_swapped_for_a_symlink_after_th
     assert SECRET.strip() not in result.text()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=_SWAP_ESCAPES.format(
-        "tools/glob.py glob resolves path with ctx.resolve_path, then list_files walks that path by name; "
-        "a directory swapped for a symlink meanwhile is followed and the outside names are listed"
-    ),
-)
 def test_glob_does_not_list_a_directory_swapped_for_a_symlink_after_the_check(
     runner: RunnerHarness, project: Path, outside: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -251,14 +227,6 @@ def test_glob_does_not_list_a_directory_swapped_for_a_symlink_after_the_check(
     assert "secret.txt" not in result.text()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=_SWAP_ESCAPES.format(
-        "tools/shell.py _workdir checks cwd with ctx.resolve_path, then open_group_process chdirs to it by "
-        "name; a directory swapped for a symlink meanwhile puts the command outside (low severity: a command "
-        "may cd anywhere; but the documented contract is a working directory inside the sandbox)"
-    ),
-)
 def test_shell_does_not_run_in_a_directory_swapped_for_a_symlink_after_the_check(
     runner: RunnerHarness, project: Path, outside: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

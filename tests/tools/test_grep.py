@@ -239,13 +239,40 @@ async def test_very_long_lines_are_cut_but_hashed_whole(ctx: ToolContext, tree: 
 
 
 @pytest.mark.trio
-async def test_a_cancelled_search_kills_ripgrep(ctx: ToolContext, tree: Path) -> None:
-    fifo = tree / f"blocking-fifo-{uuid.uuid4().hex}"
+async def test_a_cancelled_search_kills_ripgrep(
+    ctx: ToolContext, tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A stand-in for rg that never ends; its own unique path is in its command line.
+    slow_rg = tmp_path / f"rg-that-never-ends-{uuid.uuid4().hex}"
+    slow_rg.write_text("#!/bin/sh\nsleep 1000\n")
+    slow_rg.chmod(0o755)
+    monkeypatch.setattr("weald.tools.grep.find_ripgrep", lambda: str(slow_rg))
+    started = trio.Event()
+
+    async def watch() -> None:
+        while not any(str(slow_rg).encode() in cmdline for cmdline in command_lines()):  # noqa: ASYNC110 - /proc has no event
+            await trio.sleep(0.01)
+        started.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(watch)
+        with trio.move_on_after(10) as scope:
+            async with trio.open_nursery() as inner:
+                inner.start_soon(lambda: search(ctx, pattern="x"))
+                await started.wait()
+                inner.cancel_scope.cancel()
+        assert not scope.cancelled_caught  # it did start, and was cancelled by us
+    assert not any(str(slow_rg).encode() in cmdline for cmdline in command_lines())
+
+
+@pytest.mark.trio
+async def test_a_fifo_is_refused_rather_than_waited_on(ctx: ToolContext, tree: Path) -> None:
+    fifo = tree / f"fifo-{uuid.uuid4().hex}"
     os.mkfifo(fifo)
-    with trio.move_on_after(0.5) as scope:
-        await search(ctx, pattern="x", path=fifo.name)
-    assert scope.cancelled_caught
-    assert not any(fifo.name.encode() in cmdline for cmdline in command_lines())
+    with trio.fail_after(5):
+        result = await search(ctx, pattern="x", path=fifo.name)
+    assert not result.ok
+    assert "is not a regular file (it is a device, FIFO or socket)" in result.output
 
 
 @pytest.mark.trio
