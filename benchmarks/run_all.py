@@ -1,9 +1,9 @@
 """Run every benchmark and print one summary table of figures, ratios and targets.
 
 Runs, in order: ``bench_actors``, ``bench_tools``, ``bench_agent``,
-``bench_grep``, ``bench_read_file``. Each prints its own detailed tables as it
-goes; at the end comes the machine, then one table with every figure, its
-ratio to the baselines, its target and PASS or MISS.
+``bench_grep``, ``bench_read_file``, ``bench_store``. Each prints its own
+detailed tables as it goes; at the end comes the machine, then one table
+with every figure, its ratio to the baselines, its target and PASS or MISS.
 
 Run: ``python benchmarks/run_all.py [--quick] [--only actors,tools,...]``
 """
@@ -25,6 +25,7 @@ BENCHMARKS = {
     "agent": "bench_agent",
     "grep": "bench_grep",
     "read_file": "bench_read_file",
+    "store": "bench_store",
 }
 
 

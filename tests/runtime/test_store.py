@@ -18,6 +18,7 @@ import pytest
 import trio
 import trio.lowlevel
 from weald.runtime import Store, StoreClosedError, StoreCodecError, StoreCorruptError, StoreError
+from weald.runtime.testing import wait_until
 
 
 @attrs.frozen
@@ -227,6 +228,32 @@ def test_enqueued_writes_are_committed_in_groups_and_flush_waits_for_them(store:
     assert store.count("history") == 500
     assert store.get("history", "s/00499") == {"n": 499}
     assert store.statistics()["commits"] < 500  # grouped, not one commit per write
+
+
+def test_a_queued_group_is_one_transaction_across_namespaces(tmp_path: Path) -> None:
+    path = tmp_path / "group.db"
+    s = Store(path)
+    try:
+        s.put("turns", "seed", 0)
+        s.put("broken", "seed", 0)  # sqlitedict creates both tables
+        other = sqlite3.connect(path, isolation_level=None)
+        other.execute("CREATE TRIGGER refuse BEFORE INSERT ON \"broken\" BEGIN SELECT RAISE(ABORT, 'refused'); END")
+        other.execute("BEGIN IMMEDIATE")  # holds the write lock: the committer's next group waits
+        s.enqueue_nowait("history", "first", 1)
+        wait_until(lambda: s._queue.qsize() == 0)  # the committer took it and waits for the lock
+        s.enqueue_nowait("turns", "t", 1)
+        s.enqueue_nowait("broken", "b", 1)  # same group as "t": the trigger fails it
+        flushed = s.flush()
+        other.execute("ROLLBACK")
+        with pytest.raises(StoreError, match="could not commit queued writes: refused"):
+            flushed.get(timeout=20)
+        assert s.get("history", "first") == 1
+        assert s.get("turns", "t") is None  # rolled back with the failed write, not half-committed
+        with pytest.raises(StoreError, match="could not commit queued writes"):
+            s.enqueue_nowait("turns", "later", 1)  # the store says so rather than lose writes quietly
+        other.close()
+    finally:
+        s.close()
 
 
 def test_enqueue_refuses_a_value_it_cannot_encode_in_the_caller(store: Store) -> None:
