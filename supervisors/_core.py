@@ -146,7 +146,8 @@ class SupervisorBase(Actor):
         child.ref = ref
         child.status = "running"
         child.started_at = self._clock()
-        self._publish("child_started", id=spec.id, path=ref.path, kind=spec.actor.__name__)
+        if spec.progress:
+            self._publish("child_started", id=spec.id, path=ref.path, kind=spec.actor.__name__)
         return ref
 
     def _add(self, spec: ChildSpec) -> _Child:
@@ -225,13 +226,14 @@ class SupervisorBase(Actor):
         child.ref = None
         exit_ = down.exit
         spec = child.spec
-        self._publish(
-            "child_crashed" if exit_.abnormal else "child_exited",
-            id=child_id,
-            path=down.path,
-            exit=exit_.kind,
-            error=repr(exit_.error) if exit_.error is not None else None,
-        )
+        if exit_.abnormal or spec.progress:
+            self._publish(
+                "child_crashed" if exit_.abnormal else "child_exited",
+                id=child_id,
+                path=down.path,
+                exit=exit_.kind,
+                error=repr(exit_.error) if exit_.error is not None else None,
+            )
         restart = spec.restart == "permanent" or (spec.restart == "transient" and exit_.abnormal)
         if not restart:
             if spec.restart == "temporary":

@@ -83,6 +83,12 @@ class ChildSpec:
         shutdown: seconds the child gets to stop before it is killed (or,
             for a thread actor, abandoned) and reported.
         backoff: optional exponential delay between restarts; off by default.
+        progress: publish ``supervisor.child_started`` and, for a normal
+            end, ``supervisor.child_exited`` for this child (OTP's progress
+            reports). Off for children numerous and short-lived enough to
+            flood the event ring, whose starts and ends their parent reports
+            itself (each tool call: ``tool.started`` / ``tool.finished``).
+            Crashes, failed starts, kills and restarts are published always.
     """
 
     id: str = attrs.field(validator=_check_id)
@@ -92,6 +98,7 @@ class ChildSpec:
     restart: Restart = attrs.field(default="permanent", validator=_check_restart)
     shutdown: float = attrs.field(default=5.0, validator=_check_shutdown)
     backoff: Backoff | None = None
+    progress: bool = True
 
 
 @attrs.frozen

@@ -83,3 +83,23 @@ def test_thousands_of_temporary_children_come_and_go(system: ActorSystem) -> Non
     for ref in refs:
         ref.stop(block=False)
     wait_until(lambda: proxy.count_children().get()["specs"] == 0)
+
+
+def test_a_child_without_progress_reports_is_quiet_until_it_crashes(system: ActorSystem) -> None:
+    sup = DynamicSupervisor.start(name="dyn")
+    proxy = sup.proxy()
+
+    def topics_for(child_id: str) -> list[str]:
+        return [e.topic for e in system.events.recent(200, source="/dyn") if e.data.get("id") == child_id]
+
+    quiet = proxy.start_child(ChildSpec("quiet", Worker, restart="temporary", progress=False)).get(timeout=5)
+    loud = proxy.start_child(ChildSpec("loud", Worker, restart="temporary")).get(timeout=5)
+    quiet.stop()
+    loud.stop()
+    # One supervisor publishes in order: once the loud child's exit is out, the quiet one's would be too.
+    wait_until(lambda: "supervisor.child_exited" in topics_for("loud"))
+    assert topics_for("loud") == ["supervisor.child_started", "supervisor.child_exited"]
+    assert topics_for("quiet") == []
+    crashing = proxy.start_child(ChildSpec("crashing", Worker, restart="temporary", progress=False)).get(timeout=5)
+    crashing.tell("crash")
+    wait_until(lambda: topics_for("crashing") == ["supervisor.child_crashed"])
