@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
-import math
 import queue
 import threading
 import uuid
@@ -515,14 +514,12 @@ class _ThreadInbox:
 class IOHandle:
     """A running ``run_io`` task; `cancel` it, or check whether it is `done`."""
 
-    __slots__ = ("_actor", "_cancel_requested", "_scope", "_timed_out", "_timeout", "done", "name")
+    __slots__ = ("_actor", "_cancel_requested", "_scope", "done", "name")
 
-    def __init__(self, actor: Actor, name: str, timeout: float | None = None) -> None:
+    def __init__(self, actor: Actor, name: str) -> None:
         self._actor = actor
         self._scope: trio.CancelScope | None = None
         self._cancel_requested = False
-        self._timeout = timeout
-        self._timed_out = False
         self.done = False
         self.name = name
 
@@ -549,10 +546,6 @@ class _SpawnContext(threading.local):
     path: str = ""
     parent: Ref[Any] | None = None
 
-
-# What a parked receive loop is woken with when `Actor._stop_if_idle` has
-# already ended its actor.
-_ENDED = object()
 
 # The messages pykka's Actor._handle_receive dispatches itself.
 _PYKKA_MESSAGES = (_ActorStop, ProxyCall, ProxyGetAttr, ProxySetAttr)
@@ -763,24 +756,7 @@ class Actor(pykka.Actor):
         Returns:
             A handle to cancel the task.
         """
-        return self._run_io(None, async_fn, args, reply, name)
-
-    def _run_io(
-        self,
-        timeout: float | None,
-        async_fn: Callable[..., Awaitable[T]],
-        args: tuple[Any, ...],
-        reply: Callable[[outcome.Outcome[T]], Any] | None,
-        name: str | None,
-    ) -> IOHandle:
-        """`run_io`, optionally with a time limit counted from the task's start.
-
-        Runtime-internal. When the limit ends the task, the outcome is an
-        `IOCancelledError` and the handle's ``_timed_out`` is True. The limit
-        is the deadline of the task's own cancel scope: a caller that wrapped
-        its work in ``trio.move_on_after`` paid for a second scope per task.
-        """
-        handle = IOHandle(self, name or str(getattr(async_fn, "__name__", "io")), timeout)
+        handle = IOHandle(self, name or str(getattr(async_fn, "__name__", "io")))
         if self._io is None:
             self._io = set()
         self._io.add(handle)
@@ -794,9 +770,7 @@ class Actor(pykka.Actor):
         args: tuple[Any, ...],
         reply: Callable[[outcome.Outcome[Any]], Any] | None,
     ) -> None:
-        timeout = handle._timeout
-        deadline = math.inf if timeout is None else trio.current_time() + timeout
-        with trio.CancelScope(deadline=deadline) as scope:
+        with trio.CancelScope() as scope:
             handle._scope = scope
             if handle._cancel_requested or self._exit is not None:
                 handle._cancel_requested = True
@@ -806,9 +780,6 @@ class Actor(pykka.Actor):
         if self._io is not None:
             self._io.discard(handle)
         if isinstance(result, outcome.Error) and isinstance(result.error, trio.Cancelled):
-            # Only the deadline cancels this scope unasked (cancel() and the
-            # actor's end both set _cancel_requested first).
-            handle._timed_out = scope.cancel_called and not handle._cancel_requested
             result = outcome.Error(IOCancelledError(f"I/O task {handle.name} was cancelled"))
         if reply is None:
             if isinstance(result, outcome.Error):
@@ -871,8 +842,7 @@ class Actor(pykka.Actor):
                 if items:
                     inbox._task = None
                 else:
-                    if await trio.lowlevel.wait_task_rescheduled(inbox._abort) is _ENDED:
-                        return NORMAL  # ended while parked: see _stop_if_idle
+                    await trio.lowlevel.wait_task_rescheduled(inbox._abort)
                     continue
             envelope = items.popleft()
             message = envelope.message
@@ -994,37 +964,6 @@ class Actor(pykka.Actor):
         if not told:
             self._system._orphan_down(down, parented=parent is not None)
         ref._exited.resolve(outcome.Value(exit_))
-
-    def _stop_if_idle(self) -> bool:
-        """End this loop actor now, normally, if that is all a stop would do; else return False.
-
-        Runtime-internal, for an actor that stops itself from one of its own
-        I/O tasks (a `ToolExecution` when its call is done). A stop message
-        would wake the actor's task only to run the base ``on_stop`` (which
-        does nothing) and `_finish`; when the actor is running, parked on an
-        empty inbox, and has no ``on_stop`` of its own, this does the same at
-        once, in the caller's task, and the actor's task just returns. That
-        saves a round of the loop between a tool's result and its report.
-        Must be called on the loop thread.
-        """
-        inbox = self.actor_inbox
-        assert isinstance(inbox, _LoopInbox)
-        task = inbox._task
-        if (
-            task is None
-            or inbox._items
-            or self._exit is not None
-            or self._status != "running"
-            or type(self).on_stop is not Actor.on_stop
-        ):
-            return False
-        inbox._task = None
-        self._status = "stopping"
-        self.actor_stopped.set()
-        self._cancel_io()
-        self._finish(NORMAL)
-        trio.lowlevel.reschedule(task, outcome.Value(_ENDED))  # an outcome is used once
-        return True
 
     def _kill(self) -> None:
         loop = self._system.loop

@@ -385,12 +385,13 @@ def _runner_path(ctx: ToolContext) -> str:
     session_path = getattr(getattr(ctx.session, "runtime", None), "session_path", None)
     if isinstance(session_path, str):
         return f"{session_path}/tool_runner"
-    # Outside a session: the call's task was started by the runner's `calls`
-    # supervisor (`<runner>/calls`, see weald.runtime.tool_runner).
+    # Outside a session: the call runs in its execution actor, a child of the
+    # runner's `calls` supervisor (`<runner>/calls/<call>`, see weald.runtime.tool_runner).
     actor = _current_actor.get()
     if actor is None:
         return "/"
-    return actor.removesuffix("/calls") or "/"
+    runner, calls, _ = actor.rpartition("/calls/")
+    return (runner or "/") if calls else actor
 
 
 def _with_mark(ctx: ToolContext, mark: str) -> ToolContext:

@@ -32,10 +32,10 @@ from pathlib import Path
 from typing import Any, Literal, cast
 
 import attrs
-import outcome
 import trio
-from pykka.messages import ProxyCall
-from weald.runtime import Actor, ActorDeadError, Exit, Future, IOHandle, Ref, redact
+from pykka.messages import ProxyCall, _ActorStop
+from weald.runtime import Actor, ActorDeadError, Exit, Future, Ref, redact
+from weald.runtime._actor import _envelope
 from weald.supervisors import ChildSpec, DynamicSupervisor
 from weald.tools import (
     AbortSignal,
@@ -269,10 +269,12 @@ class _Batch:
 class ToolExecution(Actor):
     """Runs one tool call; a temporary child of the runner's ``calls`` supervisor.
 
-    Its ``on_start`` launches the call as an I/O task and returns, so the
-    supervisor's start completes at once; the outcome completes ``result``
-    and the actor stops itself. Killing it cancels the call (async tools
-    are cancelled where they wait; thread tools see ``ctx.abort``).
+    The call is the actor's first message and its stop the second, both
+    queued by ``on_start``: the supervisor's start completes at once, the
+    call then runs in the actor's own task, and the actor ends as soon as it
+    is done, without another round of the loop. The outcome completes
+    ``result``. Killing the actor cancels the call (async tools are
+    cancelled where they wait; thread tools see ``ctx.abort``).
     """
 
     def __init__(
@@ -289,25 +291,32 @@ class ToolExecution(Actor):
         self._ctx = ctx
         self._timeout = timeout
         self._result = result
-        self._call: IOHandle | None = None
 
     def on_start(self) -> None:
-        """Launch the call as an I/O task and return, so the start completes at once."""
-        # The call's timeout is the deadline of the I/O task's own cancel
-        # scope (one scope per call, not two); _finished tells it apart.
-        self._call = self._run_io(self._timeout, self._run, (), self._finished, f"tool {self._tool.name}")
+        """Queue the call, then the stop, so the start completes at once and the call runs next."""
+        inbox = self.actor_inbox
+        inbox.put(_envelope(_RUN_CALL))
+        inbox.put(_envelope(_ActorStop()))
 
-    async def _run(self) -> ToolResult:
+    async def on_receive(self, message: Any) -> None:
+        """Run the call (the queued `_RUN_CALL`); anything else sent here is ignored."""
+        if message is not _RUN_CALL:
+            return
         tool = self._tool
         try:
-            return await invoke(tool, self._ctx, self._arguments)
+            with trio.move_on_after(self._timeout) as scope:
+                value = await invoke(tool, self._ctx, self._arguments)
         except trio.Cancelled:
+            self._ctx.abort.set("stopped")  # killed: a thread tool still running sees it
             raise
         except BaseException as exc:  # a tool's BaseException is still only an error result
-            return ToolResult.error(
+            value = ToolResult.error(
                 f"{tool.name} crashed with {type(exc).__name__}: {exc}. "
                 "The tool is fine to call again; change the arguments or try another approach."
             )
+        if scope.cancelled_caught:
+            value = self._timeout_result()
+        self._result.set(value)
 
     def _timeout_result(self) -> ToolResult:
         tool = self._tool
@@ -318,21 +327,9 @@ class ToolExecution(Actor):
             + "."
         )
 
-    def _finished(self, result: outcome.Outcome[ToolResult]) -> object:
-        if self.actor_ref.exit is not None:
-            return None  # killed: the runner reports the call from the exit
-        if isinstance(result, outcome.Value):
-            value = result.value
-        elif self._call is not None and self._call._timed_out:
-            value = self._timeout_result()
-        else:
-            assert isinstance(result, outcome.Error)
-            value = ToolResult.error(f"{self._tool.name} was cancelled: {result.error}")
-        with contextlib.suppress(Exception):  # already answered (killed meanwhile)
-            self._result.set(value)
-        if not self._stop_if_idle():
-            self.actor_ref.stop(block=False)
-        return None
+
+# The call, as the execution's first message.
+_RUN_CALL = object()
 
 
 # -- the runner ------------------------------------------------------------------------------
@@ -599,6 +596,7 @@ class ToolRunner(Actor):
             args=(tool, call.arguments or {}, ctx, timeout, result),
             restart="temporary",
             shutdown=1.0,
+            progress=False,  # tool.started / tool.finished report each call
         )
         batch_id, index = msg.batch_id, pending.index
         runner = self.actor_ref
@@ -624,9 +622,7 @@ class ToolRunner(Actor):
                 exit_ = exited.get()
                 if result.done():
                     value = result.get()
-                elif pending.abort.is_set():
-                    value = ToolResult.error("[aborted]")
-                else:
+                else:  # killed or stopped mid-call (an abort by the runner has answered the call already)
                     value = ToolResult.error(
                         f"the {tool.name} call ended without a result ({exit_.describe()}). "
                         "It is fine to call the tool again."

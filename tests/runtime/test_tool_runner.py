@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,23 @@ async def wait_flag(ctx: ToolContext, flag: str) -> str:
         while not FLAGS[flag].is_set():  # noqa: ASYNC110 - the flag is set from a worker thread
             await trio.sleep(0.002)
     return f"{flag} seen" if FLAGS[flag].is_set() else f"{flag} never set"
+
+
+@tool(
+    name="poll_abort",
+    description="a thread tool that polls ctx.abort until it is set",
+    parameters={"type": "object", "properties": {"flag": {"type": "string"}}, "required": ["flag"]},
+    registry=REG,
+)
+def poll_abort(ctx: ToolContext, flag: str) -> str:
+    # Runs in a worker thread, which a kill abandons: ctx.abort is all it sees.
+    FLAGS[f"{flag}-running"].set()
+    deadline = time.monotonic() + 10
+    while not ctx.abort.is_set() and time.monotonic() < deadline:
+        time.sleep(0.002)
+    if ctx.abort.is_set():
+        FLAGS[flag].set()
+    return "done"
 
 
 @tool(
@@ -192,10 +210,20 @@ def test_each_call_runs_in_its_own_temporary_child_that_receives_the_snapshot(se
     system = session.system
     results = session.run(("snapshot", {}), snapshot=("frozen", 42))
     assert results.outcomes[0].result.output == "('frozen', 42)"
-    started = wait_for_event(system.events, "supervisor.child_started", lambda e: e.source == "/runner/calls")
-    assert started.data["kind"] == "ToolExecution"
-    assert started.data["path"].startswith("/runner/calls/b1-c0")
+    FLAGS["child"] = threading.Event()
+    batch = session.send(("wait_flag", {"flag": "child"}))
+    calls = system.whereis("/runner/calls")
+    assert calls is not None
+    infos = wait_until(lambda: calls.proxy().which_children().get())
+    assert [(i.kind, i.restart, i.status) for i in infos] == [("ToolExecution", "temporary", "running")]
+    assert infos[0].path.startswith(f"/runner/calls/{batch}-c0")
+    FLAGS["child"].set()
+    assert session.result(batch).outcomes[0].result.output == "child seen"
     wait_until(lambda: system.registered("/runner/calls/") == [])
+    # Each call is reported by the runner (tool.started / tool.finished), not
+    # by the supervisor's progress reports, which would flood the event ring.
+    assert [e.data["call_id"] for e in system.events.recent(500, topic="tool.finished")] == ["b1-c0", f"{batch}-c0"]
+    assert system.events.recent(500, topic="supervisor.*", source="/runner/calls") == []
 
 
 def test_a_tool_that_raises_becomes_an_error_result_that_says_how_to_recover(session: Session) -> None:
@@ -369,6 +397,16 @@ def test_an_execution_actor_that_is_killed_from_outside_yields_an_error_result(s
     out = session.result(batch).outcomes[0].result
     assert not out.ok
     assert "ended without a result (killed)" in out.output
+
+
+def test_a_thread_tool_whose_execution_is_killed_sees_its_abort_signal(session: Session) -> None:
+    FLAGS["gone"], FLAGS["gone-running"] = threading.Event(), threading.Event()
+    batch = session.send(("poll_abort", {"flag": "gone"}))
+    assert FLAGS["gone-running"].wait(10)
+    path = wait_until(lambda: session.system.registered("/runner/calls/"))[0]
+    session.system.whereis(path).kill()
+    assert "ended without a result (killed)" in session.result(batch).outcomes[0].result.output
+    assert FLAGS["gone"].wait(10), "the abandoned worker thread never saw ctx.abort"
 
 
 def test_tool_config_reaches_the_tools(system: ActorSystem, tmp_path: Path) -> None:
