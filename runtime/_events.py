@@ -69,8 +69,22 @@ def _redact_payload(data: Mapping[str, Any]) -> dict[str, Any]:
         elif cls in _PLAIN:
             out[key] = value
         else:
-            out[key] = redact(value)
+            out[key] = _redact_value(value)
     return out
+
+
+def _redact_value(value: Any) -> Any:
+    """`redact` of a nested value, with plain dicts, lists and tuples taken here (keys cached)."""
+    cls = value.__class__
+    if cls is str:
+        return redact_text(value)
+    if cls in _PLAIN:
+        return value
+    if cls is dict:
+        return _redact_payload(value)
+    if cls is list or cls is tuple:
+        return [_redact_value(v) for v in value]  # as redact does: a tuple becomes a list
+    return redact(value)
 
 
 class Event(msgspec.Struct, frozen=True, kw_only=True):

@@ -47,7 +47,7 @@ import attrs
 import msgspec
 import outcome
 import trio
-from weald.runtime import Actor, Future, Ref, StoreError, redact, redact_text
+from weald.runtime import Actor, ActorDeadError, Future, Ref, StoreError, redact, redact_text
 from weald.runtime.llm import (
     Completed,
     Message,
@@ -298,6 +298,10 @@ class _Turn:
         self.text = ""
         self.batch: str | None = None
         self.pending_calls: tuple[str, ...] = ()
+
+
+# The model stream events the agent acts on (see Agent._on_model_event).
+_HANDLED_EVENTS = (TextDelta, ToolCallStarted, Completed)
 
 
 def _redacted(message: Message) -> Message:
@@ -692,7 +696,10 @@ class Agent(Actor):
         ref = self.actor_ref
         async with contextlib.aclosing(provider.stream(request)) as events:
             async for event in events:
-                ref.tell(_ModelEvent(gen, event))
+                # Only what _on_model_event handles becomes a message: argument
+                # fragments (one per tool call) are in the Completed message.
+                if isinstance(event, _HANDLED_EVENTS):
+                    ref.tell(_ModelEvent(gen, event))
 
     def _on_model_event(self, event: Any) -> None:
         turn = self._turn
@@ -980,14 +987,22 @@ class Agent(Actor):
         """Run ``then`` in this actor's context once everything queued so far is committed."""
         token = next(self._flush_tokens)
         self._flush_waiters[token] = then
-        future = self.system.store.flush()
+        ref = self.actor_ref
 
-        def landed(o: outcome.Outcome[None]) -> Any:
-            if isinstance(o, outcome.Error):
-                return _WriterFailed(o.error)
-            return _Flushed(token)
+        # Runs on the store's committer thread (or here, if it is done
+        # already) and only sends this actor a message: no task of the loop
+        # waits for the commit.
+        def landed(future: Future[None]) -> None:
+            try:
+                future.get()
+            except BaseException as exc:  # the store's error, for this actor to raise in its own context
+                message: Any = _WriterFailed(exc)
+            else:
+                message = _Flushed(token)
+            with contextlib.suppress(ActorDeadError):  # it ended meanwhile: its waiters are answered
+                ref.tell(message)
 
-        self.run_io(future.wait, reply=landed, name="flush")
+        self.system.store.flush()._on_done(landed)
 
     async def _drain_writes(self) -> None:
         """Wait until every write this agent queued is committed (bounded: the store may be gone)."""

@@ -99,7 +99,8 @@ def _request_chars(request: ModelRequest) -> int:
     chars = len(request.system or "")
     for message in request.messages:
         chars += len(message.content)
-        chars += sum(len(call.raw_arguments) for call in message.tool_calls)
+        for call in message.tool_calls:  # most messages have none: no generator per message
+            chars += len(call.raw_arguments)
     return chars
 
 
