@@ -10,9 +10,10 @@ An agent sends `RunTools` with the calls of one model response and a frozen
 snapshot of its state; the runner checks each call's permission, starts each
 allowed call in its own `ToolExecution` child (which receives the snapshot in
 its `ToolContext`), runs them concurrently, and sends one `ToolResults` back
-with the results in call order. Nothing here blocks the runner's mailbox:
-starting, awaiting and permission prompts all run as I/O tasks whose
-outcomes come back as messages, so `abort` is handled at once.
+with the results in call order. Nothing here blocks the runner's mailbox: a
+call runs in its execution actor's own task, its start and end are followed
+by callbacks on futures, permission prompts wait in I/O tasks, and all of
+them report back as messages, so `abort` is handled at once.
 
 A call never raises into the runner: a bad call, a denied permission, a
 timeout, an abort, a tool that raises (even a BaseException) or a crashed
