@@ -124,6 +124,10 @@ class SupervisorBase(Actor):
     # -- starting -----------------------------------------------------------------------
 
     async def _start(self, child: _Child) -> Ref[Any]:
+        return await self._confirm_start(child, self._launch_child(child))
+
+    def _launch_child(self, child: _Child) -> Ref[Any]:
+        """Spawn the child's actor; its ``on_start`` runs in its own task, next."""
         spec = child.spec
         try:
             ref = self.spawn_child(spec.actor, spec.args, dict(spec.kwargs), name=spec.id)
@@ -132,6 +136,11 @@ class SupervisorBase(Actor):
             msg = f"cannot start child {spec.id!r} of {self.path}: {exc!r}"
             raise StartError(msg) from exc
         self._by_ref[ref] = spec.id
+        return ref
+
+    async def _confirm_start(self, child: _Child, ref: Ref[Any]) -> Ref[Any]:
+        """Wait for the child's ``on_start``; a failure there is a `StartError`."""
+        spec = child.spec
         try:
             await ref.started()
         except Exception as exc:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Self
 
-from weald.runtime import ActorSystem, Ref
-from weald.supervisors._core import SupervisorBase
-from weald.supervisors._errors import ChildNotFoundError, MaxChildrenError
+from weald.runtime import ActorSystem, Ref, StartError
+from weald.supervisors._core import SupervisorBase, _Child
+from weald.supervisors._errors import ChildNotFoundError, MaxChildrenError, SupervisorError
 from weald.supervisors._spec import ChildSpec
 
 __all__ = ["DynamicSupervisor"]
@@ -62,15 +63,61 @@ class DynamicSupervisor(SupervisorBase):
             ChildExistsError: a child with that id is present.
             StartError: the child failed to start (it is not kept).
         """
-        if self._max_children is not None and len(self._kids) >= self._max_children:
-            msg = f"{self.path} already has its maximum of {self._max_children} children"
-            raise MaxChildrenError(msg)
-        child = self._add(spec)
+        child = self._admit(spec)
         try:
             return await self._start(child)
         except BaseException:
             self._kids.pop(spec.id, None)
             raise
+
+    def _admit(self, spec: ChildSpec) -> _Child:
+        if self._max_children is not None and len(self._kids) >= self._max_children:
+            msg = f"{self.path} already has its maximum of {self._max_children} children"
+            raise MaxChildrenError(msg)
+        return self._add(spec)
+
+    async def start_children(self, specs: Sequence[ChildSpec]) -> list[Ref[Any] | SupervisorError | StartError]:
+        """Start several children, each as `start_child` would, all at once.
+
+        Every child is spawned before the first is waited for, so their
+        ``on_start`` hooks run together rather than one supervisor round
+        each (the tool runner starts a model response's calls this way). A
+        child counts toward ``max_children`` from its spawn, so one whose
+        ``on_start`` then fails still took its place while the later specs
+        were admitted.
+
+        Returns:
+            For each spec, in order: the child's `Ref`, or the error that
+            kept it from starting (`MaxChildrenError`, `ChildExistsError` or
+            `StartError`); one child's failure does not stop the others.
+        """
+        out: list[Ref[Any] | SupervisorError | StartError] = []
+        launched: list[tuple[int, _Child, Ref[Any]]] = []
+        for spec in specs:
+            try:
+                child = self._admit(spec)
+            except SupervisorError as exc:
+                out.append(exc)
+                continue
+            try:
+                ref = self._launch_child(child)
+            except StartError as exc:
+                self._kids.pop(spec.id, None)
+                out.append(exc)
+                continue
+            launched.append((len(out), child, ref))
+            out.append(ref)
+        for position, (index, child, ref) in enumerate(launched):
+            try:
+                await self._confirm_start(child, ref)
+            except StartError as exc:
+                self._kids.pop(child.spec.id, None)
+                out[index] = exc
+            except BaseException:
+                for _, unconfirmed, _ in launched[position:]:
+                    self._kids.pop(unconfirmed.spec.id, None)
+                raise
+        return out
 
     async def terminate_child(self, ref: Ref[Any]) -> None:
         """Stop the child behind ``ref`` and forget it.

@@ -103,3 +103,50 @@ def test_a_child_without_progress_reports_is_quiet_until_it_crashes(system: Acto
     crashing = proxy.start_child(ChildSpec("crashing", Worker, restart="temporary", progress=False)).get(timeout=5)
     crashing.tell("crash")
     wait_until(lambda: topics_for("crashing") == ["supervisor.child_crashed"])
+
+
+class Sibling(Actor):
+    """Records, in its on_start, how many of its supervisor's children are registered."""
+
+    seen: dict[str, int]
+
+    def on_start(self) -> None:
+        Sibling.seen[self.path] = len(self.system.registered(self.path.rsplit("/", 1)[0] + "/"))
+
+
+def test_start_children_spawns_every_child_before_waiting_for_the_first(system: ActorSystem) -> None:
+    Sibling.seen = {}
+    sup = DynamicSupervisor.start(name="dyn")
+    refs = sup.proxy().start_children([ChildSpec(f"c{i}", Sibling) for i in range(5)]).get(timeout=5)
+    assert [r.path for r in refs] == [f"/dyn/c{i}" for i in range(5)]
+    # Started one after another, the first would have seen only itself.
+    assert Sibling.seen == {f"/dyn/c{i}": 5 for i in range(5)}
+    assert [c.id for c in sup.proxy().which_children().get()] == [f"c{i}" for i in range(5)]
+
+
+def test_start_children_reports_each_childs_failure_and_starts_the_rest(system: ActorSystem) -> None:
+    # "bad" counts toward max_children until its start fails, as it is spawned with the rest.
+    sup = DynamicSupervisor.start(name="dyn", max_children=5)
+    proxy = sup.proxy()
+    proxy.start_child(ChildSpec("taken", Worker)).get(timeout=5)
+    specs = [
+        ChildSpec("a", Worker),
+        ChildSpec("taken", Worker),
+        ChildSpec("bad", BadInit),
+        ChildSpec("b", Worker),
+        ChildSpec("c", Worker),
+        ChildSpec("d", Worker),
+    ]
+    out = proxy.start_children(specs).get(timeout=5)
+    assert [type(o).__name__ for o in out] == [
+        "Ref",
+        "ChildExistsError",
+        "StartError",
+        "Ref",
+        "Ref",
+        "MaxChildrenError",
+    ]
+    assert "refuses to start" in str(out[2])
+    assert "maximum of 5" in str(out[5])
+    assert [c.id for c in proxy.which_children().get()] == ["taken", "a", "b", "c"]
+    assert all(r.ask("ping") == "ping" for r in (out[0], out[3], out[4]))
