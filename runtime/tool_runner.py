@@ -264,6 +264,10 @@ class _Batch:
         self.dispatching = True
 
 
+# A call ready to start: its child spec, and what to do with the supervisor's answer.
+_Launch = tuple[ChildSpec, Callable[["Ref[Any] | BaseException"], None]]
+
+
 # -- the execution child -------------------------------------------------------------------
 
 
@@ -457,7 +461,7 @@ class ToolRunner(Actor):
         if decision == "allow_always":
             subject = tool.subject(pending.call.arguments or {}) if tool.subject else None
             self._allowed_always.add((tool.name, subject))
-        self._launch(batch, pending)
+        self._launch([self._prepare(batch, pending)])
         return True
 
     def abort(self, batch_id: str | None = None) -> int:
@@ -504,6 +508,7 @@ class ToolRunner(Actor):
         batch = _Batch(msg)
         self._batches[msg.batch_id] = batch
         allowed = {t.name: t for t in self._registry.select(msg.tool_filter)}
+        launches: list[_Launch] = []
         for index, call in enumerate(msg.calls):
             tool = allowed.get(call.name)
             pending = _Pending(index, call, tool)
@@ -533,7 +538,9 @@ class ToolRunner(Actor):
             elif perm == "ask":
                 self._ask_permission(batch, pending)
             else:
-                self._launch(batch, pending)
+                launches.append(self._prepare(batch, pending))
+        if launches:
+            self._launch(launches)
         batch.dispatching = False
         if not batch.pending:
             self._reply(batch)
@@ -558,7 +565,8 @@ class ToolRunner(Actor):
             return timeout + self._config.grace
         return timeout
 
-    def _launch(self, batch: _Batch, pending: _Pending) -> None:
+    def _prepare(self, batch: _Batch, pending: _Pending) -> _Launch:
+        """The call's child spec, and what to do once the supervisor has (or has not) started it."""
         tool = pending.tool
         assert tool is not None
         call = pending.call
@@ -602,13 +610,12 @@ class ToolRunner(Actor):
         batch_id, index = msg.batch_id, pending.index
         runner = self.actor_ref
 
-        # The call's life is followed with continuations on two futures (the
-        # supervisor's reply to start_child, then the child's exit), not with
-        # an I/O task awaiting them: a task per call cost a spawn, a cancel
-        # scope and two more wake-ups of the loop. The continuations run on
-        # the loop thread, in the supervisor's and the child's tasks, and only
-        # record the child and turn its end into the runner's `_CallDone`
-        # message, exactly what that task did.
+        # The call's life is followed with continuations (on the supervisor's
+        # reply to start_children, then on the child's exit), not with an I/O
+        # task awaiting them: a task per call cost a spawn, a cancel scope and
+        # two more wake-ups of the loop. The continuations run on the loop
+        # thread, in the supervisor's and the child's tasks, and only record
+        # the child and turn its end into the runner's `_CallDone` message.
         def report(value: ToolResult | BaseException) -> None:
             if isinstance(value, BaseException):
                 value = ToolResult.error(
@@ -633,20 +640,47 @@ class ToolRunner(Actor):
                 return
             report(value)
 
-        def started(reply: Future[Ref[Any]]) -> None:
-            try:
-                ref = reply.get()
-            except BaseException as exc:  # it could not start: the supervisor's error, even a BaseException
-                report(exc)
+        def started(outcome: Ref[Any] | BaseException) -> None:
+            if isinstance(outcome, BaseException):  # it could not start: the supervisor's error
+                report(outcome)
                 return
-            pending.execution = ref
-            ref.exited()._on_done(ended)
+            pending.execution = outcome
+            outcome.exited()._on_done(ended)
 
+        return spec, started
+
+    def _launch(self, launches: list[_Launch]) -> None:
+        """Start calls as children of the ``calls`` supervisor, all in one request."""
         calls = self._calls
         assert calls is not None
-        # What calls.proxy().start_child(spec) sends, without the proxy's lookups.
-        reply = cast("Future[Ref[Any]]", calls.ask(ProxyCall(_START_CHILD, (spec,), {}), block=False))
-        reply._on_done(started)
+        if len(launches) == 1:  # the common single call: start_child, a little cheaper
+            spec, started = launches[0]
+            # What calls.proxy().start_child(spec) sends, without the proxy's lookups.
+            one = cast("Future[Ref[Any]]", calls.ask(ProxyCall(_START_CHILD, (spec,), {}), block=False))
+
+            def answered_one(reply: Future[Ref[Any]]) -> None:
+                try:
+                    ref = reply.get()
+                except BaseException as exc:  # it could not start: the supervisor's error
+                    started(exc)
+                    return
+                started(ref)
+
+            one._on_done(answered_one)
+            return
+        specs = [spec for spec, _ in launches]
+        # Every child is spawned before the supervisor waits for the first to start.
+        many = cast("Future[list[Any]]", calls.ask(ProxyCall(_START_CHILDREN, (specs,), {}), block=False))
+
+        def answered(reply: Future[list[Any]]) -> None:
+            try:
+                outcomes: list[Ref[Any] | BaseException] = reply.get()
+            except BaseException as exc:  # the supervisor failed the whole request (it ended, say)
+                outcomes = [exc] * len(launches)
+            for (_, started), outcome in zip(launches, outcomes, strict=True):
+                started(outcome)
+
+        many._on_done(answered)
 
     # -- permissions ------------------------------------------------------------------------
 
@@ -757,6 +791,7 @@ class ToolRunner(Actor):
 
 _NONE_ALLOWED: frozenset[tuple[str, str | None]] = frozenset()
 _START_CHILD = ("start_child",)
+_START_CHILDREN = ("start_children",)
 
 # Characters a child id keeps: str.isalnum() ones and "-_."; re's \w on str
 # patterns is exactly isalnum() plus "_", so this is the per-character rule
