@@ -12,6 +12,7 @@ instead of one. ``load_note()`` records the load average next to the figures.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import gc
 import os
@@ -35,6 +36,7 @@ __all__ = [
     "median",
     "pin",
     "print_rows",
+    "quick_main",
     "rss_bytes",
     "samples_us",
     "verdict",
@@ -220,3 +222,10 @@ def print_rows(rows: list[Row], *, with_bench: bool = False) -> None:
         lead = f"{r.bench:<{bench_w}}  " if with_bench else "  "
         target = f"target {r.target}" if r.target else ""
         print(f"{lead}{r.name:<{name_w}}  {_fmt(r.value, r.unit):>14}  {target:<18} {status:<4}  {r.note}")
+
+
+def quick_main(run: Callable[..., list[Row]], doc: str | None) -> None:
+    """The command line of a benchmark whose one option is ``--quick`` (fewer samples)."""
+    parser = argparse.ArgumentParser(description=(doc or "").splitlines()[0] if doc else None)
+    parser.add_argument("--quick", action="store_true", help="fewer samples")
+    run(quick=parser.parse_args().quick)

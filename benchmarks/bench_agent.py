@@ -31,7 +31,6 @@ Run: ``python benchmarks/bench_agent.py [--quick]``
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import statistics
 import sys
@@ -52,7 +51,7 @@ from weald.supervisors import DynamicSupervisor
 from weald.tools import ToolContext, ToolRegistry, tool
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench import PLACEMENTS, Row, banner, pin, print_rows, verdict
+from _bench import PLACEMENTS, Row, banner, pin, print_rows, quick_main, verdict
 
 REG = ToolRegistry()
 EMPTY = {"type": "object", "properties": {}, "additionalProperties": False}
@@ -308,9 +307,7 @@ def run(quick: bool = False) -> list[Row]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer samples")
-    run(quick=parser.parse_args().quick)
+    quick_main(run, __doc__)
 
 
 if __name__ == "__main__":

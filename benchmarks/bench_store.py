@@ -23,7 +23,6 @@ Run: ``python benchmarks/bench_store.py [--quick]``
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import sqlite3
 import sys
@@ -36,7 +35,7 @@ import msgspec
 from weald.runtime import Store
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench import PLACEMENTS, Row, banner, interleave, pin, print_rows
+from _bench import PLACEMENTS, Row, banner, interleave, pin, print_rows, quick_main
 
 NAMESPACES = ("history", "turns", "agents")
 
@@ -142,9 +141,7 @@ def run(quick: bool = False) -> list[Row]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer samples")
-    run(quick=parser.parse_args().quick)
+    quick_main(run, __doc__)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,6 @@ Run: ``python benchmarks/bench_tools.py [--quick]``
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import statistics
 import sys
@@ -42,7 +41,7 @@ from weald.runtime.tool_runner import RunTools, ToolCallRequest, ToolResults, To
 from weald.tools import ToolContext, ToolRegistry, invoke, tool
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench import Row, banner, print_rows, verdict
+from _bench import Row, banner, print_rows, quick_main, verdict
 
 REG = ToolRegistry()
 EMPTY = {"type": "object", "properties": {}, "additionalProperties": False}
@@ -227,9 +226,7 @@ def run(quick: bool = False) -> list[Row]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer samples")
-    run(quick=parser.parse_args().quick)
+    quick_main(run, __doc__)
 
 
 if __name__ == "__main__":
