@@ -308,8 +308,9 @@ class ToolExecution(Actor):
         if message is not _RUN_CALL:
             return
         tool = self._tool
+        scope = trio.CancelScope(deadline=trio.current_time() + self._timeout)
         try:
-            with trio.move_on_after(self._timeout) as scope:
+            with scope:
                 value = await invoke(tool, self._ctx, self._arguments)
         except trio.Cancelled:
             self._ctx.abort.set("stopped")  # killed: a thread tool still running sees it
