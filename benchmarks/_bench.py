@@ -224,6 +224,13 @@ def print_rows(rows: list[Row], *, with_bench: bool = False) -> None:
         print(f"{lead}{r.name:<{name_w}}  {_fmt(r.value, r.unit):>14}  {target:<18} {status:<4}  {r.note}")
 
 
+def summary(rows: list[Row]) -> list[Row]:
+    """Print a benchmark's closing table under a ``summary`` heading, and hand the rows back."""
+    print("\nsummary")
+    print_rows(rows)
+    return rows
+
+
 def quick_main(run: Callable[..., list[Row]], doc: str | None) -> None:
     """The command line of a benchmark whose one option is ``--quick`` (fewer samples)."""
     parser = argparse.ArgumentParser(description=(doc or "").splitlines()[0] if doc else None)

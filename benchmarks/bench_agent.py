@@ -51,7 +51,7 @@ from weald.supervisors import DynamicSupervisor
 from weald.tools import ToolContext, ToolRegistry, tool
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench import PLACEMENTS, Row, banner, pin, print_rows, quick_main, verdict
+from _bench import PLACEMENTS, Row, banner, pin, quick_main, summary, verdict
 
 REG = ToolRegistry()
 EMPTY = {"type": "object", "properties": {}, "additionalProperties": False}
@@ -301,9 +301,7 @@ def run(quick: bool = False) -> list[Row]:
                 f"{m['flushes_per_turn']:.0f} store flushes of ~{m['flush']:.0f} us each",
             )
         )
-    print("\nsummary")
-    print_rows(rows)
-    return rows
+    return summary(rows)
 
 
 def main() -> None:

@@ -34,7 +34,7 @@ from weald.tools._process import RIPGREP_FILTERS, find_ripgrep
 from weald.tools.grep import grep
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench import Row, banner, print_rows, verdict
+from _bench import Row, banner, summary, verdict
 
 WORDS = ("alpha", "beta", "gamma", "delta", "value", "result", "index", "count", "item", "node", "parent", "child")
 
@@ -111,9 +111,7 @@ def run(quick: bool = False, files: int = 10_000, runs: int | None = None) -> li
                     f"tool {t * 1000:.1f} ms, rg {d * 1000:.1f} ms",
                 )
             )
-    print("\nsummary")
-    print_rows(rows)
-    return rows
+    return summary(rows)
 
 
 def main() -> None:

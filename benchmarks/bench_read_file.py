@@ -35,7 +35,7 @@ from weald.tools._sandbox import open_read
 from weald.tools.read_file import read_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench import Row, banner, print_rows, verdict
+from _bench import Row, banner, summary, verdict
 
 RUNS = 41
 
@@ -118,9 +118,7 @@ def run(quick: bool = False, lines: int = 10_000) -> list[Row]:  # noqa: ARG001 
         )
         for name, ms in rows[1:3]
     ]
-    print("\nsummary")
-    print_rows(out)
-    return out
+    return summary(out)
 
 
 def main() -> None:

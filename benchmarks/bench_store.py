@@ -35,7 +35,7 @@ import msgspec
 from weald.runtime import Store
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench import PLACEMENTS, Row, banner, interleave, pin, print_rows, quick_main
+from _bench import PLACEMENTS, Row, banner, interleave, pin, quick_main, summary
 
 NAMESPACES = ("history", "turns", "agents")
 
@@ -135,9 +135,7 @@ def run(quick: bool = False) -> list[Row]:
                 ),
             )
         )
-    print("\nsummary")
-    print_rows(rows)
-    return rows
+    return summary(rows)
 
 
 def main() -> None:

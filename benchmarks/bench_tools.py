@@ -41,7 +41,7 @@ from weald.runtime.tool_runner import RunTools, ToolCallRequest, ToolResults, To
 from weald.tools import ToolContext, ToolRegistry, invoke, tool
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench import Row, banner, print_rows, quick_main, verdict
+from _bench import Row, banner, quick_main, summary, verdict
 
 REG = ToolRegistry()
 EMPTY = {"type": "object", "properties": {}, "additionalProperties": False}
@@ -220,9 +220,7 @@ def run(quick: bool = False) -> list[Row]:
         Row("tools", "invoke() of the no-op", inv, "us", note=f"= {inv / direct:.0f}x direct"),
         Row("tools", "no-op called directly", direct, "us"),
     ]
-    print("\nsummary")
-    print_rows(rows)
-    return rows
+    return summary(rows)
 
 
 def main() -> None:
