@@ -77,7 +77,8 @@ class RunnerConfig:
     """How a session's tool runner treats calls (from ``weald.toml`` ``[tools]``).
 
     Attributes:
-        timeouts: seconds per tool name, overriding each tool's default.
+        timeouts: seconds per tool name, overriding each tool's default; the
+            limit reaches the tool as ``ToolContext.timeout``.
         permissions: per tool name, a permission, or (for tools with a
             subject, like shell) a mapping of glob patterns on the subject to
             permissions. Deny beats ask beats allow.
@@ -85,7 +86,9 @@ class RunnerConfig:
             answer counts as deny.
         tool_config: what tools may read (output limits, per-tool options).
         grace: extra seconds the runner allows a tool that enforces its own
-            ``timeout`` argument (shell) before it cancels it from outside.
+            time limit (shell, fetch: tools with a ``max_timeout``) before it
+            cancels it from outside, so the tool can stop its subprocesses
+            and report its own timeout first.
     """
 
     timeouts: Mapping[str, float] = attrs.field(factory=dict)
@@ -280,6 +283,10 @@ class ToolExecution(Actor):
     is done, without another round of the loop. The outcome completes
     ``result``. Killing the actor cancels the call (async tools are
     cancelled where they wait; thread tools see ``ctx.abort``).
+
+    ``deadline`` is how many seconds the call gets before the execution
+    cancels it; a timeout reported from here names the call's limit,
+    ``ctx.timeout``, which is what the model and the config know.
     """
 
     def __init__(
@@ -287,14 +294,14 @@ class ToolExecution(Actor):
         tool: Tool,
         arguments: Mapping[str, Any],
         ctx: ToolContext,
-        timeout: float,
+        deadline: float,
         result: Future[ToolResult],
     ) -> None:
         super().__init__()
         self._tool = tool
         self._arguments = arguments
         self._ctx = ctx
-        self._timeout = timeout
+        self._deadline = deadline
         self._result = result
 
     def on_start(self) -> None:
@@ -308,7 +315,7 @@ class ToolExecution(Actor):
         if message is not _RUN_CALL:
             return
         tool = self._tool
-        scope = trio.CancelScope(deadline=trio.current_time() + self._timeout)
+        scope = trio.CancelScope(deadline=trio.current_time() + self._deadline)
         try:
             with scope:
                 value = await invoke(tool, self._ctx, self._arguments)
@@ -327,8 +334,9 @@ class ToolExecution(Actor):
     def _timeout_result(self) -> ToolResult:
         tool = self._tool
         self._ctx.abort.set("timed out")
+        limit = self._ctx.timeout if self._ctx.timeout is not None else self._deadline
         return ToolResult.error(
-            f"{tool.name} timed out after {self._timeout:g} s and was stopped"
+            f"{tool.name} timed out after {limit:g} s and was stopped"
             + (f"; ask for more with the timeout argument (up to {tool.max_timeout:g} s)" if tool.max_timeout else "")
             + "."
         )
@@ -556,15 +564,23 @@ class ToolRunner(Actor):
             return ToolResult.error(f"there is no tool named {call.name!r} available here. Available tools: {names}.")
         return None
 
-    def _timeout_for(self, tool: Tool, arguments: Mapping[str, Any]) -> float:
-        timeout = float(self._config.timeouts.get(tool.name, tool.timeout))
+    def _limits_for(self, tool: Tool, arguments: Mapping[str, Any]) -> tuple[float, float]:
+        """The call's time limit, and the runner's own deadline for it, in seconds.
+
+        The limit is the call's ``timeout`` argument (for a tool that takes
+        one, up to its ``max_timeout``), else ``[tools.timeouts]``, else the
+        tool's default; it reaches the tool as ``ctx.timeout``. A tool with a
+        ``max_timeout`` enforces the limit itself (shell stops its process
+        group and reports the timeout), so the runner's deadline is ``grace``
+        seconds later, for the case where the tool does not stop in time.
+        """
+        limit = float(self._config.timeouts.get(tool.name, tool.timeout))
+        if tool.max_timeout is None:
+            return limit, limit
         asked = arguments.get("timeout")
-        if tool.max_timeout is not None and isinstance(asked, int | float) and asked > 0:
-            # The tool enforces its own timeout; the runner stands by a little longer.
-            return min(float(asked), tool.max_timeout) + self._config.grace
-        if tool.max_timeout is not None:
-            return timeout + self._config.grace
-        return timeout
+        if isinstance(asked, int | float) and not isinstance(asked, bool) and asked > 0:
+            limit = min(float(asked), tool.max_timeout)
+        return limit, limit + self._config.grace
 
     def _prepare(self, batch: _Batch, pending: _Pending) -> _Launch:
         """The call's child spec, and what to do once the supervisor has (or has not) started it."""
@@ -581,6 +597,7 @@ class ToolRunner(Actor):
                 {"call_id": call.id, "tool": tool.name, "agent": msg.agent_path, **data},
             )
 
+        limit, deadline = self._limits_for(tool, call.arguments or {})
         ctx = ToolContext(
             working_dir=self._working_dir,
             allowed_dirs=self._allowed_dirs,
@@ -594,8 +611,8 @@ class ToolRunner(Actor):
             emit=emit,
             session=self._services,
             tool_name=tool.name,
+            timeout=limit,
         )
-        timeout = self._timeout_for(tool, call.arguments or {})
         self._started_calls += 1
         pending.started = time.monotonic()
         result: Future[ToolResult] = Future()
@@ -603,7 +620,7 @@ class ToolRunner(Actor):
         spec = ChildSpec(
             _child_name(child_id),
             ToolExecution,
-            args=(tool, call.arguments or {}, ctx, timeout, result),
+            args=(tool, call.arguments or {}, ctx, deadline, result),
             restart="temporary",
             shutdown=1.0,
             progress=False,  # tool.started / tool.finished report each call

@@ -207,6 +207,12 @@ class ToolContext:
         session: session-scoped services owned by the tool runner (read ledger,
             background jobs, runtime handles); None outside a runner.
         tool_name: the name the tool was called by.
+        timeout: the seconds this call may take, as the tool runner worked
+            it out (the call's own ``timeout`` argument, else ``[tools.timeouts]``,
+            else the tool's default); None outside a runner. Tools that
+            enforce their own deadline (shell, fetch) use it as their default,
+            so a configured timeout reaches them; the runner stops the call
+            from outside only a grace period after it.
     """
 
     working_dir: Path = attrs.field(converter=_as_path)
@@ -221,6 +227,7 @@ class ToolContext:
     emit: Callable[[str, Mapping[str, Any]], None] = attrs.field(default=_emit_nothing, eq=False)
     session: Any = attrs.field(default=None, eq=False)
     tool_name: str = ""
+    timeout: float | None = None
 
     def resolve_path(self, path: str, *, must_exist: bool = False) -> Path:
         """Resolve ``path`` inside the sandbox (working dir and allowed dirs).

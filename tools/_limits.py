@@ -2,9 +2,10 @@
 
 The tool runner passes every result through `limit_output`. Output within
 the limits is untouched. Longer output keeps its head (or, for tools whose
-end matters, like a build log, its tail) within both the line and the byte
-limit, cut on a line boundary; the full output is saved to a file the model
-can read or search, and a notice says how much was cut and where it is.
+end matters, like a build log, its tail) cut on a line boundary, so that
+what the model reads, the notice and the hints included, is within both the
+line and the byte limit; the full output is saved to a file the model can
+read or search, and the notice says how much was cut and where it is.
 """
 
 from __future__ import annotations
@@ -108,6 +109,26 @@ def _save(save_dir: Path, call_id: str, text: str) -> Path:
     return path
 
 
+def _head_notice(n: int, partial: bool, total_lines: int, size: str, saved: Path) -> str:
+    what = f"the first {n} of {total_lines} lines" if not partial else "only the start of line 1, which is too long"
+    return (
+        f"[output cut: showing {what}. The full output ({size}) is saved at {saved}: "
+        f"read on with read_file(path={str(saved)!r}, offset={n + 1}) or search it with grep.]"
+    )
+
+
+def _tail_notice(n: int, partial: bool, total_lines: int, size: str, saved: Path) -> str:
+    what = (
+        f"the last {n} of {total_lines} lines; the first {total_lines - n} were cut"
+        if not partial
+        else f"only the end of line {total_lines}, which is too long"
+    )
+    return (
+        f"[output cut: showing {what}. The full output ({size}) is saved at {saved}: "
+        f"read it with read_file(path={str(saved)!r}) or search it with grep.]"
+    )
+
+
 def limit_output(
     result: ToolResult,
     *,
@@ -119,8 +140,13 @@ def limit_output(
 ) -> ToolResult:
     """Cut a result's output to the limits, saving the full output to a file.
 
+    The limits hold for everything the model sees (`ToolResult.text`), the
+    notice and the result's hints included: a cut result reads as at most
+    ``max_lines`` lines and ``max_bytes`` bytes. When the limits are too
+    small for even the notice, the output is the notice alone, cut to fit.
+
     Args:
-        result: the tool's result (ok or error; only ``output`` is measured).
+        result: the tool's result (ok or error; ``output`` is cut, ``hints`` are kept).
         keep: which end of the output the model sees.
         max_lines: most lines the model sees.
         max_bytes: most bytes (UTF-8) the model sees.
@@ -133,30 +159,33 @@ def limit_output(
         ``full_output_path`` set.
     """
     text = result.output
-    total_lines = _count_lines(text)
-    if total_lines <= max_lines and len(text) <= max_bytes and len(_utf8(text)) <= max_bytes:
+    seen = result.text()  # the output and its hints, as the model reads them
+    if len(seen) <= max_bytes and _count_lines(seen) <= max_lines and len(_utf8(seen)) <= max_bytes:
         return result
+    if result.hints:  # hints are never cut: they take their share of the limits first
+        # A cut output ends with the notice (head) or with the text's own end
+        # (tail); after a final newline the hints' separator makes a blank line.
+        blank = keep == "tail" and text.endswith("\n")
+        max_lines -= len(result.hints) + blank
+        max_bytes -= len(_utf8(seen)) - len(_utf8(text))
+    total_lines = _count_lines(text)
     saved = _save(save_dir, call_id, text)
     size = f"{total_lines} lines, {len(_utf8(text))} bytes"
-    if keep == "head":
-        shown, n, partial = _keep_head(text, max_lines, max_bytes)
-        what = f"the first {n} of {total_lines} lines" if not partial else "only the start of line 1, which is too long"
-        notice = (
-            f"[output cut: showing {what}. The full output ({size}) is saved at {saved}: "
-            f"read on with read_file(path={str(saved)!r}, offset={n + 1}) or search it with grep.]"
-        )
+    notice_for = _head_notice if keep == "head" else _tail_notice
+    # The notice takes one line and, with its newline, at most `reserve`
+    # bytes: measured with n = 0, plus room for the (at most three) numbers
+    # that depend on n to be as wide as the largest, total_lines + 1.
+    widest = len(str(total_lines + 1))
+    reserve = max(len(_utf8(notice_for(0, p, total_lines, size, saved))) for p in (False, True)) + 3 * widest + 1
+    lines_left, bytes_left = max_lines - 1, max_bytes - reserve
+    if lines_left <= 0 or bytes_left <= 0:
+        notice = _utf8(notice_for(0, False, total_lines, size, saved))
+        output = _cut_utf8(notice, max(max_bytes, 0), from_end=False).decode("utf-8", "surrogatepass")
+    elif keep == "head":
+        shown, n, partial = _keep_head(text, lines_left, bytes_left)
         output = shown if shown.endswith("\n") or not shown else shown + "\n"
-        output += notice
+        output += notice_for(n, partial, total_lines, size, saved)
     else:
-        shown, n, partial = _keep_tail(text, max_lines, max_bytes)
-        what = (
-            f"the last {n} of {total_lines} lines; the first {total_lines - n} were cut"
-            if not partial
-            else f"only the end of line {total_lines}, which is too long"
-        )
-        notice = (
-            f"[output cut: showing {what}. The full output ({size}) is saved at {saved}: "
-            f"read it with read_file(path={str(saved)!r}) or search it with grep.]"
-        )
-        output = notice + "\n" + shown
+        shown, n, partial = _keep_tail(text, lines_left, bytes_left)
+        output = notice_for(n, partial, total_lines, size, saved) + "\n" + shown
     return attrs.evolve(result, output=output, full_output_path=str(saved))

@@ -16,7 +16,7 @@ symlink that appears after the check makes the call fail; it is never followed.
 
 A regular file with more than one hard link may be the same inode as a file
 outside the sandbox, which no path check can see; it is refused unless
-``[tools.options.files] allow_hardlinks = true``.
+``[tools.files] allow_hardlinks = true``.
 """
 
 from __future__ import annotations
@@ -245,7 +245,7 @@ def _hardlink_error(ctx: ToolContext, real: Path, st: os.stat_result, verb: str)
     return ToolError(
         f"refusing to {verb} {display_path(ctx, real)}: it has {st.st_nlink} hard links, so it may be the "
         "same file as one outside the sandbox, which no path check can see. Work on another file, or ask "
-        "the user to set [tools.options.files] allow_hardlinks = true if the links are known to be safe.",
+        "the user to set [tools.files] allow_hardlinks = true if the links are known to be safe.",
     )
 
 

@@ -135,10 +135,15 @@ async def fetch(
     *,
     url: str,
     max_bytes: int = DEFAULT_MAX_BYTES,
-    timeout: float = DEFAULT_TIMEOUT,
+    timeout: float | None = None,
 ) -> ToolResult:
-    """GET ``url`` and return its content as text."""
-    del ctx  # fetch needs nothing from the session
+    """GET ``url`` and return its content as text.
+
+    Without a ``timeout`` argument the request gets the runner's limit for
+    the call (``ctx.timeout``: ``[tools.timeouts] fetch``), else `DEFAULT_TIMEOUT`.
+    """
+    if timeout is None:
+        timeout = ctx.timeout if ctx.timeout is not None else DEFAULT_TIMEOUT
     target = _check_url(url)
     with trio.move_on_after(own_deadline(timeout)):
         try:

@@ -13,7 +13,7 @@ processes it left running in the background when it exited are stopped too.
 and returns its id at once; ``action`` ``wait``, ``input``, ``kill`` and
 ``list`` follow it up.
 
-Options (``[tools.options.shell]``): ``env`` (variables added to the
+Options (``[tools.shell]``): ``env`` (variables added to the
 environment), ``env_keep`` (secret-looking variables to keep), ``kill_grace``
 (seconds between SIGTERM and SIGKILL, default 2).
 """
@@ -69,10 +69,11 @@ _NON_INTERACTIVE = {"PAGER": "cat", "GIT_PAGER": "cat", "GIT_TERMINAL_PROMPT": "
 _DESCRIPTION = """\
 Run a bash command line in the project and return its exit code and output (stdout and stderr \
 interleaved; when long, the end of it, with the full output saved to a file).
-Foreground commands time out after 120 s unless `timeout` asks for more (at most 600 s); stdin is empty, \
-so nothing can prompt. For servers, watchers and other long jobs set `background` true: the call returns a \
-job id at once, and `action` follows the job up: `wait` (job_id, timeout: wait for it to end, return its new \
-output), `input` (job_id, text: write to its stdin), `kill` (job_id), `list`.
+Foreground commands time out after 120 s (unless configured otherwise) or after `timeout` s when given \
+(at most 600); stdin is empty, so nothing can prompt. For servers, watchers and other long jobs set \
+`background` true: the call returns a job id at once, and `action` follows the job up: `wait` (job_id, \
+timeout: wait for it to end, return its new output), `input` (job_id, text: write to its stdin), \
+`kill` (job_id), `list`.
 Prefer the file tools over cat/sed/grep for reading and editing files."""
 
 _PARAMETERS: dict[str, Any] = {
@@ -88,7 +89,7 @@ _PARAMETERS: dict[str, Any] = {
             "exclusiveMinimum": 0,
             "maximum": MAX_TIMEOUT,
             "description": (
-                "Seconds. 'run': how long the command may take (default 120, at most 600). "
+                "Seconds. 'run': how long the command may take (default 120 or as configured, at most 600). "
                 "'wait': how long to wait for the job to end (default 30). "
                 "'input': how long to wait for the job's reply (default 1)."
             ),
@@ -149,7 +150,7 @@ async def shell(
             )
         if background:
             return await _start_job(ctx, command, cwd)
-        return await _run(ctx, command, timeout if timeout is not None else DEFAULT_TIMEOUT, cwd)
+        return await _run(ctx, command, _run_timeout(ctx, timeout), cwd)
     jobs = _job_table(ctx)
     if action == "list":
         return _list_jobs(jobs)
@@ -177,6 +178,18 @@ async def shell(
 
 
 # -- shared -----------------------------------------------------------------------
+
+
+def _run_timeout(ctx: ToolContext, asked: float | None) -> float:
+    """Seconds a foreground command may run: what the call asked, else the runner's limit, else the default.
+
+    Under the tool runner ``ctx.timeout`` already holds the call's own
+    ``timeout`` or the configured ``[tools.timeouts] shell``; the default
+    only applies to a call made outside a runner.
+    """
+    if asked is not None:
+        return asked
+    return ctx.timeout if ctx.timeout is not None else DEFAULT_TIMEOUT
 
 
 class _Limits:

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import random
+import re
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 import trio
+import weald.tools.shell as shell_module
 from weald.runtime import Actor, ActorSystem, Ref
+from weald.runtime.config import parse_config
 from weald.runtime.testing import wait_for_event, wait_until
 from weald.runtime.tool_runner import (
     RunnerConfig,
@@ -21,6 +26,9 @@ from weald.runtime.tool_runner import (
     decide_permission,
 )
 from weald.tools import ToolConfig, ToolContext, ToolError, ToolRegistry, tool
+from weald.tools.shell import shell
+
+ROOT = Path(__file__).resolve().parents[2]
 
 REG = ToolRegistry()
 EMPTY = {"type": "object", "properties": {}, "additionalProperties": False}
@@ -96,6 +104,31 @@ def refuse(ctx: ToolContext) -> str:
 
 @tool(name="hang", description="never returns", parameters=EMPTY, registry=REG, timeout=0.3)
 async def hang(ctx: ToolContext) -> str:
+    await trio.sleep_forever()
+    return "unreachable"
+
+
+@tool(
+    name="limits",
+    description="reports the time limit it was given",
+    parameters={"type": "object", "properties": {"timeout": {"type": "number"}}},
+    registry=REG,
+    timeout=7.0,
+    max_timeout=600.0,
+)
+async def limits(ctx: ToolContext, timeout: float | None = None) -> str:
+    return repr(ctx.timeout)
+
+
+@tool(
+    name="stubborn",
+    description="enforces no time limit of its own",
+    parameters={"type": "object", "properties": {"timeout": {"type": "number"}}},
+    registry=REG,
+    timeout=0.2,
+    max_timeout=60.0,
+)
+async def stubborn(ctx: ToolContext, timeout: float | None = None) -> str:
     await trio.sleep_forever()
     return "unreachable"
 
@@ -179,16 +212,22 @@ class Session:
         return self.result(self.send(*calls, **kw), timeout=timeout)
 
 
-def make_session(system: ActorSystem, tmp_path: Path, config: RunnerConfig | None = None) -> Session:
+def make_session(
+    system: ActorSystem,
+    tmp_path: Path,
+    config: RunnerConfig | None = None,
+    registry: ToolRegistry = REG,
+    name: str = "runner",
+) -> Session:
     runner = system.spawn(
         ToolRunner,
         args=("s1", tmp_path),
         kwargs={
-            "registry": REG,
+            "registry": registry,
             "config": config or RunnerConfig(permission_timeout=5),
             "output_dir": tmp_path / "out",
         },
-        name="runner",
+        name=name,
     )
     return Session(system, runner, Agent.start())
 
@@ -367,7 +406,10 @@ def test_long_output_is_cut_and_saved_where_read_file_may_read_it(session: Sessi
     assert out.full_output_path is not None
     full = Path(out.full_output_path)
     assert full.read_text().count("\n") == 4999
-    assert len(out.output.splitlines()) <= 2001
+    # At most 2,000 lines and 50 KB reach the model, the notice saying where the rest is included.
+    assert len(out.output.splitlines()) == 2000
+    assert len(out.output.encode()) <= 50 * 1024
+    assert out.output.splitlines()[-1].startswith("[output cut: showing the first 1999 of 5000 lines.")
     assert full.is_relative_to(tmp_path / "out")
 
 
@@ -425,3 +467,174 @@ def test_calls_that_cannot_be_started_become_error_results(session: Session, cal
     out = session.run(*[("noop", {})] * calls).outcomes
     assert [o.call_id for o in out] == [f"b1-c{i}" for i in range(calls)]
     assert all(not o.result.ok and "the noop call could not run" in o.result.output for o in out)
+
+
+def test_tool_started_events_carry_the_call_arguments(session: Session) -> None:
+    session.run(("typed", {"n": 21}), ("noop", {}))
+    started = {e.data["tool"]: e.data for e in session.system.events.recent(100, topic="tool.started")}
+    assert started["typed"]["arguments"] == {"n": 21}
+    assert started["noop"]["arguments"] == {}
+    assert started["typed"]["call_id"] == "b1-c0"
+
+
+# -- time limits reach the tools ----------------------------------------------------------------
+
+
+def test_the_call_limit_reaches_the_tool_from_its_default_the_config_or_its_own_argument(
+    system: ActorSystem, tmp_path: Path
+) -> None:
+    session = make_session(system, tmp_path, RunnerConfig(timeouts={"noop": 3.0}))
+    out = session.run(
+        ("limits", {}), ("limits", {"timeout": 600}), ("limits", {"timeout": 900}), ("limits", {"timeout": 42})
+    )
+    assert [o.result.output for o in out.outcomes] == ["7.0", "600.0", "600.0", "42.0"]
+    configured = make_session(system, tmp_path, RunnerConfig(timeouts={"limits": 250}), name="runner2")
+    assert configured.run(("limits", {})).outcomes[0].result.output == "250.0"
+    # An argument asked for in the call beats the configured limit, both ways.
+    assert configured.run(("limits", {"timeout": 600})).outcomes[0].result.output == "600.0"
+    assert configured.run(("limits", {"timeout": 5})).outcomes[0].result.output == "5.0"
+
+
+def shell_session(
+    system: ActorSystem,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    *,
+    default: float,
+    timeouts: dict[str, float] | None = None,
+    grace: float = 5.0,
+) -> Session:
+    """A runner with the real shell tool, its built-in 120 s default scaled down to ``default``."""
+    monkeypatch.setattr(shell_module, "DEFAULT_TIMEOUT", default)
+    scaled = attrs.evolve(shell, timeout=default)
+    config = RunnerConfig(timeouts=timeouts or {}, permissions={"shell": "allow"}, grace=grace)
+    return make_session(system, tmp_path, config, registry=ToolRegistry([scaled]))
+
+
+def test_without_config_the_shell_default_stops_a_command_that_outlives_it(
+    system: ActorSystem, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    session = shell_session(system, tmp_path, monkeypatch, default=0.5)
+    out = session.run(("shell", {"command": "sleep 5; echo finished"})).outcomes[0].result
+    assert not out.ok
+    assert "The command timed out after 0.5 s and was stopped" in out.output
+    assert "finished" not in out.output
+
+
+def test_a_configured_shell_timeout_longer_than_the_default_lets_a_command_outlive_the_default(
+    system: ActorSystem, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # [tools.timeouts] shell = 600 "for long builds", scaled down: the default is 0.5 s, the config 30 s.
+    session = shell_session(system, tmp_path, monkeypatch, default=0.5, timeouts={"shell": 30.0})
+    out = session.run(("shell", {"command": "sleep 2; echo finished"}), timeout=30).outcomes[0].result
+    assert out.ok, out.output
+    assert out.output == "finished"
+    assert out.data["duration"] >= 2
+
+
+def test_the_calls_own_shell_timeout_is_honoured_through_the_runner(
+    system: ActorSystem, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Both the default and the configured limit are shorter than the command; the call asks for enough.
+    session = shell_session(system, tmp_path, monkeypatch, default=0.5, timeouts={"shell": 0.5}, grace=0.5)
+    out = session.run(("shell", {"command": "sleep 2; echo finished", "timeout": 30}), timeout=30).outcomes[0].result
+    assert out.ok, out.output
+    assert out.output == "finished"
+
+
+def test_a_shell_timeout_names_the_configured_limit_not_the_runners_grace(
+    system: ActorSystem, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    session = shell_session(system, tmp_path, monkeypatch, default=120.0, timeouts={"shell": 1.0}, grace=2.0)
+    out = session.run(("shell", {"command": "sleep 30"}), timeout=30).outcomes[0].result
+    assert not out.ok
+    # The shell itself stopped the command at the configured second and said so.
+    assert "The command timed out after 1 s and was stopped (its whole process group was killed)." in out.output
+    assert out.data["timed_out"] is True
+    assert re.findall(r"after ([\d.]+) s", out.output) == ["1"]
+
+
+def test_a_tool_that_overruns_its_limit_is_stopped_by_the_runner_which_names_the_limit(
+    system: ActorSystem, tmp_path: Path
+) -> None:
+    session = make_session(system, tmp_path, RunnerConfig(grace=0.3))
+    out = session.run(("stubborn", {}), ("stubborn", {"timeout": 0.4})).outcomes
+    assert [o.result.output for o in out] == [
+        "stubborn timed out after 0.2 s and was stopped; ask for more with the timeout argument (up to 60 s).",
+        "stubborn timed out after 0.4 s and was stopped; ask for more with the timeout argument (up to 60 s).",
+    ]
+
+
+# -- the documented permission example -----------------------------------------------------------
+
+_SHELL_TABLE = re.compile(r"^\[tools\.permissions\.shell\][^\n]*\n(?:(?!\[|```)[^\n]*\n)*", re.MULTILINE)
+
+
+@pytest.mark.parametrize("doc", ["README.md", "docs/configuration.md"])
+def test_the_documented_shell_permission_examples_allow_deny_and_ask_as_they_claim(doc: str) -> None:
+    tables = _SHELL_TABLE.findall((ROOT / doc).read_text(encoding="utf-8"))
+    assert tables, f"no [tools.permissions.shell] example in {doc}"
+    for table in tables:
+        # Read as weald reads a weald.toml, and handed to the runner as the daemon does.
+        config = parse_config(table, source=doc)
+        rules = RunnerConfig(permissions=dict(config.tools.permissions)).permissions
+        decide = [decide_permission(shell, {"command": c}, rules)[0] for c in ("git status", "rm -rf /", "make test")]
+        assert decide == ["allow", "deny", "ask"], table
+
+
+# -- no process outlives the system ------------------------------------------------------------
+
+
+def _proc_stat(entry: Path) -> list[bytes] | None:
+    """State, ppid, pgrp, session... of one /proc entry (the fields after the command name)."""
+    try:
+        return (entry / "stat").read_bytes().rpartition(b")")[2].split()
+    except OSError:
+        return None
+
+
+def live_processes() -> dict[int, tuple[int, int, bytes]]:
+    """Every live (not zombie) process: pid -> (process group, session, command line)."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        fields = _proc_stat(entry) if entry.name.isdigit() else None
+        if fields is None or fields[0] in (b"Z", b"X"):
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        found[int(entry.name)] = (int(fields[2]), int(fields[3]), cmdline)
+    return found
+
+
+def in_group(group: int) -> list[int]:
+    return [pid for pid, (pgrp, sid, _) in live_processes().items() if group in (pgrp, sid)]
+
+
+def with_marker(marker: str) -> dict[int, int]:
+    """Live processes whose command line holds ``marker``: pid -> process group."""
+    return {pid: pgrp for pid, (pgrp, _, cmd) in live_processes().items() if marker.encode() in cmd}
+
+
+def test_leaving_the_actor_system_leaves_no_shell_process_behind(tmp_path: Path) -> None:
+    # A unique fraction in every sleep's length marks this test's processes among everyone else's.
+    tag = f".{random.randrange(10**6):06d}"
+    with ActorSystem(store_path=tmp_path / "store.db") as system:
+        config = RunnerConfig(permissions={"shell": "allow"})
+        session = make_session(system, tmp_path, config, registry=ToolRegistry([shell]))
+        started = session.run(("shell", {"command": f"sleep 300{tag} & sleep 301{tag}", "background": True}))
+        job = started.outcomes[0].result
+        assert job.ok, job.output
+        # A foreground command, with a child in the background, is still running at the exit.
+        session.send(("shell", {"command": f"sleep 302{tag} & sleep 303{tag}"}))
+        sleeps = [f"sleep\0{n}{tag}" for n in (300, 301, 302, 303)]
+        running = wait_until(lambda: len(m := with_marker(tag)) >= 4 and all(with_marker(s) for s in sleeps) and m)
+        groups = set(running.values())
+        assert job.data["pid"] in groups
+        assert len(groups) == 2  # each command in a process group of its own
+    wait_until(
+        lambda: not [p for g in groups for p in in_group(g)] and not with_marker(tag),
+        timeout=15,
+        message=lambda: f"processes left behind: {[p for g in groups for p in in_group(g)]}, {with_marker(tag)}",
+    )

@@ -262,6 +262,41 @@ def test_backoff_delays_each_restart_longer(system: ActorSystem) -> None:
     assert delays[2] >= 0.2
 
 
+def test_backoff_grows_by_its_factor_up_to_its_cap() -> None:
+    backoff = Backoff(initial=0.01, factor=3.0, cap=0.5)
+    assert [backoff.delay(n) for n in range(1, 7)] == pytest.approx([0.01, 0.03, 0.09, 0.27, 0.5, 0.5])
+    assert backoff.delay(0) == pytest.approx(0.01)  # before the first attempt: no shorter than initial
+    assert Backoff(initial=0.2, cap=0.1).delay(1) == pytest.approx(0.1)  # the cap bounds even the first
+
+
+def test_a_supervisor_waits_exponentially_capped_delays_and_a_child_that_stayed_up_starts_over(
+    system: ActorSystem, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    chosen: list[float] = []
+    real_delay = Backoff.delay
+
+    def recording_delay(self: Backoff, attempt: int) -> float:
+        delay = real_delay(self, attempt)
+        chosen.append(delay)
+        return delay
+
+    monkeypatch.setattr(Backoff, "delay", recording_delay)
+    backoff = Backoff(initial=0.05, factor=4.0, cap=0.5, reset_after=60.0)
+    sup = Supervisor.start([ChildSpec("w", Worker, backoff=backoff)], max_restarts=10, name="s")
+    waited = []
+    for uptime in (0, 0, 0, 0, 61, 59):
+        clock.now += uptime  # how long the child stayed up before this crash, on the supervisor's clock
+        ref = child_ref(sup, "w")
+        seq = system.events.recent(1)[-1].seq
+        ref.tell("crash")  # type: ignore[union-attr]
+        crash = wait_for_event(system.events, "supervisor.child_crashed", since=seq)
+        restarted = wait_for_event(system.events, "supervisor.child_restarted", since=crash.seq)
+        waited.append(restarted.time - crash.time)
+    # 0.05, x4, x4 (0.8 capped at 0.5), capped; up for 61 s >= reset_after: back to 0.05; up 59 s: no reset.
+    assert chosen == pytest.approx([0.05, 0.2, 0.5, 0.5, 0.05, 0.2])
+    assert all(w >= d * 0.9 for w, d in zip(waited, chosen, strict=True)), waited  # it really waited them
+
+
 def test_a_child_is_restarting_while_its_backoff_runs(system: ActorSystem) -> None:
     sup = Supervisor.start([ChildSpec("w", Worker, backoff=Backoff(initial=5.0))], name="s")
     child_ref(sup, "w").tell("crash")  # type: ignore[union-attr]

@@ -9,9 +9,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, ClassVar
 
+import attrs
 import pytest
 import trio
-from weald.tools import SessionServices, ToolContext, ToolResult, invoke
+from weald.runtime import Actor, ActorSystem
+from weald.runtime.testing import wait_until
+from weald.runtime.tool_runner import RunnerConfig, RunTools, ToolCallRequest, ToolResults, ToolRunner
+from weald.tools import SessionServices, ToolContext, ToolRegistry, ToolResult, invoke
 from weald.tools._html import html_to_text
 from weald.tools.fetch import fetch
 
@@ -196,6 +200,51 @@ async def test_a_slow_server_times_out_with_a_clear_message(ctx: ToolContext, se
     assert not result.ok
     assert "timed out after 0.5 s" in result.output
     assert "larger timeout" in result.output
+
+
+@pytest.mark.trio
+async def test_without_a_timeout_argument_the_runners_limit_for_the_call_applies(ctx: ToolContext, server: str) -> None:
+    limited = attrs.evolve(ctx, timeout=0.5)  # what the runner passes for [tools.timeouts] fetch = 0.5
+    result = await get(limited, url=f"{server}/slow")
+    assert not result.ok
+    assert f"fetching {server}/slow timed out after 0.5 s." in result.output
+    # The call's own argument still wins.
+    assert "timed out after 0.3 s" in (await get(limited, url=f"{server}/slow", timeout=0.3)).output
+
+
+class Collector(Actor):
+    """Stands in for an agent: keeps the ToolResults it is sent."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.results: list[ToolResults] = []
+
+    def on_receive(self, message: Any) -> None:
+        if isinstance(message, ToolResults):
+            self.results.append(message)
+
+    def received(self) -> list[ToolResults]:
+        return list(self.results)
+
+
+def test_a_configured_fetch_timeout_reaches_the_tool_through_the_runner(
+    system: ActorSystem, server: str, tmp_path: Path
+) -> None:
+    # grace=30: had the limit not reached fetch, its own 30 s default would run out first.
+    config = RunnerConfig(timeouts={"fetch": 0.5}, permissions={"fetch": "allow"}, grace=30.0)
+    runner = system.spawn(
+        ToolRunner,
+        args=("s1", tmp_path),
+        kwargs={"registry": ToolRegistry([fetch]), "config": config, "output_dir": tmp_path / "out"},
+        name="runner",
+    )
+    agent = Collector.start()
+    runner.tell(RunTools("b1", (ToolCallRequest("c1", "fetch", {"url": f"{server}/slow"}),), None, agent))
+    results = wait_until(lambda: agent.proxy().received().get(), timeout=20)
+    result = results[0].outcomes[0].result
+    assert not result.ok
+    # fetch's own message, at the configured limit.
+    assert result.output.startswith(f"fetching {server}/slow timed out after 0.5 s.")
 
 
 @pytest.mark.trio

@@ -108,6 +108,24 @@ async def test_separate_groups_of_context_are_divided(ctx: ToolContext, tree: Pa
 
 
 @pytest.mark.trio
+async def test_without_max_results_at_most_100_matching_lines_are_shown(ctx: ToolContext, tree: Path) -> None:
+    many = tree / "many"
+    many.mkdir()
+    (many / "a.txt").write_text("".join(f"target {i}\n" for i in range(150)))
+    result = await search(ctx, pattern="target", path="many")
+    assert result.ok
+    lines = result.output.splitlines()
+    assert lines[0] == "Found 150 matching lines in 1 file; showing the first 100:"
+    assert [line.rsplit("|", 1)[1] for line in lines if line.startswith("many/")] == [f"target {i}" for i in range(100)]
+    assert lines[-1].startswith("[50 more matching lines not shown (max_results=100).")
+    assert result.data == {"matches": 150, "files": 1, "shown": 100, "truncated": True}
+    # Exactly 100 fit without a cut.
+    (many / "a.txt").write_text("".join(f"target {i}\n" for i in range(100)))
+    exact = await search(ctx, pattern="target", path="many")
+    assert exact.data == {"matches": 100, "files": 1, "shown": 100, "truncated": False}
+
+
+@pytest.mark.trio
 async def test_max_results_cuts_the_list_and_says_how_many_more(ctx: ToolContext, tree: Path) -> None:
     many = tree / "many"
     many.mkdir()
