@@ -109,7 +109,11 @@ class Store:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            msg = f"cannot create the store's directory {path.parent}: {exc.strerror}"
+            blocker = next((p for p in (path.parent, *path.parent.parents) if p.exists()), None)
+            if blocker is not None and not blocker.is_dir():
+                msg = f"cannot create the store's directory {path.parent}: {blocker} is not a directory"
+            else:
+                msg = f"cannot create the store's directory {path.parent}: {exc.strerror}"
             raise StoreError(msg) from exc
         if path.exists():
             try:

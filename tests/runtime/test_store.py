@@ -5,7 +5,9 @@ from __future__ import annotations
 import hashlib
 import os
 import pickle
+import re
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -17,7 +19,15 @@ import msgspec
 import pytest
 import trio
 import trio.lowlevel
-from weald.runtime import Store, StoreClosedError, StoreCodecError, StoreCorruptError, StoreError
+from weald.runtime import (
+    ActorSystem,
+    StartError,
+    Store,
+    StoreClosedError,
+    StoreCodecError,
+    StoreCorruptError,
+    StoreError,
+)
 from weald.runtime.testing import wait_until
 
 
@@ -151,6 +161,31 @@ def test_a_corrupted_database_is_reported_and_never_replaced(tmp_path: Path) -> 
 def test_a_directory_in_place_of_the_file_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(StoreError, match="is a directory"):
         Store(tmp_path)
+
+
+def test_a_store_file_that_cannot_be_opened_is_a_clear_error_naming_it(tmp_path: Path) -> None:
+    # Root reads any file whatever its mode; a socket in the file's place cannot be opened by anyone.
+    path = tmp_path / "s.db"
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(str(path))
+        with pytest.raises(StoreError, match=re.escape(f"store file {path} cannot be read: No such device or address")):
+            Store(path)
+        # Through the actor system the error still names the file.
+        with (
+            pytest.raises(StartError, match=re.escape(f"store file {path} cannot be read")),
+            ActorSystem(store_path=path),
+        ):
+            pass
+
+
+def test_a_store_path_under_a_regular_file_is_a_clear_error_naming_that_file(tmp_path: Path) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file where the store's directory should be\n")
+    with pytest.raises(
+        StoreError, match=re.escape(f"cannot create the store's directory {blocker}: {blocker} is not a directory")
+    ):
+        Store(blocker / "s.db")
+    assert blocker.read_text() == "a file where the store's directory should be\n"
 
 
 def test_a_closed_store_refuses_work(tmp_path: Path) -> None:
