@@ -342,6 +342,11 @@ class Agent(Actor):
         runner_path: path of the session's ToolRunner.
         parent: for a sub-agent, the agent that started it (questions go up to it).
         provider_factory: builds the model provider from ``config.model``.
+        skills: returns the skill catalog for the system prompt (names and
+            descriptions, as `weald.tools.skills.describe_skills` writes it;
+            "" when there are none). Blocking: it is called once per start,
+            in a worker thread, and only when the agent is offered
+            ``use_skill``. None: the model is shown no skills.
     """
 
     def __init__(
@@ -355,6 +360,7 @@ class Agent(Actor):
         runner_path: str | None = None,
         parent: Ref[Any] | None = None,
         provider_factory: Callable[[str], Provider] | None = None,
+        skills: Callable[[], str] | None = None,
     ) -> None:
         super().__init__()
         self._session_id = session_id
@@ -365,6 +371,9 @@ class Agent(Actor):
         self._runner_path = runner_path
         self._parent_agent = parent
         self._provider_factory = provider_factory or make_provider
+        self._skills = skills
+        # The configured prompt plus the skill catalog; settled in on_start.
+        self._system_prompt = config.system_prompt
         self._key = history_key(session_id, agent_id, config.depth)
         self._state: AgentStatus = "idle"
         self._history: list[Message] = []
@@ -422,10 +431,19 @@ class Agent(Actor):
         else:
             record.status = "active"
             self._persist_record()
+        self._system_prompt = await self._compose_system_prompt()
         self._provider = self._provider_factory(self._config.model)
         seek = getattr(self._provider, "seek", None)
         if seek is not None and record.provider_position is not None:
             seek(record.provider_position)
+
+    async def _compose_system_prompt(self) -> str | None:
+        """The configured system prompt, followed by the skill catalog when ``use_skill`` is offered."""
+        if self._skills is None or not any(s.name == "use_skill" for s in self._tool_specs()):
+            return self._config.system_prompt
+        catalog = await trio.to_thread.run_sync(self._skills)
+        parts = [p for p in (self._config.system_prompt, catalog) if p]
+        return "\n\n".join(parts) if parts else None
 
     async def _recover(self, store: Any) -> str | None:
         """Mark a turn left running as interrupted; answer tool calls it left open."""
@@ -678,7 +696,7 @@ class Agent(Actor):
         request = ModelRequest(
             model="",
             messages=list(self._history),
-            system=self._config.system_prompt,
+            system=self._system_prompt,
             tools=self._tool_specs(),
         )
         self._gen += 1
@@ -729,6 +747,7 @@ class Agent(Actor):
                 "text": message.content,
                 "tool_calls": [{"id": c.id, "name": c.name} for c in message.tool_calls],
                 "stop_reason": event.stop_reason,
+                "usage": msgspec.to_builtins(event.usage),
             },
         )
         if kept.content:

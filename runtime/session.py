@@ -10,13 +10,21 @@
 rest_for_one: if the tool runner dies, the agent (which depends on it) is
 restarted too and reloads its history; if the agent dies alone, only the
 agent restarts. `SessionRuntime` is what ``ctx.session.runtime`` is for the
-tools of this session: questions to the user, sub-agents, the store, events.
+tools of this session: questions to the user, sub-agents, skills, the store,
+events.
+
+Sub-agents of every depth are children of the one ``sub_agents``
+supervisor, named ``sub-<n>-<call id>``: ``n`` counts the session's
+sub-agents from 1 (carried on across daemon restarts, read back from the
+store), so ids never repeat even when two models number their tool calls
+alike, and the history key ``<session>.sub-<n>-<call id>`` is never reused.
 """
 
 from __future__ import annotations
 
 import contextlib
 import re
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -29,6 +37,7 @@ from weald.runtime.llm import Provider
 from weald.runtime.tool_runner import RunnerConfig, ToolRunner
 from weald.supervisors import ChildSpec, DynamicSupervisor, Supervisor
 from weald.tools import ToolRegistry, default_registry
+from weald.tools.skills import default_skill_dirs, describe_skills
 
 __all__ = [
     "RuntimeView",
@@ -130,11 +139,32 @@ class SessionRuntime(RuntimeView):
         self.config = config
         self._registry = registry
         self._provider_factory = provider_factory
+        # Invariant: once set, only grows; touched only on the trio loop.
+        self._sub_agent_seq: int | None = None
+        self._skills_lock = threading.Lock()
+        self._skills_text: str | None = None
 
     @property
     def session_id(self) -> str:
         """This session's id."""
         return self.config.session_id
+
+    @property
+    def skill_dirs(self) -> tuple[Path, ...]:
+        """Where ``use_skill`` and the skill catalog look for skills, highest precedence first."""
+        return default_skill_dirs(self.config.working_dir)
+
+    def skills_prompt(self) -> str:
+        """The skill catalog for the system prompt (names and descriptions), scanned once per session.
+
+        Blocking (it reads the skill directories the first time): agents call
+        it in a worker thread when they start. Every agent of the session,
+        sub-agents and restarted agents included, gets the same text.
+        """
+        with self._skills_lock:
+            if self._skills_text is None:
+                self._skills_text = describe_skills(self.config.working_dir, dirs=self.skill_dirs)
+            return self._skills_text
 
     async def ask_user(self, agent_path: str, question: str, choices: Sequence[str] = ()) -> str:
         """Ask whoever drives the top-level agent; a sub-agent's question goes up the chain.
@@ -184,7 +214,7 @@ class SessionRuntime(RuntimeView):
         if tools is not None:
             allowed &= {t.name for t in self._registry.select(tools)}
         base = self.config.agent
-        agent_id = "sub-" + "".join(c if c.isalnum() or c in "-_" else "_" for c in call_id)[:48]
+        agent_id = await self._next_sub_agent_id(call_id)
         config = AgentConfig(
             model=model or parent_model,
             system_prompt=system_prompt,
@@ -204,23 +234,38 @@ class SessionRuntime(RuntimeView):
                 "runner_path": f"{self.session_path}/tool_runner",
                 "parent": parent,
                 "provider_factory": self._provider_factory,
+                "skills": self.skills_prompt,
             },
             restart="temporary",
             shutdown=5.0,
         )
         proxy = sub_agents.proxy()
         child = await proxy.start_child(spec)
-        subscription = self._system.events.subscribe("*", source=child.path, max_buffer=4096)
+        # The child's own events, and the events of the tool calls it makes
+        # (published by the session's tool runner, naming the calling agent).
+        # Its sub-agents' events arrive inside the latter, already forwarded
+        # by its own sub_agent calls.
+        own_events = self._system.events.subscribe("*", source=child.path, max_buffer=4096)
+        tool_events = self._system.events.subscribe(
+            "tool.*", source=f"{self.session_path}/tool_runner", max_buffer=4096
+        )
+        forwarders = ((own_events, None), (tool_events, child.path))
         result: TurnResult | None = None
         try:
             with trio.move_on_after(timeout):
                 async with trio.open_nursery() as nursery:
-                    nursery.start_soon(_forward, subscription, emit, call_id)
+                    for subscription, agent in forwarders:
+                        nursery.start_soon(_forward, subscription, emit, call_id, agent)
                     turn_future = await child.proxy().prompt(task)
                     result = await turn_future
                     nursery.cancel_scope.cancel()
+            # What was published before the turn ended but not yet forwarded.
+            for subscription, agent in forwarders:
+                for event in subscription.drain_nowait():
+                    _forward_one(event, emit, call_id, agent)
         finally:
-            subscription.close()
+            own_events.close()
+            tool_events.close()
             with trio.CancelScope(shield=True), contextlib.suppress(Exception):
                 await proxy.terminate_child(child)
         if result is None:
@@ -228,14 +273,50 @@ class SessionRuntime(RuntimeView):
             raise TimeoutError(msg)
         return result
 
+    async def _next_sub_agent_id(self, call_id: str) -> str:
+        """A sub-agent id unique in this session: ``sub-<n>-<call id>``, ``n`` counting from 1.
 
-async def _forward(subscription: Any, emit: Callable[[str, Mapping[str, Any]], None], call_id: str) -> None:
-    """Re-emit a sub-agent's events as the parent call's output, tagged with the parent's call id."""
+        The first time, ``n`` carries on from the sub-agents the store holds
+        for this session (a restarted daemon must not reuse a stored history).
+        """
+        if self._sub_agent_seq is None:
+            store = self._system.store
+            prefix = f"{self.session_id}.sub-"
+            await store.flush()
+            keys = await trio.to_thread.run_sync(store.keys, "agents", prefix)
+            numbers = (key[len(prefix) :].partition("-")[0] for key in keys)
+            highest = max((int(n) for n in numbers if n.isdigit()), default=0)
+            if self._sub_agent_seq is None:  # another call may have set it while this one read
+                self._sub_agent_seq = highest
+        self._sub_agent_seq += 1
+        safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in call_id)[:40]
+        return f"sub-{self._sub_agent_seq}-{safe}"
+
+
+def _forward_one(event: Event, emit: Callable[[str, Mapping[str, Any]], None], call_id: str, agent: str | None) -> None:
+    """Re-emit one event as the parent call's output, tagged with the parent's call id.
+
+    Args:
+        event: a sub-agent's event, or a tool event of the session.
+        emit: the parent call's ``ctx.emit``.
+        call_id: the parent call's id.
+        agent: forward only events whose ``agent`` field names this path
+            (tool events); None: forward every event.
+    """
+    if agent is not None and event.data.get("agent") != agent:
+        return
+    emit(
+        "sub_agent",
+        {"parent_call_id": call_id, "topic": event.topic, "source": event.source, "data": redact(event.data)},
+    )
+
+
+async def _forward(
+    subscription: Any, emit: Callable[[str, Mapping[str, Any]], None], call_id: str, agent: str | None
+) -> None:
+    """Forward a sub-agent's events from ``subscription`` until cancelled (see `_forward_one`)."""
     async for event in subscription:
-        emit(
-            "sub_agent",
-            {"parent_call_id": call_id, "topic": event.topic, "source": event.source, "data": redact(event.data)},
-        )
+        _forward_one(event, emit, call_id, agent)
 
 
 def session_spec(
@@ -280,6 +361,7 @@ def session_spec(
                 "registry": registry,
                 "runner_path": f"{path}/tool_runner",
                 "provider_factory": provider_factory,
+                "skills": runtime.skills_prompt,
             },
             shutdown=15.0,
         ),

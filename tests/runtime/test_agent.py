@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import threading
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ import trio
 from fake_openai import FakeOpenAI
 from weald.runtime import ActorSystem, Ref, register_secret
 from weald.runtime.agent import AgentConfig, HistoryEntry, TurnRecord, TurnResult
-from weald.runtime.llm import OpenAIProvider, ProviderSettings, ScriptedProvider
+from weald.runtime.llm import ModelRequest, OpenAIProvider, ProviderSettings, ScriptedProvider, StreamEvent, Usage
 from weald.runtime.session import SessionConfig, agent_path, session_spec
 from weald.runtime.testing import wait_for_event, wait_until
 from weald.runtime.tool_runner import RunnerConfig
@@ -81,6 +82,33 @@ class Harness:
 
     def run(self, agent: Ref[Any], text: str, timeout: float = 20) -> TurnResult:
         return self.prompt(agent, text).get(timeout=timeout)
+
+
+class GatedScript:
+    """A scripted model whose call number ``gate_at`` (from 0) waits until ``FLAGS[flag]`` is set."""
+
+    def __init__(self, script: dict[str, Any], gate_at: int, flag: str) -> None:
+        self.inner = ScriptedProvider.from_dict(script)
+        self.gate_at = gate_at
+        self.flag = flag
+
+    @property
+    def position(self) -> int:
+        return self.inner.position
+
+    def seek(self, position: int) -> None:
+        self.inner.seek(position)
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[StreamEvent]:
+        if self.inner.position == self.gate_at:
+            with trio.move_on_after(20):
+                while not FLAGS[self.flag].is_set():  # noqa: ASYNC110 - set from the test's thread
+                    await trio.sleep(0.002)
+        async for event in self.inner.stream(request):
+            yield event
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
 
 
 @pytest.fixture
@@ -384,3 +412,140 @@ def test_a_restarted_system_restores_a_session_from_the_store(tmp_path: Path) ->
         agent = h.start("s1", script)
         assert [m.content for m in agent.proxy().history().get()] == ["one", "first answer"]
         assert h.run(agent, "two").text == "second answer"
+
+
+def test_the_default_step_limit_is_50_model_calls(h: Harness) -> None:
+    assert AgentConfig(model="scripted:x").max_steps == 50
+    call = {"name": "glob", "arguments": {"pattern": "*.txt"}}
+    agent = h.start("s1", {"turns": [{"tool_calls": [call]}] * 51})
+    result = h.run(agent, "loop forever", timeout=60)
+    assert not result.ok
+    assert result.steps == 50
+    assert result.error == "the turn stopped after 50 model calls (agent.max_steps)"
+    assert len([m for m in agent.proxy().history().get() if m.role == "tool"]) == 50
+
+
+def test_a_scripted_model_that_runs_out_of_turns_ends_the_turn_with_a_clear_error(h: Harness) -> None:
+    agent = h.start("s1", {"turns": [{"text": "the only answer"}]})
+    assert h.run(agent, "first").ok
+    result = h.run(agent, "second")
+    assert not result.ok
+    assert result.error == "script inline has 1 turns; model call 2 has none"
+    error = wait_for_event(h.system.events, "agent.error")
+    assert (error.data["kind"], error.data["turn_id"]) == ("ScriptExhausted", result.turn_id)
+    ended = wait_for_event(h.system.events, "agent.turn_end", lambda e: e.data["turn_id"] == result.turn_id)
+    assert (ended.data["status"], ended.data["error"]) == ("error", result.error)
+    assert agent.proxy().snapshot().get().status == "idle"
+    turns = dict(h.system.store.items("turns", "s1/", type=TurnRecord))
+    assert turns[f"s1/{result.turn_id}"].status == "error"
+
+
+def test_message_and_turn_events_carry_token_usage(h: Harness) -> None:
+    agent = h.start(
+        "s1",
+        {
+            "turns": [
+                {"text": "looking", "tool_calls": [{"name": "glob", "arguments": {"pattern": "*"}}]},
+                {"text": "ok"},
+            ]
+        },
+    )
+    result = h.run(agent, "list the files")
+    ended = wait_for_event(h.system.events, "agent.turn_end", lambda e: e.data["turn_id"] == result.turn_id)
+    topics = ("agent.message_start", "agent.message_end", "agent.turn_end")
+    events = [e for e in h.system.events.recent(1000, source=agent.path) if e.topic in topics]
+    assert [e.topic for e in events] == [*topics[:2], *topics[:2], "agent.turn_end"]
+    ends = [e for e in events if e.topic == "agent.message_end"]
+    assert [e.data["step"] for e in ends] == [1, 2]
+    per_call = [Usage(**e.data["usage"]) for e in ends]
+    assert all(u.input_tokens > 0 and u.output_tokens > 0 for u in per_call)
+    assert per_call[0] + per_call[1] == result.usage
+    assert Usage(**ended.data["usage"]) == result.usage
+
+
+def test_debug_state_reports_real_queues_usage_and_restarts(h: Harness) -> None:
+    FLAGS["gate"] = threading.Event()
+    script = {
+        "turns": [
+            {"text": "warmed up"},
+            {"tool_calls": [{"name": "debug_state", "arguments": {"events": 0}}, {"name": "glob", "arguments": {}}]},
+            {"text": "seen it all"},
+        ]
+    }
+    agent = h.start("s1", factory=lambda m: GatedScript(script, gate_at=1, flag="gate"), debug_state=True)
+    first = h.run(agent, "warm up")
+    agent.kill()
+    wait_for_event(h.system.events, "agent.recovered")
+    agent = h.agent("s1")
+    pending = h.prompt(agent, "inspect yourself")
+    wait_until(lambda: agent.proxy().snapshot().get().status == "streaming")
+    queued = h.prompt(agent, "and then this")
+    wait_for_event(h.system.events, "agent.prompt_queued")
+    FLAGS["gate"].set()
+    result = pending.get(timeout=20)
+    assert queued.get(timeout=20) == result
+    step_one = wait_for_event(
+        h.system.events, "agent.message_end", lambda e: e.data["turn_id"] == result.turn_id and e.data["step"] == 1
+    )
+    report = json.loads(agent.proxy().history().get()[4].content)
+    assert report["queues"]["pending_prompts"] == ["and then this"]
+    assert report["queues"]["running_tool_calls"] == ["call_1_0", "call_1_1"]
+    expected = first.usage + Usage(**step_one.data["usage"])
+    assert report["usage"] == {
+        "input_tokens": expected.input_tokens,
+        "output_tokens": expected.output_tokens,
+        "cache_read_tokens": 0,
+    }
+    assert expected.input_tokens > first.usage.input_tokens > 0
+    assert report["restarts"] == 1
+
+
+def write_skill(root: Path, folder: str, name: str, description: str) -> None:
+    skill = root / ".weald" / "skills" / folder
+    skill.mkdir(parents=True)
+    (skill / "SKILL.md").write_text(f"---\nname: {name}\ndescription: {description}\n---\nThe steps.\n")
+
+
+def test_the_model_sees_the_skills_names_and_descriptions_once_per_session(
+    h: Harness, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    write_skill(tmp_path / "project", "release", "release-xyzzy", "Cut a plugh release")
+    write_skill(tmp_path / "home", "notes", "notes-frob", "Keep frob notes")
+    with FakeOpenAI() as server:
+        server.text("noted").text("still noted")
+        settings = ProviderSettings(base_url=server.url, api_key_required=False)
+        agent = h.start("s1", factory=lambda m: OpenAIProvider("fake", settings), system_prompt="Be brief.")
+        h.run(agent, "hi")
+        write_skill(tmp_path / "project", "late", "late-skill", "Added after the session started")
+        h.run(agent, "again")
+        systems = [r["messages"][0] for r in server.requests]
+    assert systems[0]["role"] == "system"
+    lines = systems[0]["content"].splitlines()
+    assert lines[0] == "Be brief."
+    assert "- notes-frob: Keep frob notes" in lines
+    assert "- release-xyzzy: Cut a plugh release" in lines
+    assert "use_skill" in {t["function"]["name"] for t in server.requests[0]["tools"]}
+    assert systems[1] == systems[0]  # scanned once for the session, not per model call
+
+
+def test_an_agent_not_offered_use_skill_is_shown_no_skills(
+    h: Harness, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    write_skill(tmp_path / "project", "release", "release-xyzzy", "Cut a plugh release")
+    with FakeOpenAI() as server:
+        server.text("ok").text("ok")
+        settings = ProviderSettings(base_url=server.url, api_key_required=False)
+        bare = h.start("s1", factory=lambda m: OpenAIProvider("fake", settings), tool_filter=("read_file",))
+        h.run(bare, "hi")
+        prompted = h.start(
+            "s2",
+            factory=lambda m: OpenAIProvider("fake", settings),
+            tool_filter=("read_file",),
+            system_prompt="Be brief.",
+        )
+        h.run(prompted, "hi")
+    assert [m["role"] for m in server.requests[0]["messages"]] == ["user"]
+    assert server.requests[1]["messages"][0] == {"role": "system", "content": "Be brief."}
+    assert not any("xyzzy" in json.dumps(r) for r in server.requests)
