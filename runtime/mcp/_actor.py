@@ -18,7 +18,7 @@ How a tool call travels::
     agent's tool runner                 MCPConnection actor              loop
     ToolRoute(ctx, **args) --tell CallTool(reply)--> start run_io -----> session.call_tool
           await reply  <------------ reply completed <-- io task ends --'
-                                      (_Finished: bookkeeping, hang detection)
+                                      (_Finished: bookkeeping)
 
 Failure model (each incarnation of the actor is one connection, as in OTP):
 
@@ -26,10 +26,14 @@ Failure model (each incarnation of the actor is one connection, as in OTP):
   `MCPConnectionLost`, the actor crashes, its tools are unregistered, and its
   supervisor restarts it after a backoff; the new actor reconnects and
   registers the tools again;
-- the server hangs: each request times out after ``call_timeout`` with
-  `MCPTimeout` (an error result, the connection stays); after
-  ``max_consecutive_timeouts`` timeouts in a row with no answer in between,
-  the server is judged hung and the actor crashes, so it is restarted;
+- a request outlives ``call_timeout``: the session pings the server; if it
+  answers within ``ping_timeout`` the tool is merely slow, the request ends
+  with `MCPTimeout` (an error result) and the connection stays;
+- the server hangs (a ping, after a timeout or the periodic one while
+  requests are in flight, goes unanswered): the session ends the connection
+  (for stdio, killing the process group), every request in flight ends
+  with `MCPNotResponding`, and the actor crashes as for a lost connection,
+  so it is restarted after its backoff;
 - the server never starts: the actor reports why (with the stderr tail) and
   crashes just after ``on_start``, so restarts go through the backoff (see
   `MCPConnection.on_start` for why it does not raise there);
@@ -75,6 +79,7 @@ from ._exceptions import (
     MCPConfigError,
     MCPConnectionLost,
     MCPError,
+    MCPNotResponding,
     MCPStartError,
     MCPTimeout,
 )
@@ -110,9 +115,6 @@ T = TypeVar("T")
 
 ConnectionStatus = Literal["connecting", "authorizing", "connected", "disconnected", "failed", "stopped"]
 
-# Consecutive request timeouts (no answer from the server in between) after
-# which the server is judged hung and its connection restarted.
-MAX_CONSECUTIVE_TIMEOUTS = 3
 # How long on_start waits beyond connect_timeout for the connection task to
 # report; open_connection bounds start-up itself, so this is a backstop.
 START_GRACE = 5.0
@@ -150,7 +152,9 @@ class MCPConnectionSnapshot:
         requests_in_flight: other requests (resources, prompts) waiting.
         restarts: how many times the connection was restarted.
         failed_starts: consecutive failed starts (0 once connected).
-        consecutive_timeouts: requests that timed out since the server last answered.
+        consecutive_timeouts: requests that timed out since the server last
+            answered (informational: a server that still answers pings is
+            slow, not hung, and keeps its connection).
         last_error: why the connection last failed, with the server's stderr
             tail when there is one; None if it never failed.
         server_info: who the server said it is, once connected.
@@ -323,7 +327,7 @@ class MCPConnection(Actor):
 
     On start it connects and registers each server tool in ``registry`` as a
     weald `Tool` named ``mcp__<server>__<tool>`` (kind ``mcp``, permission
-    ``permission``, timeout ``call_timeout`` plus a short grace), whose
+    ``permission``, timeout ``call_timeout`` plus ``ping_timeout`` and a short grace), whose
     function routes every call through this actor. On
     ``notifications/tools/list_changed`` it re-registers the new list. When
     it ends, for any reason, its tools are unregistered and the server's
@@ -347,8 +351,6 @@ class MCPConnection(Actor):
         registry: where the server's tools are registered.
         permission: the default permission of its tools (``ask``: a human
             approves each call, since an MCP server is third-party code).
-        max_consecutive_timeouts: timeouts in a row that mark the server as
-            hung, so that the connection is restarted.
 
     Raises:
         MCPConfigError: the config is disabled (the actor does not start).
@@ -360,19 +362,15 @@ class MCPConnection(Actor):
         registry: ToolRegistry,
         *,
         permission: Permission = "ask",
-        max_consecutive_timeouts: int = MAX_CONSECUTIVE_TIMEOUTS,
         _record: _ServerRecord | None = None,
     ) -> None:
         super().__init__()
         if not config.enabled:
             raise MCPConfigError(f"MCP server {config.name!r} is disabled in its config", server=config.name)
-        if max_consecutive_timeouts < 1:
-            raise ValueError(f"max_consecutive_timeouts must be >= 1, not {max_consecutive_timeouts!r}")
         _register_config_secrets(config)
         self._config = config
         self._registry = registry
         self._permission: Permission = permission
-        self._max_timeouts = max_consecutive_timeouts
         self._record = _record if _record is not None else _ServerRecord(config)
         self._session: MCPSession | None = None
         self._inflight: dict[int, _InFlight] = {}
@@ -463,17 +461,23 @@ class MCPConnection(Actor):
     ) -> Any:
         """After a crash: as `on_stop`, with in-flight requests failed as disconnected.
 
-        The supervisor hears of the crash only after this returns, so a
-        restarted connection never overlaps the old server process.
+        A server that stopped responding fails them with its `MCPNotResponding`
+        (the session has usually done so already). The supervisor hears of
+        the crash only after this returns, so a restarted connection never
+        overlaps the old server process.
         """
         error = exception_value if exception_value is not None else MCPConnectionLost("unknown failure")
-        lost = MCPConnectionLost(
-            f"MCP server {self.server!r} disconnected; the request did not complete. "
-            "The server is being restarted; try again in a moment.",
-            server=self.server,
-            exit_code=getattr(error, "exit_code", None),
-            stderr_tail=getattr(error, "stderr_tail", ""),
-        )
+        lost: MCPConnectionLost
+        if isinstance(error, MCPNotResponding):
+            lost = error
+        else:
+            lost = MCPConnectionLost(
+                f"MCP server {self.server!r} disconnected; the request did not complete. "
+                "The server is being restarted; try again in a moment.",
+                server=self.server,
+                exit_code=getattr(error, "exit_code", None),
+                stderr_tail=getattr(error, "stderr_tail", ""),
+            )
         status: ConnectionStatus = "failed" if self._record.status == "failed" else "disconnected"
         self._go_down(status, lost, reason=str(error), error=error)
         return self._wait_closed()
@@ -709,14 +713,10 @@ class MCPConnection(Actor):
         self._count_in_flight()
         error = message.error
         record = self._record
+        # Hangs are not judged here: the session pings the server when a
+        # request times out and ends the connection if it does not answer.
         if isinstance(error, MCPTimeout):
             record.consecutive_timeouts += 1
-            if record.consecutive_timeouts >= self._max_timeouts:
-                raise MCPConnectionLost(
-                    f"MCP server {self.server!r} did not answer {record.consecutive_timeouts} requests in a row "
-                    f"within {error.timeout:g} s each; treating it as hung and restarting it",
-                    server=self.server,
-                )
         elif error is None or not isinstance(error, MCPConnectionLost | MCPClosedError):
             record.consecutive_timeouts = 0  # the server answered (a result or an error)
 
@@ -747,7 +747,12 @@ class MCPConnection(Actor):
         for name, tool in wanted.items():
             route = ToolRoute(self.system, self.path, self.server, tool.name, name)
             weald_tool = build_tool(
-                tool, name, route, permission=self._permission, call_timeout=self._config.call_timeout
+                tool,
+                name,
+                route,
+                permission=self._permission,
+                # A timed-out call waits for the ping that judges the server.
+                call_timeout=self._config.call_timeout + self._config.ping_timeout,
             )
             self._registry.register(weald_tool, replace=True)
             self._registered[name] = route
@@ -875,7 +880,6 @@ class MCPSupervisor(Supervisor):
         registry: where their tools are registered.
         permission: default permission of their tools.
         backoff: restart backoff of every connection.
-        max_consecutive_timeouts: see `MCPConnection`.
 
     Raises:
         MCPConfigError: two enabled servers share a name.
@@ -889,7 +893,6 @@ class MCPSupervisor(Supervisor):
         *,
         permission: Permission = "ask",
         backoff: Backoff = DEFAULT_BACKOFF,
-        max_consecutive_timeouts: int = MAX_CONSECUTIVE_TIMEOUTS,
     ) -> None:
         enabled = [config for config in configs if config.enabled]
         self._records: dict[str, _ServerRecord] = {}
@@ -905,11 +908,7 @@ class MCPSupervisor(Supervisor):
                     child_id,
                     MCPConnection,
                     args=(config, registry),
-                    kwargs={
-                        "permission": permission,
-                        "max_consecutive_timeouts": max_consecutive_timeouts,
-                        "_record": record,
-                    },
+                    kwargs={"permission": permission, "_record": record},
                     shutdown=CONNECTION_SHUTDOWN,
                     backoff=backoff,
                 )
@@ -985,7 +984,6 @@ def mcp_supervisor_spec(
     child_id: str = "mcp",
     permission: Permission = "ask",
     backoff: Backoff = DEFAULT_BACKOFF,
-    max_consecutive_timeouts: int = MAX_CONSECUTIVE_TIMEOUTS,
 ) -> ChildSpec:
     """The `ChildSpec` of the daemon's ``mcp`` subtree, to start under the root.
 
@@ -1004,6 +1002,6 @@ def mcp_supervisor_spec(
         child_id,
         MCPSupervisor,
         args=(configs, registry),
-        kwargs={"permission": permission, "backoff": backoff, "max_consecutive_timeouts": max_consecutive_timeouts},
+        kwargs={"permission": permission, "backoff": backoff},
         shutdown=CONNECTION_SHUTDOWN * max(enabled, 1) + 1.0,
     )

@@ -18,6 +18,8 @@ __all__ = ["DEFAULT_AUTHORIZATION_TIMEOUT", "DEFAULT_REDIRECT_URI", "OAuthConfig
 
 DEFAULT_CALL_TIMEOUT = 60.0
 DEFAULT_CONNECT_TIMEOUT = 30.0
+DEFAULT_PING_TIMEOUT = 5.0
+DEFAULT_PING_INTERVAL = 30.0
 #: Where the authorization server sends the person's browser back to.
 DEFAULT_REDIRECT_URI: Final = "http://127.0.0.1:33418/callback"
 #: How long a person has to complete a browser authorization, in seconds.
@@ -260,6 +262,13 @@ class ServerConfig:
             initialize handshake and the first tools/list, in seconds. Time
             spent waiting for a person to authorize (``auth``, browser mode)
             does not count.
+        ping_timeout: How long the server has to answer a ``ping``, in
+            seconds. It is pinged when a request times out and every
+            ``ping_interval`` seconds while requests are in flight; a server
+            that does not answer in time is not responding (hung), and its
+            connection is closed so that its owner can restart it. A slow
+            tool on a server that answers pings only times out.
+        ping_interval: Seconds between pings while requests are in flight.
         auth: OAuth for an HTTP server that requires it (`OAuthConfig`); a
             mapping is accepted too. None: no OAuth (static ``headers`` only).
     """
@@ -274,6 +283,8 @@ class ServerConfig:
     enabled: bool = True
     call_timeout: float = DEFAULT_CALL_TIMEOUT
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
+    ping_timeout: float = DEFAULT_PING_TIMEOUT
+    ping_interval: float = DEFAULT_PING_INTERVAL
     auth: OAuthConfig | None = attrs.field(default=None, converter=_auth)
 
     def __attrs_post_init__(self) -> None:
@@ -318,7 +329,7 @@ class ServerConfig:
             problems.extend(f"auth.{problem}" for problem in self.auth.problems())
         if not isinstance(self.enabled, bool):
             problems.append("enabled must be true or false")
-        for field in ("call_timeout", "connect_timeout"):
+        for field in ("call_timeout", "connect_timeout", "ping_timeout", "ping_interval"):
             value = getattr(self, field)
             if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
                 problems.append(f"{field} must be a positive number of seconds, not {value!r}")

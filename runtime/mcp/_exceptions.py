@@ -8,7 +8,9 @@ package raises. The tree, most general first::
     ├── MCPStartError                      the server never became ready
     │   └── MCPHandshakeTimeout (also MCPTimeout)
     ├── MCPConnectionLost                  the server broke: it exited, crashed or the
-    │                                      HTTP stream failed; the session is unusable
+    │   │                                  HTTP stream failed; the session is unusable
+    │   └── MCPNotResponding               ... it hung: it did not answer a ping in time,
+    │                                      so the connection was closed
     ├── MCPClosedError                     the session was closed by its owner (stopped,
     │                                      not broke) and a call raced the close
     ├── MCPTimeout                         a request outlived its deadline; the session
@@ -29,6 +31,7 @@ __all__ = [
     "MCPConnectionLost",
     "MCPError",
     "MCPHandshakeTimeout",
+    "MCPNotResponding",
     "MCPProtocolError",
     "MCPServerError",
     "MCPStartError",
@@ -134,6 +137,31 @@ class MCPConnectionLost(MCPError):
         super().__init__(message, server=server)
         self.exit_code = exit_code
         self.stderr_tail = stderr_tail
+
+
+class MCPNotResponding(MCPConnectionLost):
+    """The server stopped answering: it did not answer a ``ping`` within ``ping_timeout``.
+
+    A request timing out alone does not raise this (a tool may just be
+    slow); a server that cannot even answer a ping is hung, so its
+    connection was closed (for stdio, its process group killed) and every
+    request in flight ended with this error.
+
+    Attributes:
+        ping_timeout: How long the ping waited, in seconds.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        server: str | None = None,
+        ping_timeout: float,
+        exit_code: int | None = None,
+        stderr_tail: str = "",
+    ) -> None:
+        super().__init__(message, server=server, exit_code=exit_code, stderr_tail=stderr_tail)
+        self.ping_timeout = ping_timeout
 
 
 class MCPClosedError(MCPError):

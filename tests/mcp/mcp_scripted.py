@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 from weald.runtime.mcp import ServerConfig
 
@@ -19,13 +20,10 @@ class ScriptedServer:
 
     path = SCRIPTED_SERVER
 
-    def config(self, *flags: str, **overrides: float) -> ServerConfig:
-        """Config for the scripted server with the given command-line flags."""
-        timeouts = {"call_timeout": 30.0, "connect_timeout": 20.0} | overrides
-        return ServerConfig(
-            name="scripted",
-            command=sys.executable,
-            args=[str(SCRIPTED_SERVER), *flags],
-            call_timeout=timeouts["call_timeout"],
-            connect_timeout=timeouts["connect_timeout"],
-        )
+    def config(self, *flags: str, **overrides: Any) -> ServerConfig:
+        """Config for the scripted server with the given command-line flags.
+
+        ``overrides`` are other `ServerConfig` fields (timeouts, ``env``, ``cwd``).
+        """
+        fields: dict[str, Any] = {"call_timeout": 30.0, "connect_timeout": 20.0} | overrides
+        return ServerConfig(name="scripted", command=sys.executable, args=[str(SCRIPTED_SERVER), *flags], **fields)

@@ -12,9 +12,12 @@ Run as ``python scripted_server.py [--fail-at-start MESSAGE] [--silent]
 
 Tools: ``echo``, ``add_tool`` (registers ``extra_<n>`` and sends
 ``notifications/tools/list_changed``), ``crash`` (``os._exit`` mid-call),
-``hang`` (never returns), ``slow`` (sleeps, reporting progress), ``fail``
+``hang`` (never returns, the server stays responsive), ``freeze`` (blocks
+the server's event loop, so it answers nothing, pings included),
+``slow`` (sleeps, reporting progress), ``fail``
 (a tool that raises: an isError result), ``reject`` (a JSON-RPC error),
-``log`` (sends a log notification), ``child_pid``, and two that ask the
+``log`` (sends a log notification), ``child_pid``, ``whereami`` (its
+working directory and one environment variable), and two that ask the
 user during the call (elicitation): ``ask_name`` (a required name and an
 optional colour from a list) and ``ask_settings`` (fields that all have
 defaults), each answering with what came back.
@@ -74,6 +77,19 @@ async def hang() -> str:
     """Never return."""
     await anyio.sleep_forever()
     return "unreachable"
+
+
+@server.tool()
+async def freeze(seconds: float = 3600.0) -> str:
+    """Block the event loop (a server that hangs: nothing is answered, not even a ping)."""
+    time.sleep(seconds)  # noqa: ASYNC251 - blocking the loop is the point
+    return "thawed"
+
+
+@server.tool()
+def whereami(variable: str) -> dict[str, str | None]:
+    """The server's working directory and the value of the environment variable ``variable``."""
+    return {"cwd": os.getcwd(), "value": os.environ.get(variable)}
 
 
 @server.tool()

@@ -22,6 +22,7 @@ from weald.runtime.mcp import (
 )
 from weald.runtime.mcp._registry import TOOL_TIMEOUT_GRACE, build_tool, tool_parameters
 from weald.runtime.testing import wait_for_event, wait_until
+from weald.runtime.tool_runner import RunnerConfig, RunTools, ToolCallRequest, ToolRunner
 from weald.tools import Tool, ToolContext, ToolRegistry, ToolResult, invoke
 
 
@@ -77,7 +78,7 @@ def test_server_tools_register_beside_the_built_in_ones_and_calls_work(system, r
     echo = registry.get("mcp__everything__echo")
     assert echo is not None
     assert (echo.kind, echo.permission, echo.is_async) == ("mcp", "ask", True)
-    assert echo.timeout == everything.call_timeout + TOOL_TIMEOUT_GRACE
+    assert echo.timeout == everything.call_timeout + everything.ping_timeout + TOOL_TIMEOUT_GRACE
     assert echo.parameters["type"] == "object"
     assert echo.description
 
@@ -92,7 +93,7 @@ def test_server_tools_register_beside_the_built_in_ones_and_calls_work(system, r
     assert event.data["server_info"]["name"] == "mcp-servers/everything"
 
 
-def test_progress_notifications_stream_to_ctx_emit(system, registry, everything):
+def test_progress_notifications_stream_to_ctx_emit_as_output(system, registry, everything):
     connect(system, everything, registry)
     emitted: list[tuple[str, dict[str, Any]]] = []
     result = call(
@@ -103,9 +104,46 @@ def test_progress_notifications_stream_to_ctx_emit(system, registry, everything)
         emitted,
     )
     assert result.ok
-    assert [kind for kind, _ in emitted] == ["progress"] * 4
+    assert [kind for kind, _ in emitted] == ["output"] * 4
     assert [(data["progress"], data["total"]) for _, data in emitted] == [(1, 4), (2, 4), (3, 4), (4, 4)]
-    assert all("message" in data for _, data in emitted)
+    assert [data["text"] for _, data in emitted] == [f"progress {n}/4\n" for n in range(1, 5)]
+    assert all(data["stream"] == "progress" and "message" in data for _, data in emitted)
+
+
+def test_a_real_servers_progress_reaches_the_event_bus_as_tool_output_of_its_call(
+    system, registry, everything, tmp_path
+):
+    connect(system, everything, registry)
+    name = "mcp__everything__trigger-long-running-operation"
+    runner = system.spawn(
+        ToolRunner,
+        args=("s1", tmp_path),
+        kwargs={"registry": registry, "config": RunnerConfig(permissions={name: "allow"}), "output_dir": tmp_path},
+        name="runner",
+    )
+    call = ToolCallRequest("call-7", name, {"duration": 0.4, "steps": 4})
+    runner.tell(RunTools("b1", (call,), None, None, agent_id="a1", agent_path="/sessions/s1/agent"))
+
+    finished = wait_for_event(system.events, "tool.finished", lambda e: e.data["call_id"] == "call-7", timeout=30)
+    assert finished.data["ok"] is True
+    outputs = system.events.recent(100, topic="tool.output", where=lambda e: e.data["call_id"] == "call-7")
+    assert [(e.data["progress"], e.data["total"]) for e in outputs] == [(1, 4), (2, 4), (3, 4), (4, 4)]
+    assert [e.data["text"] for e in outputs] == [f"progress {n}/4\n" for n in range(1, 5)]
+    for event in outputs:
+        assert event.source == "/runner"
+        assert event.seq < finished.seq
+        assert event.data["tool"] == name
+        assert event.data["agent"] == "/sessions/s1/agent"
+        assert event.data["stream"] == "progress"
+        assert event.data["message"] is None  # server-everything sends no message
+
+
+def test_progress_messages_are_shown_in_the_output_text(system, registry, scripted):
+    connect(system, scripted.config(), registry)
+    emitted: list[tuple[str, dict[str, Any]]] = []
+    assert call(system, registry, "mcp__scripted__slow", {"seconds": 0.2, "steps": 2}, emitted).ok
+    assert [data["text"] for _, data in emitted] == ["step 1 of 2 (1/2)\n", "step 2 of 2 (2/2)\n"]
+    assert [data["message"] for _, data in emitted] == ["step 1 of 2", "step 2 of 2"]
 
 
 def test_structured_content_goes_to_data(system, registry, everything):

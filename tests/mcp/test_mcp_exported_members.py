@@ -22,6 +22,7 @@ def test_all_is_sorted_and_lists_exactly_the_public_names():
         "MCPError",
         "MCPHandshakeTimeout",
         "MCPLogMessage",
+        "MCPNotResponding",
         "MCPPrompt",
         "MCPPromptArgument",
         "MCPPromptMessage",
@@ -51,6 +52,7 @@ def test_all_is_sorted_and_lists_exactly_the_public_names():
 def test_every_exception_derives_from_mcp_error():
     errors = [getattr(mcp_layer, name) for name in mcp_layer.__all__ if name.endswith("Error")]
     errors += [mcp_layer.MCPTimeout, mcp_layer.MCPConnectionLost, mcp_layer.MCPHandshakeTimeout]
+    errors += [mcp_layer.MCPNotResponding]
     assert all(issubclass(error, mcp_layer.MCPError) for error in errors)
 
 

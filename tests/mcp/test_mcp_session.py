@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+from pathlib import Path
+from typing import Any
 
 import mcp_types as types
 import pytest
@@ -15,6 +18,7 @@ from weald.runtime.mcp import (
     MCPConnectionLost,
     MCPHandshakeTimeout,
     MCPLogMessage,
+    MCPNotResponding,
     MCPProtocolError,
     MCPStartError,
     MCPTimeout,
@@ -120,6 +124,61 @@ async def test_a_hung_call_raises_mcp_timeout_and_the_session_stays_usable(scrip
         assert stats.state == "open"
 
 
+async def test_a_timed_out_call_pings_the_server_and_a_server_that_answers_keeps_the_session(scripted):
+    async with open_connection(scripted.config(ping_timeout=5.0, ping_interval=600.0)) as session:
+        with pytest.raises(MCPTimeout):
+            await session.call_tool("slow", {"seconds": 30, "steps": 1}, timeout=0.5)
+        stats = session.statistics()
+        assert (stats.pings, stats.pings_unanswered, stats.state) == (1, 0, "open")
+
+
+async def test_a_server_that_answers_no_ping_is_not_responding_and_the_session_is_lost(scripted, processes):
+    config = scripted.config(ping_timeout=0.5, ping_interval=600.0)
+    seen: dict[str, Any] = {}
+
+    async def freeze_the_server() -> None:
+        async with open_connection(config) as session:
+            seen["session"] = session
+            with pytest.raises(MCPNotResponding) as caught:
+                await session.call_tool("freeze", timeout=0.5)
+            seen["call"] = caught.value
+            await session.wait_lost()
+
+    with pytest.raises(MCPNotResponding) as lost:
+        await freeze_the_server()
+    for error in (seen["call"], lost.value):
+        assert isinstance(error, MCPConnectionLost)
+        assert error.ping_timeout == 0.5
+        assert error.server == "scripted"
+    assert str(seen["call"]) == (
+        "MCP server 'scripted' is not responding: it did not answer a ping within 0.5 s; "
+        "tools/call 'freeze' did not complete, so its connection was closed"
+    )
+    stats = seen["session"].statistics()
+    assert (stats.state, stats.pings, stats.pings_unanswered) == ("lost", 1, 1)
+    assert stats.lost_reason == "the server is not responding: it did not answer a ping within 0.5 s"
+    await processes.wait_group_gone(stats.pid)
+
+
+@pytest.fixture
+def server_home(tmp_path: Path) -> Path:
+    """An empty directory for a server to run in, its path resolved as os.getcwd() gives it."""
+    home = tmp_path / "server home"
+    home.mkdir()
+    return home.resolve()
+
+
+async def test_the_configured_env_and_cwd_reach_the_server_process(scripted, server_home, monkeypatch):
+    monkeypatch.setenv("WEALD_TEST_PARENT_ONLY", "not for servers")
+    config = scripted.config(env={"WEALD_TEST_MARKER": "from weald.toml"}, cwd=server_home)
+    async with open_connection(config) as session:
+        marker = await session.call_tool("whereami", {"variable": "WEALD_TEST_MARKER"})
+        parent = await session.call_tool("whereami", {"variable": "WEALD_TEST_PARENT_ONLY"})
+    assert json.loads(marker.text) == {"cwd": str(server_home), "value": "from weald.toml"}
+    # Only the configured variables and a small safe base are passed on, not the parent's whole environment.
+    assert json.loads(parent.text) == {"cwd": str(server_home), "value": None}
+
+
 async def test_the_config_call_timeout_applies_when_no_timeout_is_given(scripted):
     async with open_connection(scripted.config(call_timeout=0.5)) as session:
         with pytest.raises(MCPTimeout):
@@ -198,10 +257,11 @@ async def test_a_command_that_does_not_exist_raises_start_error():
 
 
 async def test_a_server_that_never_answers_the_handshake_times_out(scripted):
+    # Long enough for the server to import the SDK and say it listens on a loaded machine.
     with pytest.raises(MCPHandshakeTimeout) as caught:
-        async with open_connection(scripted.config("--silent", connect_timeout=1.0)):
+        async with open_connection(scripted.config("--silent", connect_timeout=5.0)):
             pytest.fail("the session must not open")
-    assert caught.value.timeout == 1.0
+    assert caught.value.timeout == 5.0
     assert isinstance(caught.value, MCPStartError)
     assert isinstance(caught.value, MCPTimeout)
     assert "never answering" in caught.value.stderr_tail

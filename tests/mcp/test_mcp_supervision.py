@@ -1,4 +1,4 @@
-"""MCP connections under the ``mcp`` supervisor: crashes, hangs, servers that never start, shutdown.
+"""MCP connections under the ``mcp`` supervisor: crashes, hangs, slow tools, servers that never start, shutdown.
 
 Every test runs the real tree (root -> mcp -> one MCPConnection per server)
 against the scripted SDK server or mcp-server-time, with short backoffs.
@@ -7,6 +7,8 @@ against the scripted SDK server or mcp-server-time, with short backoffs.
 from __future__ import annotations
 
 import itertools
+import os
+import signal
 import sys
 from collections.abc import Mapping
 from typing import Any
@@ -68,31 +70,36 @@ def test_a_crash_mid_call_ends_the_call_clearly_and_the_connection_comes_back(sy
     assert mcp.is_alive()
 
 
-def test_a_hung_tool_times_out_and_the_connection_stays(system, scripted):
+def test_a_slow_tool_times_out_and_a_server_that_still_answers_pings_keeps_its_connection(system, scripted):
     registry = ToolRegistry()
-    start_mcp(system, [scripted.config(call_timeout=0.5)], registry, backoff=FAST)
+    start_mcp(system, [scripted.config(call_timeout=0.5, ping_timeout=5.0)], registry, backoff=FAST)
     connection = system.whereis("/mcp/scripted")
 
-    hung = call(system, registry, "mcp__scripted__hang", {})
-    assert hung.ok is False
-    assert "timed out after 0.5 s" in hung.output
+    slow = call(system, registry, "mcp__scripted__slow", {"seconds": 30, "steps": 1})
+    assert slow.ok is False
+    assert "timed out after 0.5 s" in slow.output
+    assert "not responding" not in slow.output
+    snapshot = connection.proxy().snapshot().get(timeout=5)
+    assert snapshot.session.pings >= 1  # the timeout was judged by a ping, which the server answered
+    assert snapshot.session.pings_unanswered == 0
     assert call(system, registry, "mcp__scripted__echo", {"text": "still here"}).output == "still here"
     snapshot = connection.proxy().snapshot().get(timeout=5)
     assert (snapshot.status, snapshot.restarts, snapshot.consecutive_timeouts) == ("connected", 0, 0)
     assert system.whereis("/mcp/scripted") is connection
+    assert system.events.recent(100, topic="mcp.disconnected") == []
 
 
-def test_three_timeouts_in_a_row_restart_the_connection_as_hung(system, scripted):
+def test_timeouts_in_a_row_on_a_server_that_answers_pings_do_not_restart_it(system, scripted):
     registry = ToolRegistry()
     start_mcp(system, [scripted.config(call_timeout=0.5)], registry, backoff=FAST)
     connection = system.whereis("/mcp/scripted")
     hang = registry.get("mcp__scripted__hang")
     assert hang is not None
 
-    async def three_hangs() -> list[ToolResult]:
+    async def hangs(n: int) -> list[ToolResult]:
         results: list[ToolResult] = []
         async with trio.open_nursery() as nursery:
-            for _ in range(3):
+            for _ in range(n):
 
                 async def one() -> None:
                     results.append(await invoke(hang, ToolContext(working_dir="."), {}))
@@ -100,14 +107,92 @@ def test_three_timeouts_in_a_row_restart_the_connection_as_hung(system, scripted
                 nursery.start_soon(one)
         return results
 
-    results = system.loop.run(three_hangs)
-    assert [r.ok for r in results] == [False] * 3
-    assert all("timed out after 0.5 s" in r.output for r in results)
+    results = system.loop.run(hangs, 4)
+    assert all("timed out after 0.5 s" in r.output for r in results), [r.output for r in results]
+    snapshot = connection.proxy().snapshot().get(timeout=5)
+    assert (snapshot.status, snapshot.restarts, snapshot.consecutive_timeouts) == ("connected", 0, 4)
+    assert system.whereis("/mcp/scripted") is connection
+    assert system.events.recent(100, topic="mcp.disconnected") == []
+
+
+def not_responding_output(server: str, tool: str, ping_timeout: float) -> str:
+    return (
+        f"MCP server {server!r} is not responding (it did not answer a ping within {ping_timeout:g} s), "
+        f"so {tool} did not complete. The server is being restarted; try again in a moment."
+    )
+
+
+def test_a_server_that_stops_answering_is_killed_its_calls_end_clearly_and_it_comes_back(system, scripted, processes):
+    registry = ToolRegistry()
+    config = scripted.config(call_timeout=1.0, ping_timeout=0.5, ping_interval=600.0)
+    mcp = start_mcp(system, [config], registry, backoff=FAST)
+    first = system.whereis("/mcp/scripted")
+    pgid = first.proxy().snapshot().get(timeout=5).session.pid
+    freeze, hang = registry.get("mcp__scripted__freeze"), registry.get("mcp__scripted__hang")
+
+    async def freeze_with_a_call_in_flight() -> dict[str, ToolResult]:
+        results: dict[str, ToolResult] = {}
+        async with trio.open_nursery() as nursery:
+            for tool in (hang, freeze):
+
+                async def one(tool: Any = tool) -> None:
+                    results[tool.name] = await invoke(tool, ToolContext(working_dir="."), {})
+
+                nursery.start_soon(one)
+        return results
+
+    results = system.loop.run(freeze_with_a_call_in_flight)
+    # The frozen call timed out, the ping went unanswered: both calls say so.
+    for name, result in results.items():
+        assert result.ok is False
+        assert result.output == not_responding_output("scripted", name, 0.5)
+        assert result.data["kind"] == "MCPNotResponding"
     down = wait_for_event(system.events, "mcp.disconnected")
-    assert "did not answer 3 requests in a row" in down.data["reason"]
-    assert "treating it as hung" in down.data["reason"]
+    assert down.data["during"] == "session"
+    assert "is not responding: it did not answer a ping within 0.5 s" in down.data["reason"]
+    assert down.data["restarting"] is True
+    # The frozen server (and its process group) is gone, not orphaned.
+    system.loop.run(processes.wait_group_gone, pgid)
+    wait_for_event(system.events, "supervisor.child_restarted", lambda e: e.data["id"] == "scripted")
     wait_until(lambda: len(connected_events(system, "scripted")) == 2, message="a second mcp.connected")
-    assert system.whereis("/mcp/scripted") is not connection
+    back = connected_events(system, "scripted")[-1]
+    assert back.time - down.time >= FAST.delay(1) * 0.9  # restarted after its backoff
+    assert system.whereis("/mcp/scripted") is not first
+    assert {"mcp__scripted__echo", "mcp__scripted__freeze"} <= set(registry.names())
+    assert call(system, registry, "mcp__scripted__echo", {"text": "fresh"}).output == "fresh"
+    (server,) = mcp.proxy().servers().get(timeout=5)
+    assert (server.status, server.restarts) == ("connected", 1)
+    assert "not responding" in (server.last_error or "")
+
+
+def test_a_stopped_server_is_found_by_the_periodic_ping_long_before_its_calls_time_out(system, scripted, processes):
+    registry = ToolRegistry()
+    config = scripted.config(call_timeout=120.0, ping_timeout=0.5, ping_interval=0.5)
+    start_mcp(system, [config], registry, backoff=FAST)
+    first = system.whereis("/mcp/scripted")
+    pid = first.proxy().snapshot().get(timeout=5).session.pid
+    hang = registry.get("mcp__scripted__hang")
+
+    async def stop_the_server_during_a_call() -> tuple[ToolResult, float]:
+        started = trio.current_time()
+        async with trio.open_nursery() as nursery:
+            results: list[ToolResult] = []
+
+            async def one() -> None:
+                results.append(await invoke(hang, ToolContext(working_dir="."), {}))
+
+            nursery.start_soon(one)
+            with trio.fail_after(30):
+                while (await first.proxy().snapshot()).calls_in_flight == 0:  # noqa: ASYNC110 - another actor's count, polled
+                    await trio.sleep(0.01)
+            os.kill(pid, signal.SIGSTOP)
+        return results[0], trio.current_time() - started
+
+    result, took = system.loop.run(stop_the_server_during_a_call)
+    assert result.output == not_responding_output("scripted", "mcp__scripted__hang", 0.5)
+    assert took < 60  # far inside its 120 s deadline: the periodic ping found the hang
+    system.loop.run(processes.wait_group_gone, pid)  # stopped, then killed: no orphan
+    wait_until(lambda: len(connected_events(system, "scripted")) == 2, message="a second mcp.connected")
     assert call(system, registry, "mcp__scripted__echo", {"text": "fresh"}).output == "fresh"
 
 
