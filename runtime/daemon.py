@@ -10,35 +10,63 @@
     ├── sessions   DynamicSupervisor: one session subtree per agent
     └── server     JSON-RPC front (Unix socket / stdio)
 
-Shutting down stops the tree last-started first: the server stops accepting,
-sessions abort their running turns and persist, MCP servers are stopped,
-then the loop, the bus and the store. Sessions are stored when started and
-restored on the next start (after a clean stop or a kill -9 alike); a turn
-that a kill -9 interrupted is reported by its agent when it comes back.
+Shutting down (SIGTERM, SIGINT, ``daemon.stop``) goes: the server stops
+accepting connections and new turns; running turns are aborted and prompts
+waiting for a turn slot are answered as aborted; every pending
+``agent.prompt`` gets its reply written to its client; then the tree stops
+last-started first: the server (connections close, the socket is removed),
+the sessions (each agent persists), MCP servers, then the loop, the bus and
+the store. Sessions are stored when started and restored on the next start
+(after a clean stop or a kill -9 alike); a turn that a kill -9 interrupted
+is reported by its agent when it comes back.
+
+``[limits]`` applies here and in the server: ``max_agents`` bounds the
+top-level sessions alive at once (children of ``/sessions``; sub-agents are
+not counted), ``max_concurrent_turns`` the top-level agents running turns
+at once (`TurnGate`), ``max_message_bytes`` each JSON-RPC message.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Mapping
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import attrs
 import msgspec
 import trio
-from weald.runtime import ActorSystem, Ref, WealdError, is_secret_name, register_secret
-from weald.runtime.agent import AgentConfig
+from weald.runtime import ActorDeadError, ActorSystem, Future, Ref, WealdError, is_secret_name, register_secret
+from weald.runtime.agent import AgentConfig, TurnResult
 from weald.runtime.config import Config
-from weald.runtime.llm import Provider, make_provider
+from weald.runtime.llm import Provider, Usage, make_provider
 from weald.runtime.session import SessionConfig, agent_path, session_spec, valid_session_id
 from weald.runtime.tool_runner import RunnerConfig
 from weald.supervisors import ChildSpec, DynamicSupervisor, MaxChildrenError
 from weald.tools import ToolRegistry, default_registry
 
-__all__ = ["DEMO_MODEL", "Daemon", "DaemonError", "SessionRecord", "Sessions", "demo_script_path"]
+__all__ = [
+    "DEMO_MODEL",
+    "SHUTDOWN_REASON",
+    "Daemon",
+    "DaemonError",
+    "SessionRecord",
+    "Sessions",
+    "TurnGate",
+    "TurnGateStatistics",
+    "demo_script_path",
+]
+
+logger = logging.getLogger("weald.runtime")
+
+SHUTDOWN_REASON = "the daemon is shutting down"
+"""Why turns and waiting prompts end when the daemon stops."""
 
 
 class DaemonError(WealdError):
@@ -64,6 +92,179 @@ class SessionRecord(msgspec.Struct, kw_only=True):
     system_prompt: str | None = None
     created: float = 0.0
     status: str = "active"
+
+
+@attrs.frozen
+class TurnGateStatistics:
+    """The turn gate's load.
+
+    Attributes:
+        limit: ``limits.max_concurrent_turns``; None: no limit.
+        running: top-level agents holding a slot (running or about to run a turn).
+        waiting: prompts waiting for a slot.
+    """
+
+    limit: int | None
+    running: int
+    waiting: int
+
+
+class _WaitingPrompt:
+    """A prompt the gate holds or has handed on; ``result`` is what ``agent.prompt`` replies."""
+
+    __slots__ = ("agent_id", "result", "text")
+
+    def __init__(self, agent_id: str, text: str) -> None:
+        self.agent_id = agent_id
+        self.text = text
+        self.result: Future[TurnResult] = Future()
+
+
+class TurnGate:
+    """Bounds how many top-level agents run turns at once (``limits.max_concurrent_turns``).
+
+    An agent holds one slot from the moment the gate hands it a prompt
+    until every prompt the gate handed it has its result. A prompt for an
+    agent that holds a slot goes straight in: it steers the running turn or
+    queues behind it inside the agent, as without a limit. Any other prompt
+    takes a free slot or waits for one, first come first served; waiting
+    prompts are never refused, and they do not depend on their client (one
+    that disconnects loses nothing: the prompt runs when its slot comes).
+
+    Sub-agents are prompted by their parent's ``sub_agent`` tool call, not
+    through the gate: their turns run inside the top-level turn and its slot
+    (so a parent waiting on its sub-agent can never deadlock on a slot).
+
+    Threads: every method runs on the loop thread (RPC handlers). A turn's
+    result may arrive on another thread (the store's committer answers a
+    crashed agent's futures); freeing its slot is then handed to the loop
+    with ``call_soon``, so the gate's state needs no lock.
+
+    Args:
+        system: the running system (its loop, registry and bus).
+        limit: slots; None for no limit.
+    """
+
+    def __init__(self, system: ActorSystem, limit: int | None) -> None:
+        self._system = system
+        self._limit = limit
+        self._holders: dict[str, int] = {}  # agent id -> prompts handed to it and not yet answered
+        # Invariant: a prompt waits only while every slot is taken; the oldest goes first.
+        self._waiting: deque[_WaitingPrompt] = deque()
+        self._closed: str | None = None
+
+    def submit_nowait(self, agent_id: str, text: str) -> Future[TurnResult]:
+        """Hand ``text`` to the agent now, or queue it for a slot; returns the turn's future.
+
+        The future resolves with the `TurnResult` of the turn the prompt ran
+        in; an aborted result when it was aborted (or dropped by
+        `cancel_waiting_nowait` or `close_nowait`) before it ran; or
+        `DaemonError` when its agent was gone by the time its slot came.
+        """
+        prompt = _WaitingPrompt(agent_id, text)
+        if self._closed is not None:
+            prompt.result.set(_aborted(self._closed))
+        elif agent_id in self._holders or self._free():
+            self._hand(prompt)
+        else:
+            self._waiting.append(prompt)
+            self._system.events.publish(
+                "daemon.turn_queued",
+                f"/sessions/{agent_id}",
+                {"agent_id": agent_id, "position": len(self._waiting), "limit": self._limit},
+            )
+        return prompt.result
+
+    def cancel_waiting_nowait(self, agent_id: str, reason: str) -> int:
+        """Answer the agent's waiting prompts as aborted with ``reason``; returns how many."""
+        dropped = [p for p in self._waiting if p.agent_id == agent_id]
+        if dropped:
+            self._waiting = deque(p for p in self._waiting if p.agent_id != agent_id)
+            for prompt in dropped:
+                prompt.result.set(_aborted(reason))
+        return len(dropped)
+
+    def close_nowait(self, reason: str) -> None:
+        """Answer every waiting prompt as aborted, and every later one at once (shutdown)."""
+        self._closed = reason
+        waiting, self._waiting = self._waiting, deque()
+        for prompt in waiting:
+            prompt.result.set(_aborted(reason))
+
+    def statistics(self) -> TurnGateStatistics:
+        """The limit, the slots held and the prompts waiting."""
+        return TurnGateStatistics(limit=self._limit, running=len(self._holders), waiting=len(self._waiting))
+
+    # -- slots -----------------------------------------------------------------------------
+
+    def _free(self) -> bool:
+        return self._limit is None or len(self._holders) < self._limit
+
+    def _hand(self, prompt: _WaitingPrompt) -> None:
+        """Give the prompt to its agent; its slot is held until the turn's result is in."""
+        agent_id = prompt.agent_id
+        ref = self._system.whereis(agent_path(agent_id))
+        if ref is None:
+            error = DaemonError(f"no running agent {agent_id!r} (it was stopped while its prompt waited)")
+            prompt.result.set_exception((DaemonError, error, None))
+            return
+        try:
+            call: Future[Future[TurnResult]] = ref.proxy().prompt(prompt.text)
+        except Exception:  # ActorDeadError: whoever waits on the prompt learns why
+            prompt.result.set_exception()
+            return
+        self._holders[agent_id] = self._holders.get(agent_id, 0) + 1
+        if self._limit is not None:
+            self._system.events.publish(
+                "daemon.turn_admitted",
+                f"/sessions/{agent_id}",
+                {"agent_id": agent_id, "running": len(self._holders), "limit": self._limit},
+            )
+        call._on_done(lambda done: self._handed(prompt, done))
+
+    def _handed(self, prompt: _WaitingPrompt, call: Future[Future[TurnResult]]) -> None:
+        # Runs where the agent answered the call (the loop thread); must not block.
+        try:
+            turn = call.get()
+        except Exception:
+            prompt.result.set_exception()
+            self._release_soon(prompt.agent_id)
+            return
+        turn._on_done(lambda done: self._answered(prompt, done))
+
+    def _answered(self, prompt: _WaitingPrompt, turn: Future[TurnResult]) -> None:
+        # Runs on the thread that ended the turn; the slot is freed on the loop.
+        try:
+            prompt.result.set(turn.get())
+        except Exception:
+            prompt.result.set_exception()
+        self._release_soon(prompt.agent_id)
+
+    def _release_soon(self, agent_id: str) -> None:
+        with contextlib.suppress(trio.RunFinishedError):  # the loop has stopped: nothing waits any more
+            self._system.loop.call_soon(self._release, agent_id)
+
+    def _release(self, agent_id: str) -> None:
+        # Runs outside any task (call_soon): an exception here would break the loop itself.
+        try:
+            self._release_and_admit(agent_id)
+        except Exception:
+            logger.exception("the turn gate failed to free the slot of %s", agent_id)
+
+    def _release_and_admit(self, agent_id: str) -> None:
+        left = self._holders.get(agent_id, 0) - 1
+        if left > 0:
+            self._holders[agent_id] = left
+        else:
+            self._holders.pop(agent_id, None)
+        # The oldest waiting prompt goes next: into a free slot, or its agent's own.
+        while self._waiting and (self._free() or self._waiting[0].agent_id in self._holders):
+            self._hand(self._waiting.popleft())
+
+
+def _aborted(reason: str) -> TurnResult:
+    """The result of a prompt that never ran."""
+    return TurnResult(turn_id="", ok=False, text="", usage=Usage(), steps=0, error=reason, aborted=True)
 
 
 class Sessions:
@@ -92,6 +293,7 @@ class Sessions:
         self._faults = faults
         self._supervisor = supervisor
         self._proxy = supervisor.proxy()
+        self.gate = TurnGate(system, config.limits.max_concurrent_turns)
 
     # -- configuration -----------------------------------------------------------------
 
@@ -177,8 +379,19 @@ class Sessions:
             system_prompt=system_prompt,
             created=time.time(),
         )
-        await self.system.store.aput("sessions", session_id, record)
-        await self._launch(record)
+        store = self.system.store
+        previous = await store.aget("sessions", session_id)  # a stopped session's record, reused
+        await store.aput("sessions", session_id, record)
+        try:
+            await self._launch(record)
+        except BaseException:
+            # Refused (limits.max_agents) or failed: no record of an agent that never ran.
+            with trio.CancelScope(shield=True):
+                if previous is None:
+                    await store.adelete("sessions", session_id)
+                else:
+                    await store.aput("sessions", session_id, previous)
+            raise
         return session_id
 
     def _check_model(self, model: str) -> None:
@@ -199,16 +412,24 @@ class Sessions:
             ref: Ref[Any] = await self._proxy.start_child(spec)
         except MaxChildrenError as exc:
             limit = self.config.limits.max_agents
-            msg = f"the daemon already hosts its limit of {limit} agents (limits.max_agents)"
+            msg = (
+                f"the daemon already hosts its limit of {limit} agents (limits.max_agents counts "
+                "the top-level agents running); stop one with agent.stop or raise the limit in weald.toml"
+            )
             raise DaemonError(msg) from exc
         return ref
 
     async def stop(self, session_id: str) -> bool:
-        """Stop a session for good (it is not restored); returns whether it ran."""
+        """Stop a session for good (it is not restored); returns whether it ran.
+
+        Its prompts waiting for a turn slot are answered as aborted; its
+        running turn is aborted by the agent as it stops.
+        """
         record = await self.system.store.aget("sessions", session_id, type=SessionRecord)
         if record is not None:
             record.status = "stopped"
             await self.system.store.aput("sessions", session_id, record)
+        self.gate.cancel_waiting_nowait(session_id, "the agent was stopped")
         ref = self.system.whereis(f"/sessions/{session_id}")
         if ref is None:
             return False
@@ -253,6 +474,54 @@ class Sessions:
                 nursery.start_soon(one, record)
         self.system.events.publish("daemon.restored", "/sessions", {"sessions": started, "of": len(todo)})
         return started
+
+    def prompt_nowait(self, agent_id: str, text: str) -> Future[TurnResult]:
+        """Prompt a running top-level agent through the turn gate; returns the turn's future.
+
+        Raises:
+            DaemonError: no such agent is running.
+        """
+        self.agent(agent_id)
+        return self.gate.submit_nowait(agent_id, text)
+
+    async def abort(self, agent_id: str, reason: str = "aborted") -> bool:
+        """Abort the agent's running turn and drop its waiting prompts; returns whether there was any.
+
+        Raises:
+            DaemonError: no such agent is running.
+        """
+        ref = self.agent(agent_id)
+        dropped = self.gate.cancel_waiting_nowait(agent_id, reason)
+        aborted: bool = await ref.proxy().abort()
+        return aborted or dropped > 0
+
+    async def abort_all(self, reason: str = SHUTDOWN_REASON) -> int:
+        """Close the turn gate and abort every running top-level turn (shutdown); returns how many ran.
+
+        Waiting prompts and any prompt sent later are answered as aborted
+        with ``reason``. A prompt the gate handed an agent before this is in
+        its mailbox before the abort, so it is aborted too. Each aborted
+        turn is committed to the store before its result is given.
+        """
+        self.gate.close_nowait(reason)
+        refs = [
+            ref
+            for info in await self._proxy.which_children()
+            if (ref := self.system.whereis(agent_path(info.id))) is not None
+        ]
+        aborted = 0
+        limiter = trio.CapacityLimiter(64)  # 10,000 agents: bounded asks in flight
+
+        async def one(ref: Ref[Any]) -> None:
+            nonlocal aborted
+            async with limiter:
+                with contextlib.suppress(Exception):  # gone or stopping: its own stop aborts the turn
+                    aborted += bool(await ref.proxy().abort())
+
+        async with trio.open_nursery() as nursery:
+            for ref in refs:
+                nursery.start_soon(one, ref)
+        return aborted
 
     def agent(self, agent_id: str) -> Ref[Any]:
         """The running top-level agent of a session.
@@ -363,8 +632,38 @@ class Daemon:
         return self._stop_requested
 
     def shutdown(self, timeout: float = 60.0) -> None:
-        """Stop everything, last started first; the server first, the store last."""
+        """Wind down, then stop everything, last started first; the server first, the store last.
+
+        Winding down: the server stops accepting connections and new turns,
+        running turns are aborted (each committed to the store first), and
+        every request in flight, ``agent.prompt`` above all, gets its reply
+        written to its client before any connection closes. Then the tree
+        stops: the server (connections close, the socket is removed), the
+        sessions (each agent persists and stops), MCP, the loop, the store.
+        Runs on the thread that started the daemon, never on the loop.
+
+        Args:
+            timeout: seconds for winding down, then again for each stop.
+        """
+        if self.system.running and self.sessions is not None:
+            try:
+                self.system.loop.run(self._wind_down, timeout)
+            except Exception:  # the stop goes on whatever went wrong; say what it was
+                logger.exception("winding the daemon down failed; stopping it anyway")
         self.system.shutdown(timeout=timeout)
+
+    async def _wind_down(self, timeout: float) -> None:
+        """Stop accepting, abort running turns, and deliver every pending reply (on the loop)."""
+        server = self.system.whereis("/server")
+        with trio.move_on_after(timeout):
+            if server is not None:
+                with contextlib.suppress(ActorDeadError):
+                    await server.proxy().stop_accepting()
+            if self.sessions is not None:
+                await self.sessions.abort_all(SHUTDOWN_REASON)
+            if server is not None:
+                with contextlib.suppress(ActorDeadError):
+                    await server.proxy().wait_replies_written()
 
     def __enter__(self) -> Daemon:
         return self.start()

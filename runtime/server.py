@@ -9,9 +9,16 @@ permission requests reach clients as notifications (``event``,
 
 Bad input never takes anything down: malformed JSON (-32700), a request of
 the wrong shape (-32600), an unknown method (-32601), wrong params (-32602,
-naming the field) and a message over 16 MB (-32600) each get an error reply,
-and the connection carries on. A client that disconnects mid-turn loses
-nothing: the turn goes on and its result lands in the history.
+naming the field) and a message over ``limits.max_message_bytes`` (16 MB by
+default; -32600) each get an error reply, and the connection carries on. A
+client that disconnects mid-turn loses nothing: the turn goes on and its
+result lands in the history. ``agent.prompt`` goes through the daemon's turn
+gate (``limits.max_concurrent_turns``), so it may wait for a slot first.
+
+Stopping (`Server.stop_accepting`, then `Server.wait_replies_written`, then
+the actor's stop): the listener closes and new turns are refused, the
+daemon aborts running turns, every request in flight gets its reply written
+to its client, and only then do connections close and the socket go.
 
 The socket is created owner-only (0600) in an owner-only directory; a
 client whose uid differs from the daemon's is refused at accept time.
@@ -35,6 +42,8 @@ import attrs
 import msgspec
 import trio
 from weald.runtime import Actor, Event, StoreError, WealdError, redact
+from weald.runtime.agent import TurnResult
+from weald.runtime.daemon import SHUTDOWN_REASON
 from weald.runtime.session import RuntimeView, agent_path
 from weald.supervisors import SupervisorBase
 
@@ -48,6 +57,7 @@ __all__ = [
 ]
 
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+"""The default of ``limits.max_message_bytes``."""
 _MAX_CONCURRENT_REQUESTS = 256
 _OUTBOX = 4096
 
@@ -299,13 +309,29 @@ class Connection:
         self.requests = 0
         self.limiter = trio.CapacityLimiter(_MAX_CONCURRENT_REQUESTS)
         self.nursery: trio.Nursery | None = None  # the connection's own; set when it is served
+        # Invariant: written <= queued; the writer wakes `_sent` after each write and when it ends.
+        self.queued = 0
+        self.written = 0
+        self.ended = False
+        self._sent = trio.lowlevel.ParkingLot()
 
     async def writer(self) -> None:
-        async for data in self._out_recv:
-            await self._stream.send_all(data)
+        try:
+            async for data in self._out_recv:
+                await self._stream.send_all(data)
+                self.written += 1
+                self._sent.unpark_all()
+        finally:
+            self.ended = True
+            self._sent.unpark_all()
 
     async def reply(self, payload: dict[str, Any]) -> None:
-        await self._out_send.send(_encoder.encode(payload) + b"\n")
+        await self.send_line(_encoder.encode(payload) + b"\n")
+
+    async def send_line(self, data: bytes) -> None:
+        """Queue one encoded message for the writer (waits while the outbox is full)."""
+        await self._out_send.send(data)
+        self.queued += 1
 
     def notify(self, method: str, params: Any) -> None:
         """Send a notification if the client keeps up; otherwise drop and count it."""
@@ -316,6 +342,14 @@ class Connection:
             self.dropped += 1
         except (trio.ClosedResourceError, trio.BrokenResourceError):
             pass
+        else:
+            self.queued += 1
+
+    async def wait_written(self) -> None:
+        """Wait until everything queued so far is written to the client (or the client is gone)."""
+        target = self.queued
+        while self.written < target and not self.ended:
+            await self._sent.park()
 
     def interested_in(self, agent_id: str) -> bool:
         return agent_id in self.interests or "*" in self.interests
@@ -375,6 +409,13 @@ class Server(Actor):
         self._questions: dict[str, tuple[str, str, dict[str, Any]]] = {}  # question id -> (agent path, agent id, data)
         self._subscription_ids = itertools.count(1)
         self._listening = trio.Event()
+        self._max_message_bytes: int = daemon.config.limits.max_message_bytes
+        self._accepting = trio.CancelScope()  # cancelled to stop accepting connections
+        self._stopping = False  # True once stop_accepting ran: new turns are refused
+        self._socket_id: tuple[int, int] | None = None  # (device, inode) of the socket we bound
+        # Invariant: _in_flight counts requests read and not yet answered; _answered wakes at 0.
+        self._in_flight = 0
+        self._answered = trio.lowlevel.ParkingLot()
         self._methods: dict[str, tuple[type[_Params], Handler]] = {
             "agent.start": (AgentStartParams, self._agent_start),
             "agent.prompt": (AgentPromptParams, self._agent_prompt),
@@ -423,12 +464,41 @@ class Server(Actor):
             raise WealdError(msg) from message.error
 
     def on_stop(self) -> None:
-        """Close every connection; remove the socket file."""
+        """Close every connection; remove the socket file if it is still the one this server bound.
+
+        Runs in the server's own context (the loop thread) when it stops.
+        A socket another daemon bound at the same path meanwhile (ours no
+        longer answered, so it was stale to that one) is left alone.
+        """
         for conn in list(self._connections.values()):
             conn.close()
-        if self._socket_path is not None:
+        if self._socket_path is not None and self._socket_id is not None:
             with contextlib.suppress(OSError):
-                self._socket_path.unlink()
+                found = self._socket_path.lstat()
+                if (found.st_dev, found.st_ino) == self._socket_id:
+                    self._socket_path.unlink()
+
+    def stop_accepting(self) -> None:
+        """Close the listener and refuse new turns; connections and requests in flight carry on.
+
+        The first step of the daemon's shutdown; runs in the server's own
+        context (the loop thread).
+        """
+        self._stopping = True
+        self._accepting.cancel()
+
+    async def wait_replies_written(self) -> None:
+        """Wait until every request in flight is answered and every answer is written to its client.
+
+        The daemon calls it after aborting the running turns, so that each
+        pending ``agent.prompt`` gets its reply before connections close.
+        It waits as long as that takes: the caller bounds it with a deadline.
+        """
+        while self._in_flight:
+            await self._answered.park()
+        async with trio.open_nursery() as nursery:
+            for conn in list(self._connections.values()):
+                nursery.start_soon(conn.wait_written)
 
     async def _listen(self, path: Path) -> trio.SocketListener:
         sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -438,6 +508,8 @@ class Server(Actor):
         finally:
             os.umask(old)
         os.chmod(path, 0o600)
+        bound = os.lstat(path)
+        self._socket_id = (bound.st_dev, bound.st_ino)
         sock.listen(512)
         return trio.SocketListener(sock)
 
@@ -455,20 +527,27 @@ class Server(Actor):
     # -- serving ------------------------------------------------------------------------------
 
     async def _serve_socket(self, listener: trio.SocketListener) -> None:
-        async with listener, trio.open_nursery() as nursery:
-            while True:
-                stream = await listener.accept()
-                sock = stream.socket
-                try:
-                    uid = _peer_uid(sock)  # type: ignore[arg-type]
-                except OSError:
-                    uid = -1
-                if uid != os.getuid():
-                    self._refused += 1
-                    self.system.events.publish("server.refused", self.path, {"uid": uid})
-                    await stream.aclose()
-                    continue
-                nursery.start_soon(self._contain, self._serve_stream, stream, f"uid {uid}")
+        # Connections live in the outer nursery: they outlast the listener,
+        # which closes when the daemon stops accepting (`stop_accepting`).
+        async with trio.open_nursery() as nursery:
+            with self._accepting:
+                async with listener:
+                    await self._accept(listener, nursery)
+
+    async def _accept(self, listener: trio.SocketListener, nursery: trio.Nursery) -> None:
+        while True:
+            stream = await listener.accept()
+            sock = stream.socket
+            try:
+                uid = _peer_uid(sock)  # type: ignore[arg-type]
+            except OSError:
+                uid = -1
+            if uid != os.getuid():
+                self._refused += 1
+                self.system.events.publish("server.refused", self.path, {"uid": uid})
+                await stream.aclose()
+                continue
+            nursery.start_soon(self._contain, self._serve_stream, stream, f"uid {uid}")
 
     async def _serve_stream(self, stream: trio.SocketStream, peer: str) -> None:
         """One accepted socket: served, then closed, whatever ended it."""
@@ -519,23 +598,20 @@ class Server(Actor):
                         await self._handle(conn, message)
                     finally:
                         in_flight -= 1
+                        self._request_done()
                         conn.limiter.release_on_behalf_of(message)
                         if in_flight == 0:
                             idle.set()
 
-                async for message in read_messages(receive):
+                limit = self._max_message_bytes
+                async for message in read_messages(receive, limit):
                     if isinstance(message, _TooLarge):
-                        await conn.reply(
-                            _error(
-                                None,
-                                INVALID_REQUEST,
-                                f"message too large: over {MAX_MESSAGE_BYTES} bytes (16 MB); send smaller messages",
-                            )
-                        )
+                        await conn.reply(_error(None, INVALID_REQUEST, _too_large(limit)))
                         continue
                     # At most _MAX_CONCURRENT_REQUESTS in flight: reading waits for room (backpressure).
                     await conn.limiter.acquire_on_behalf_of(message)
                     in_flight += 1
+                    self._in_flight += 1
                     idle = trio.Event() if idle.is_set() else idle
                     nursery.start_soon(handle, message)
                 # End of input: answer what is in flight, then close. A client that
@@ -547,6 +623,11 @@ class Server(Actor):
             conn.close()
             self._connections.pop(conn.id, None)
             self.system.events.publish("server.disconnected", self.path, {"connection": conn.id})
+
+    def _request_done(self) -> None:
+        self._in_flight -= 1
+        if self._in_flight == 0:
+            self._answered.unpark_all()
 
     # -- requests ---------------------------------------------------------------------------------
 
@@ -567,7 +648,7 @@ class Server(Actor):
                 return
             replies = [r for r in [await self._one(conn, item) for item in request] if r is not None]
             if replies:
-                await conn._out_send.send(_encoder.encode(replies) + b"\n")
+                await conn.send_line(_encoder.encode(replies) + b"\n")
             return
         response = await self._one(conn, request)
         if response is not None:
@@ -631,32 +712,49 @@ class Server(Actor):
             raise RPCError(NOT_FOUND, f"no running agent {agent_id!r}; agent.list shows the running ones")
         return ref
 
+    def _refuse_when_stopping(self, method: str) -> None:
+        if self._stopping:
+            raise RPCError(APP_ERROR, f"{method} refused: {SHUTDOWN_REASON}; send it again once it is back")
+
     async def _agent_start(self, conn: Connection, p: AgentStartParams) -> dict[str, Any]:
+        self._refuse_when_stopping("agent.start")
         agent_id = await self._sessions.start(
             p.working_dir, model=p.model, tools=p.tools, system_prompt=p.system_prompt, agent_id=p.agent_id
         )
         return {"agent_id": agent_id}
 
     async def _agent_prompt(self, conn: Connection, p: AgentPromptParams) -> Any:
-        agent = self._agent(p.agent_id)
+        """Run a turn through the daemon's turn gate; answered with its `TurnResult` when it ends."""
+        self._refuse_when_stopping("agent.prompt")
+        self._agent(p.agent_id)
         conn.watch(p.agent_id)
         self._replay_open_prompts(conn, p.agent_id)
         try:
-            future = await agent.proxy().prompt(p.text)
+            future = self._sessions.prompt_nowait(p.agent_id, p.text)
             if p.timeout is None:
-                return await future
+                return self._explained(await future)
             with trio.move_on_after(p.timeout):
-                return await future
+                return self._explained(await future)
+            waiting = " (or is still waiting for a turn slot, limits.max_concurrent_turns)"
+            limited = self._daemon.config.limits.max_concurrent_turns is not None
             raise RPCError(
                 APP_ERROR,
-                f"the turn did not end within {p.timeout:g} s; it goes on "
+                f"the turn did not end within {p.timeout:g} s{waiting if limited else ''}; it goes on "
                 "(agent.abort stops it, agent.history shows it)",
             )
         finally:
             conn.unwatch(p.agent_id)
 
+    def _explained(self, result: TurnResult) -> TurnResult:
+        """A turn the shutdown aborted says so (the agent only knows it was aborted)."""
+        if self._stopping and result.aborted and SHUTDOWN_REASON not in (result.error or ""):
+            error = f"{SHUTDOWN_REASON}: the turn was aborted; its history is kept and the agent is restored on restart"
+            return attrs.evolve(result, error=error)
+        return result
+
     async def _agent_abort(self, conn: Connection, p: AgentParams) -> dict[str, Any]:
-        return {"aborted": await self._agent(p.agent_id).proxy().abort()}
+        self._agent(p.agent_id)
+        return {"aborted": await self._sessions.abort(p.agent_id)}
 
     async def _agent_stop(self, conn: Connection, p: AgentParams) -> dict[str, Any]:
         return {"stopped": await self._sessions.stop(p.agent_id)}
@@ -1004,6 +1102,8 @@ class Server(Actor):
             "connections": len(self._connections),
             "faults_enabled": self._daemon.faults is not None,
             "store": str(self.system.store_path),
+            "turns": _plain(self._sessions.gate.statistics()) if self._daemon.sessions is not None else None,
+            "max_message_bytes": self._max_message_bytes,
         }
 
     async def _daemon_stop(self, conn: Connection, p: NoParams) -> dict[str, Any]:
@@ -1030,6 +1130,12 @@ def _only_disconnects(exc: BaseException) -> bool:
     if isinstance(exc, BaseExceptionGroup):
         return all(_only_disconnects(e) for e in exc.exceptions)
     return isinstance(exc, gone)
+
+
+def _too_large(limit: int) -> str:
+    mib = limit / (1024 * 1024)
+    size = f"{mib:g} MB" if mib >= 1 else f"{limit / 1024:g} KB"
+    return f"message too large: over {limit} bytes ({size}, limits.max_message_bytes); send smaller messages"
 
 
 def _error(request_id: Any, code: int, message: str, data: Any = None) -> dict[str, Any]:

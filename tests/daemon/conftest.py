@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from daemon_harness import DaemonProcess
+
+# The loopback model server of tests/llm (`llm._server`) serves daemons here too.
+_TESTS = str(Path(__file__).resolve().parents[1])
+if _TESTS not in sys.path:
+    sys.path.append(_TESTS)
 
 PERMISSIONS = """
 [tools.permissions]

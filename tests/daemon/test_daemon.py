@@ -421,21 +421,6 @@ def test_socket_path_defaults_are_honoured(tmp_path: Path) -> None:
     assert str(d.socket) in run.stdout
 
 
-def test_every_method_is_documented_with_an_example() -> None:
-    doc = (Path(__file__).parents[2] / "docs" / "protocol.md").read_text()
-    table = _method_names()
-    assert table
-    for method in table:
-        assert method in doc, f"{method} is not in docs/protocol.md"
-
-
-def _method_names() -> list[str]:
-    import re
-
-    source = (Path(__file__).parents[2] / "runtime" / "server.py").read_text()
-    return sorted(set(re.findall(r'^\s+"([a-z_.]+)": \(\w+Params, self\._', source, re.MULTILINE)))
-
-
 def test_fault_methods_are_refused_unless_faults_are_enabled(daemon: DaemonProcess) -> None:
     with daemon.client() as c:
         for method, params in [

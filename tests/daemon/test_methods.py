@@ -1,0 +1,193 @@
+"""RPC methods of a real daemon end to end: agent.stop, agent.start's options, and fault injection."""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+from daemon_harness import DaemonProcess
+from llm._server import FakeServer, Reply, sse
+from weald.runtime.client import RPCCallError
+
+
+class LoopbackModel:
+    """tests/llm's `FakeServer` on its own trio thread: an OpenAI-compatible server a daemon process can call."""
+
+    def __init__(self) -> None:
+        self.server = FakeServer()
+        self._ready = threading.Event()
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._scope: trio.CancelScope | None = None
+        self._thread = threading.Thread(target=trio.run, args=(self._main,), name="loopback-model", daemon=True)
+
+    async def _main(self) -> None:
+        async with trio.open_nursery() as nursery:
+            self._scope = nursery.cancel_scope
+            self._token = trio.lowlevel.current_trio_token()
+            await nursery.start(self.server.serve)
+            self._ready.set()
+
+    def __enter__(self) -> LoopbackModel:
+        self._thread.start()
+        assert self._ready.wait(30), "the loopback model server did not start"
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._token is not None
+        assert self._scope is not None
+        self._token.run_sync_soon(self._scope.cancel)
+        self._thread.join(30)
+
+    def answer(self, text: str) -> None:
+        """Queue one streamed Chat Completions answer."""
+        chunk = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m"}
+        body = [
+            sse({**chunk, "choices": [{"index": 0, "delta": {"role": "assistant", "content": text}}]}),
+            sse({**chunk, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}),
+            sse({**chunk, "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}}),
+            b"data: [DONE]\n\n",
+        ]
+        self.server.replies.append(Reply(body=body))
+
+    def requests(self) -> list[dict[str, Any]]:
+        return [seen.json() for seen in list(self.server.requests)]
+
+
+@pytest.fixture
+def model() -> Iterator[LoopbackModel]:
+    with LoopbackModel() as loopback:
+        yield loopback
+
+
+def test_agent_stop_over_the_socket_stops_the_agent_for_good(tmp_path: Path) -> None:
+    d = DaemonProcess(tmp_path)
+    script = d.script("once", [{"text": "before the stop"}, {"text": "after the stop"}])
+    try:
+        d.start()
+        with d.client() as c:
+            c.call("agent.start", {"working_dir": str(d.project), "model": script, "agent_id": "gone"})
+            c.call("agent.start", {"working_dir": str(d.project), "agent_id": "stays"})
+            assert c.call("agent.prompt", {"agent_id": "gone", "text": "hi"}, timeout=30)["text"] == "before the stop"
+            assert c.call("agent.stop", {"agent_id": "gone"}) == {"stopped": True}
+            listed = {a["agent_id"]: (a["status"], a["state"]) for a in c.call("agent.list")}
+            assert listed == {"gone": ("stopped", "stopped"), "stays": ("active", "idle")}
+            with pytest.raises(RPCCallError, match="no running agent 'gone'") as refused:
+                c.call("agent.prompt", {"agent_id": "gone", "text": "are you there?"})
+            assert refused.value.code == -32001
+            assert c.call("agent.stop", {"agent_id": "gone"}) == {"stopped": False}
+            assert [s["path"] for s in c.call("tree", {"path": "/sessions"})["children"]] == ["/sessions/stays"]
+            assert len(c.call("agent.history", {"agent_id": "gone"})["messages"]) == 2
+        assert d.terminate() == 0
+        d.start()  # a stopped agent is not restored
+        with d.client() as c:
+            listed = {a["agent_id"]: (a["status"], a["state"]) for a in c.call("agent.list")}
+            assert listed == {"gone": ("stopped", "stopped"), "stays": ("active", "idle")}
+            with pytest.raises(RPCCallError, match="no running agent 'gone'"):
+                c.call("agent.prompt", {"agent_id": "gone", "text": "back?"})
+        assert d.terminate() == 0
+    finally:
+        d.close()
+
+
+def test_agent_start_tools_and_system_prompt_reach_the_model(tmp_path: Path, model: LoopbackModel) -> None:
+    provider = f'[providers.loop]\nkind = "openai"\nbase_url = "{model.server.url}/v1"\napi_key_required = false\n'
+    d = DaemonProcess(tmp_path, extra_config=provider)
+    try:
+        d.start()
+        with d.client() as c:
+            c.call(
+                "agent.start",
+                {
+                    "working_dir": str(d.project),
+                    "model": "loop:m",
+                    "agent_id": "narrow",
+                    "tools": ["read_file", "glob"],
+                    "system_prompt": "You are the narrow test agent.",
+                },
+            )
+            c.call("agent.start", {"working_dir": str(d.project), "model": "loop:m", "agent_id": "wide"})
+            model.answer("narrow here")
+            assert c.call("agent.prompt", {"agent_id": "narrow", "text": "who?"}, timeout=30)["text"] == "narrow here"
+            model.answer("wide here")
+            assert c.call("agent.prompt", {"agent_id": "wide", "text": "who?"}, timeout=30)["text"] == "wide here"
+        assert d.terminate() == 0
+    finally:
+        d.close()
+    narrow, wide = model.requests()
+    assert sorted(t["function"]["name"] for t in narrow["tools"]) == ["glob", "read_file"]
+    assert narrow["messages"][0] == {"role": "system", "content": "You are the narrow test agent."}
+    wide_tools = {t["function"]["name"] for t in wide["tools"]}
+    assert {"glob", "read_file", "shell", "write_file"} <= wide_tools
+    assert "narrow test agent" not in json.dumps(wide["messages"])
+
+
+def test_faults_enabled_in_weald_toml_allows_fault_inject_in_a_live_daemon(tmp_path: Path) -> None:
+    d = DaemonProcess(tmp_path, extra_config="[faults]\nenabled = true\n")
+    script = d.script(
+        "reader",
+        [
+            {"tool_calls": [{"name": "read_file", "arguments": {"path": "notes.txt"}}]},
+            {"text": "the read failed"},
+        ],
+    )
+    try:
+        d.start()
+        with d.client() as c:
+            assert c.call("daemon.status")["faults_enabled"] is True
+            assert c.call("fault.list")["faults"] == []
+            fault = {"id": "broken-read", "target": "tool", "kind": "crash", "tool": "read_file", "count": 1}
+            assert c.call("fault.inject", {"fault": fault}) == {"id": "broken-read"}
+            c.call("agent.start", {"working_dir": str(d.project), "model": script, "agent_id": "r"})
+            assert c.call("agent.prompt", {"agent_id": "r", "text": "read"}, timeout=30)["text"] == "the read failed"
+            tool = c.call("agent.history", {"agent_id": "r"})["messages"][2]
+            assert tool["is_error"]
+            assert "injected fault 'broken-read'" in tool["content"]
+            assert [(f["id"], f["fires"]) for f in c.call("fault.list")["faults"]] == [("broken-read", 1)]
+        assert d.terminate() == 0
+    finally:
+        d.close()
+
+
+def test_a_faults_file_given_to_weald_serve_fires_and_shows_in_the_tree(tmp_path: Path) -> None:
+    faults = tmp_path / "faults.toml"
+    faults.write_text(
+        'seed = 7\n\n[[faults]]\nid = "glob-crash"\ntarget = "tool"\nkind = "crash"\ntool = "glob"\ncount = 1\n'
+    )
+    d = DaemonProcess(tmp_path, faults=faults)
+    script = d.script(
+        "globber",
+        [
+            {"tool_calls": [{"name": "glob", "arguments": {"pattern": "*.txt"}}]},
+            {"text": "glob crashed, carrying on"},
+        ],
+    )
+    try:
+        d.start()
+        with d.client() as c:
+            assert [(f["id"], f["fires"]) for f in c.call("fault.list")["faults"]] == [("glob-crash", 0)]
+            c.call("agent.start", {"working_dir": str(d.project), "model": script, "agent_id": "g"})
+            turn = c.call("agent.prompt", {"agent_id": "g", "text": "find text files"}, timeout=30)
+            assert turn["text"] == "glob crashed, carrying on"
+            tool = c.call("agent.history", {"agent_id": "g"})["messages"][2]
+            assert tool["is_error"]
+            assert "InjectedFault" in tool["content"]
+            assert "glob-crash" in tool["content"]
+            assert [(f["id"], f["fires"]) for f in c.call("fault.list")["faults"]] == [("glob-crash", 1)]
+            # The tree marks the node where the fault fired: the session's tool runner.
+            assert _nodes_with_faults(c.call("tree")) == {"/sessions/g/tool_runner": 1}
+        assert d.terminate(signal.SIGTERM) == 0
+    finally:
+        d.close()
+
+
+def _nodes_with_faults(node: dict[str, Any]) -> dict[str, int]:
+    found = {node["path"]: node["faults"]} if node.get("faults") else {}
+    for child in node["children"]:
+        found.update(_nodes_with_faults(child))
+    return found
