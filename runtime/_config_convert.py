@@ -15,7 +15,7 @@ import os
 import re
 import types
 import typing
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Final, Literal
 
@@ -51,6 +51,7 @@ from weald.runtime._config_model import (
 from weald.runtime._secrets import REDACTED, is_secret_name
 
 __all__ = [
+    "BUILTIN_TOOLS",
     "TOOLS_KEYS",
     "KeyPath",
     "converter",
@@ -83,7 +84,39 @@ _SECTIONS: Final = (
 #: The keys ``[tools]`` itself takes; any other key is a ``[tools.NAME]`` options table.
 TOOLS_KEYS: Final = frozenset(field.name for field in attrs.fields(ToolsConfig) if field.name != "options")
 
-#: Options of the built-in tools that are checked (others pass through unchecked).
+#: The built-in tools (what ``weald.tools`` registers; a test keeps the two equal).
+#: Listed rather than imported: ``weald.tools`` imports this package.
+BUILTIN_TOOLS: Final = frozenset(
+    {
+        "ask_user",
+        "debug_state",
+        "edit_file",
+        "fetch",
+        "glob",
+        "grep",
+        "memory_get",
+        "memory_search",
+        "memory_set",
+        "read_file",
+        "shell",
+        "sub_agent",
+        "tasks",
+        "use_skill",
+        "write_file",
+    }
+)
+
+#: The options each ``[tools.NAME]`` table of a built-in tool takes; ``files``
+#: is the file tools' shared table. Any other key there is reported (a typo
+#: would otherwise leave the option unset); tables of other tools (custom
+#: tools, MCP tools) pass through unchecked.
+_BUILTIN_TOOL_OPTIONS: Final[Mapping[str, frozenset[str]]] = {
+    **{name: frozenset({"timeout"}) for name in BUILTIN_TOOLS},
+    "shell": frozenset({"timeout", "env", "env_keep", "kill_grace"}),
+    "files": frozenset({"allow_hardlinks", "max_read_bytes"}),
+}
+
+#: Options of the built-in tools whose values are checked.
 _TOOL_OPTION_CHECKS: Final[Mapping[tuple[str, str], Hook]] = {
     ("shell", "env_keep"): check_str_tuple,
     ("shell", "env"): check_str_table,
@@ -356,9 +389,17 @@ _structure_tools_keys = make_dict_structure_fn(
 def _check_tool_option(tool_name: str, key: str, value: object) -> None:
     if is_secret_name(key):
         raise ValueProblem(_USE_THE_ENVIRONMENT)
+    known = _BUILTIN_TOOL_OPTIONS.get(tool_name)
+    if known is not None and key not in known:
+        raise ValueProblem(_unknown_option_message(key, known))
     check = _TOOL_OPTION_CHECKS.get((tool_name, key))
     if check is not None:
         check(value, None)
+
+
+_OPTIONS_TABLE: Final = (
+    "unknown key; a tool's options go in its own table, [tools.NAME] (like [tools.shell]), not under [tools.options]"
+)
 
 
 def _check_shorthand_timeout(tool_name: str, seconds: object, timeouts: object) -> float:
@@ -376,11 +417,15 @@ def _structure_tools(value: object, _type: object) -> ToolsConfig:
     for name, item in table.items():
         if name in TOOLS_KEYS:
             continue
+        if name == "options":
+            # ToolsConfig.options is the Python name; in the file each tool has its own table.
+            problems.append(((name,), ValueProblem(_OPTIONS_TABLE)))
+            continue
         if not isinstance(item, Mapping):
             problems.append(((name,), ValueProblem(_unknown_tools_key(name))))
             continue
         tool_options = dict(item)
-        if "timeout" in tool_options:
+        if "timeout" in tool_options and "timeout" in _BUILTIN_TOOL_OPTIONS.get(name, {"timeout"}):
             shorthand[name] = tool_options.pop("timeout")
         for key, option in tool_options.items():
             try:
@@ -501,6 +546,13 @@ def _unknown_tools_key(key: str) -> str:
     close = difflib.get_close_matches(key, sorted(TOOLS_KEYS), n=1)
     hint = f"did you mean {close[0]}?" if close else f"[tools] takes {', '.join(sorted(TOOLS_KEYS))}"
     return f"unknown key; {hint} (a [tools.NAME] table holds a tool's options)"
+
+
+def _unknown_option_message(key: str, known: Iterable[str]) -> str:
+    options = sorted(known)
+    close = difflib.get_close_matches(key, options, n=1)
+    listed = f"known options: {', '.join(options)}"
+    return f"unknown option; did you mean {close[0]}? ({listed})" if close else f"unknown option; {listed}"
 
 
 def _unknown_key_message(cls: type, path: KeyPath, key: str) -> str:

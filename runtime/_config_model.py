@@ -464,6 +464,9 @@ class MCPServerConfig:
         enabled: Whether to connect at all.
         call_timeout: Default deadline of one request, in seconds.
         connect_timeout: Deadline for start-up and the handshake, in seconds.
+        ping_timeout: How long the server has to answer a ping before it
+            counts as hung (not responding) and is restarted, in seconds.
+        ping_interval: Seconds between pings while requests are in flight.
         auth: ``[mcp.servers.NAME.auth]``, OAuth for an HTTP server.
     """
 
@@ -476,6 +479,8 @@ class MCPServerConfig:
     enabled: bool = checked(True, check_bool)
     call_timeout: float = checked(60.0, check_seconds)
     connect_timeout: float = checked(30.0, check_seconds)
+    ping_timeout: float = checked(5.0, check_seconds)
+    ping_interval: float = checked(30.0, check_seconds)
     auth: MCPAuthConfig | None = None
 
     def to_server_config(self, name: str) -> ServerConfig:
@@ -502,6 +507,8 @@ class MCPServerConfig:
             enabled=self.enabled,
             call_timeout=self.call_timeout,
             connect_timeout=self.connect_timeout,
+            ping_timeout=self.ping_timeout,
+            ping_interval=self.ping_interval,
             auth=auth,
         )
 
@@ -540,19 +547,22 @@ class AgentConfig:
 class LimitsConfig:
     """``[limits]``: bounds on what the daemon holds.
 
+    Idle sessions do not hibernate: every session the daemon hosts keeps its
+    actors alive until it is stopped.
+
     Attributes:
-        max_agents: Agents alive at once, sub-agents included.
-        max_message_bytes: The largest JSON-RPC message accepted.
-        max_concurrent_turns: Turns running at once; None means no limit
-            beyond ``max_agents``.
-        hibernate_after: Seconds a session may stay idle before it
-            hibernates; None means never.
+        max_agents: Top-level sessions alive at once (``agent.start``);
+            sub-agents are not counted.
+        max_message_bytes: The largest JSON-RPC message (one line) the
+            server accepts; a larger one gets an error and the connection
+            carries on.
+        max_concurrent_turns: Turns running at once across the daemon;
+            further turns wait, first come first served. None means no limit.
     """
 
     max_agents: int = checked(20_000, check_positive_int)
     max_message_bytes: int = checked(16 * 1024 * 1024, check_positive_int)
     max_concurrent_turns: int | None = checked(None, optional(check_positive_int))
-    hibernate_after: float | None = checked(None, optional(check_seconds))
 
 
 @attrs.frozen(kw_only=True)

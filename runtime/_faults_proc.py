@@ -5,7 +5,7 @@ with ``start_new_session=True``, so its pid is also its process group id and
 its session id, and its parent is this process. A ``kill_subprocess`` fault
 finds the one its tool call started among this process's session-leader
 children: exactly, by an environment variable the call passes down (the
-shell tool puts ``[tools.options.shell] env`` into its command's
+shell tool puts ``[tools.shell] env`` into its command's
 environment), or, for tools that do not pass it, as a child that appeared
 after the call began.
 

@@ -44,6 +44,11 @@ def _console(stderr: bool = False) -> Console:
     return Console(stderr=stderr, highlight=False, soft_wrap=False)
 
 
+def _print_error(err: Console, text: str) -> None:
+    """Print an error as it is: no rich markup (``[tools]`` is text here) and no wrapping of its lines."""
+    err.print(text, style="red", markup=False, soft_wrap=True)
+
+
 def _load_config(args: argparse.Namespace) -> Any:
     from weald.runtime.config import load_config
 
@@ -70,10 +75,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
     """Run the daemon until SIGTERM, SIGINT or ``daemon.stop``; exit 0 after a clean shutdown."""
     from rich.progress import BarColumn, Progress, TextColumn
     from weald.runtime.daemon import Daemon
+    from weald.runtime.faults import FaultSpecError
 
     config = _load_config(args)
     err = _console(stderr=True)
-    faults = _make_faults(args, config)
+    try:
+        faults = _make_faults(args, config)
+    except FaultSpecError as exc:
+        # Each problem names the file (and the key); one line each, no traceback.
+        for problem in exc.problems:
+            _print_error(err, f"weald serve: bad fault file: {problem}")
+        return EXIT_USAGE
     socket_path = None if args.stdio and not args.socket else _socket_path(args, config)
     daemon = Daemon(config, socket_path=socket_path, stdio=args.stdio, faults=faults)
     stop = threading.Event()
@@ -99,7 +111,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         try:
             daemon.start(restore=not args.no_restore, progress=on_progress)
         except Exception as exc:
-            err.print(f"[red]weald serve: {exc}[/red]")
+            _print_error(err, f"weald serve: {exc}")
             return EXIT_FAILED
     where = "stdio" if args.stdio else str(socket_path)
     if not args.stdio:
@@ -114,6 +126,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _make_faults(args: argparse.Namespace, config: Any) -> Any:
+    """The fault injector ``--faults FILE`` or ``[faults]`` asks for, or None.
+
+    Raises:
+        FaultSpecError: The fault file is missing, unreadable or invalid.
+    """
     path = getattr(args, "faults", None) or (config.faults.file if config.faults.enabled else None)
     if not path and not config.faults.enabled:
         return None
@@ -189,7 +206,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 # An embedded daemon's new agent is not left for the next daemon to restore.
                 client.call("agent.stop", {"agent_id": agent_id}, timeout=30)
     except (DaemonUnavailableError, RPCCallError) as exc:
-        err.print(f"[red]weald run: {exc}[/red]")
+        _print_error(err, f"weald run: {exc}")
         return EXIT_FAILED
     if args.json:
         _print_json({"agent_id": agent_id, **result})
@@ -224,7 +241,7 @@ def _follow(client: Client, pending: Any, args: argparse.Namespace, consoles: tu
             elif streaming:
                 out.print()
             if not result.get("ok") and not args.json:
-                err.print(f"[red]turn ended: {result.get('error')}[/red]")
+                _print_error(err, f"turn ended: {result.get('error')}")
             return result
         if note is None:
             continue
@@ -539,16 +556,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         result: int = args.func(args)
     except DaemonUnavailableError as exc:
-        _console(stderr=True).print(f"[red]weald {args.command}: {exc}[/red]")
+        _print_error(_console(stderr=True), f"weald {args.command}: {exc}")
         return EXIT_FAILED
     except RPCCallError as exc:
-        _console(stderr=True).print(f"[red]weald {args.command}: {exc.message}[/red]")
+        _print_error(_console(stderr=True), f"weald {args.command}: {exc.message}")
         return EXIT_FAILED
     except Exception as exc:
         from weald.runtime.config import ConfigError
 
         if isinstance(exc, ConfigError):
-            _console(stderr=True).print(f"[red]{exc}[/red]")
+            _print_error(_console(stderr=True), str(exc))
             return EXIT_USAGE
         raise
     return result

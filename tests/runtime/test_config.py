@@ -80,7 +80,6 @@ def test_an_empty_file_gives_every_default() -> None:
         "max_agents": 20_000,
         "max_message_bytes": 16 * 1024 * 1024,
         "max_concurrent_turns": None,
-        "hibernate_after": None,
     }
     assert config.store.path == HOME / ".weald" / "store.db"
     assert config.store.durability == "process"
@@ -163,6 +162,8 @@ command = "python"
 args = ["-m", "mcp_server_time"]
 env = { TZ = "UTC" }
 call_timeout = 5
+ping_timeout = 2
+ping_interval = 7
 
 [mcp.servers.remote]
 url = "https://mcp.example/mcp"
@@ -181,7 +182,6 @@ debug_state = true
 max_agents = 100
 max_message_bytes = 1_048_576
 max_concurrent_turns = 8
-hibernate_after = 900
 
 [store]
 path = "/var/lib/weald/store.db"
@@ -227,11 +227,13 @@ def test_every_section_is_structured_into_its_class() -> None:
     }
 
     time = config.mcp.servers["time"]
-    assert (time.command, time.args, time.env, time.call_timeout) == (
+    assert (time.command, time.args, time.env, time.call_timeout, time.ping_timeout, time.ping_interval) == (
         "python",
         ("-m", "mcp_server_time"),
         {"TZ": "UTC"},
         5.0,
+        2.0,
+        7.0,
     )
     remote = config.mcp.servers["remote"]
     assert (remote.url, remote.headers, remote.enabled, remote.connect_timeout) == (
@@ -242,7 +244,7 @@ def test_every_section_is_structured_into_its_class() -> None:
     )
 
     assert attrs.astuple(config.agent) == (10, 0, 30.0, "Be brief.", True)
-    assert attrs.astuple(config.limits) == (100, 1_048_576, 8, 900.0)
+    assert attrs.astuple(config.limits) == (100, 1_048_576, 8)
     assert (config.store.path, config.store.durability) == (Path("/var/lib/weald/store.db"), "power")
     assert config.server.socket == Path("/run/weald.sock")
     assert (config.faults.enabled, config.faults.file) == (True, Path("/etc/weald/faults.toml"))
@@ -293,7 +295,13 @@ def test_tools_config_becomes_the_tool_config_tools_read() -> None:
 def test_mcp_servers_become_server_configs() -> None:
     server = parse(FULL).mcp.servers["time"].to_server_config("time")
     assert server == ServerConfig(
-        name="time", command="python", args=["-m", "mcp_server_time"], env={"TZ": "UTC"}, call_timeout=5
+        name="time",
+        command="python",
+        args=["-m", "mcp_server_time"],
+        env={"TZ": "UTC"},
+        call_timeout=5,
+        ping_timeout=2,
+        ping_interval=7,
     )
     assert server.transport == "stdio"
 
@@ -497,13 +505,48 @@ def test_permissions_take_a_permission_or_a_table_of_patterns() -> None:
     ]
 
 
-def test_known_tool_options_are_checked_and_unknown_ones_pass_through() -> None:
+def test_options_of_built_in_tools_are_checked_and_other_tools_options_pass_through() -> None:
     assert problems('[tools.shell]\nenv_keep = "HOME"\nkill_grace = -1\n[tools.files]\nallow_hardlinks = "yes"\n') == [
         'tools.shell.env_keep: expected an array of strings, got "HOME"',
         "tools.shell.kill_grace: expected a number of seconds, zero or more, got -1",
         'tools.files.allow_hardlinks: expected true or false, got "yes"',
     ]
-    assert parse("[tools.my_tool]\nanything = [1, 2]\n").tools.options == {"my_tool": {"anything": [1, 2]}}
+    # A misspelt option of a built-in tool would leave the real one unset: it is reported.
+    assert problems("[tools.shell]\ntimout = 5\n[tools.grep]\ncontext = 2\n[tools.files]\nmax_read = 10\n") == [
+        "tools.shell.timout: unknown option; did you mean timeout? (known options: env, env_keep, kill_grace, timeout)",
+        "tools.grep.context: unknown option; known options: timeout",
+        "tools.files.max_read: unknown option; did you mean max_read_bytes? "
+        "(known options: allow_hardlinks, max_read_bytes)",
+    ]
+    # The file tools' shared table has no timeout of its own: those are set per tool.
+    assert problems("[tools.files]\ntimeout = 5\n") == [
+        "tools.files.timeout: unknown option; known options: allow_hardlinks, max_read_bytes"
+    ]
+    # Custom and MCP tools take options weald cannot know: they pass through.
+    assert parse("[tools.my_tool]\nanything = [1, 2]\n[tools.mcp__time__now]\nzone = 'UTC'\n").tools.options == {
+        "my_tool": {"anything": [1, 2]},
+        "mcp__time__now": {"zone": "UTC"},
+    }
+
+
+def test_tool_options_written_under_tools_options_are_reported() -> None:
+    assert problems("[tools.options.files]\nallow_hardlinks = true\n") == [
+        "tools.options: unknown key; a tool's options go in its own table, [tools.NAME] (like [tools.shell]), "
+        "not under [tools.options]"
+    ]
+
+
+def test_the_built_in_tool_names_the_config_knows_are_the_registered_ones() -> None:
+    from weald.runtime._config_convert import BUILTIN_TOOLS
+    from weald.tools import default_registry
+
+    assert sorted(BUILTIN_TOOLS) == sorted(default_registry.names())
+
+
+def test_weald_does_not_hibernate_so_hibernate_after_is_an_unknown_key() -> None:
+    assert problems("[limits]\nhibernate_after = 900\n") == [
+        "limits.hibernate_after: unknown key; expected one of: max_agents, max_concurrent_turns, max_message_bytes"
+    ]
 
 
 def test_a_tool_timeout_set_in_both_places_in_one_file_is_an_error() -> None:
@@ -604,7 +647,7 @@ def test_every_problem_in_every_file_is_reported_at_once(tmp_path: Path) -> None
         f"  {home_file}:1:7: invalid TOML: Expected ']' at the end of a table declaration",
         f'  {project_file}: agent.max_steps: expected an integer, got "many"',
         f"  {project_file}: limits.max_agents: expected a positive integer, got 0",
-        f"  {project_file}: limits.bogus: unknown key; expected one of: hibernate_after, max_agents, max_concurrent_turns, max_message_bytes",
+        f"  {project_file}: limits.bogus: unknown key; expected one of: max_agents, max_concurrent_turns, max_message_bytes",
     ]
 
 

@@ -35,7 +35,7 @@ def quick_sync(ctx: ToolContext) -> str:
 
 @tool(name="sleeper", description="sleeps in a subprocess", parameters=EMPTY, registry=REG, timeout=20)
 async def sleeper(ctx: ToolContext) -> str:
-    # A tool that does not pass [tools.options.shell] env on to its subprocess.
+    # A tool that does not pass [tools.shell] env on to its subprocess.
     await trio.run_process(["sleep", "30"], start_new_session=True)
     return "slept"
 
