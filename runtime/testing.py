@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import trio
+from weald.runtime._actor import Actor
 from weald.runtime._events import Event, EventBus
+from weald.runtime.tool_runner import ToolResults
 
-__all__ = ["WaitTimeout", "await_until", "wait_for_event", "wait_until"]
+__all__ = ["ResultCollector", "WaitTimeout", "await_until", "wait_for_event", "wait_until"]
 
 T = TypeVar("T")
 
@@ -100,3 +102,28 @@ def wait_for_event(
                 raise WaitTimeout(msg)
             if event_or_none.seq > since and (where is None or where(event_or_none)):
                 return event_or_none
+
+
+class ResultCollector(Actor):
+    """Stands in for an agent in tool-runner tests: keeps the `ToolResults` it is sent.
+
+    Give its ref as a `RunCalls` reply-to, then wait on ``result(batch_id)``
+    through a proxy, e.g. ``wait_until(lambda: collector.proxy().result(b).get())``.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._results: list[ToolResults] = []
+
+    def on_receive(self, message: Any) -> None:
+        """Keep a `ToolResults`; ignore anything else."""
+        if isinstance(message, ToolResults):
+            self._results.append(message)
+
+    def received(self) -> list[ToolResults]:
+        """Every `ToolResults` so far, in the order they arrived (a batch sent twice shows twice)."""
+        return list(self._results)
+
+    def result(self, batch_id: str) -> ToolResults | None:
+        """The first results of batch ``batch_id``; None while it runs."""
+        return next((r for r in self._results if r.batch_id == batch_id), None)

@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from pykka._introspection import introspect_attrs
 from weald.runtime import Actor, ActorSystem, Future, redact, register_secret
 from weald.runtime._events import _redact_payload
-from weald.runtime.testing import wait_until
-from weald.runtime.tool_runner import RunTools, ToolCallRequest, ToolResults, ToolRunner
+from weald.runtime.testing import ResultCollector, wait_until
+from weald.runtime.tool_runner import RunTools, ToolCallRequest, ToolRunner
 from weald.tools import ToolContext, ToolRegistry, tool
 
 REG = ToolRegistry()
@@ -38,19 +38,6 @@ async def slow(ctx: ToolContext) -> str:
 class Echo(Actor):
     def on_receive(self, message: Any) -> Any:
         return message
-
-
-class Collector(Actor):
-    def __init__(self) -> None:
-        super().__init__()
-        self.results: list[ToolResults] = []
-
-    def on_receive(self, message: Any) -> None:
-        if isinstance(message, ToolResults):
-            self.results.append(message)
-
-    def received(self) -> list[ToolResults]:
-        return list(self.results)
 
 
 def test_a_done_callback_runs_when_the_future_completes_or_at_once_if_it_has() -> None:
@@ -87,7 +74,7 @@ def test_an_execution_child_that_ends_itself_exits_normally_and_quietly(
     system: ActorSystem, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     runner = system.spawn(ToolRunner, args=("s", str(tmp_path)), kwargs={"registry": REG}, name="runner")
-    agent = system.spawn(Collector, name="agent")
+    agent = system.spawn(ResultCollector, name="agent")
     calls = (*(ToolCallRequest(f"c{i}", "noop", {}) for i in range(20)), ToolCallRequest("t", "slow", {}))
     with caplog.at_level(logging.WARNING, logger="weald"):
         runner.tell(RunTools("b1", calls, None, agent))
@@ -156,7 +143,7 @@ class Rich(Actor):
 
 
 def test_proxies_know_exactly_the_attributes_pykka_would_find(system: ActorSystem) -> None:
-    for ref in (Rich.start(), Echo.start(), Collector.start()):
+    for ref in (Rich.start(), Echo.start(), ResultCollector.start()):
         proxy = ref.proxy()
         actor = ref._actor_weakref()
         assert isinstance(proxy, pykka.ActorProxy)

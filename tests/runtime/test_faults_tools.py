@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 import trio
-from weald.runtime import Actor, ActorSystem, Ref
+from weald.runtime import ActorSystem, Ref
 from weald.runtime import _faults_proc as proc
 from weald.runtime.faults import FaultInjector, ToolFault
-from weald.runtime.testing import wait_for_event, wait_until
+from weald.runtime.testing import ResultCollector, wait_for_event, wait_until
 from weald.runtime.tool_runner import CallOutcome, RunnerConfig, RunTools, ToolCallRequest, ToolResults, ToolRunner
 from weald.tools import ToolContext, ToolRegistry, default_registry, tool
 
@@ -40,21 +40,6 @@ async def sleeper(ctx: ToolContext) -> str:
     return "slept"
 
 
-class Collector(Actor):
-    """Stands in for the agent: collects ToolResults."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.results: list[ToolResults] = []
-
-    def on_receive(self, message: Any) -> None:
-        if isinstance(message, ToolResults):
-            self.results.append(message)
-
-    def received(self) -> list[ToolResults]:
-        return list(self.results)
-
-
 class Harness:
     def __init__(self, system: ActorSystem, tmp_path: Path, registry: ToolRegistry) -> None:
         self.system = system
@@ -65,7 +50,7 @@ class Harness:
             kwargs={"registry": registry, "config": config, "output_dir": tmp_path / "out"},
             name="runner",
         )
-        self.collector: Ref[Any] = system.spawn(Collector, name="collector")
+        self.collector: Ref[Any] = system.spawn(ResultCollector, name="collector")
         self._n = 0
 
     def call(

@@ -14,9 +14,9 @@ import attrs
 import pytest
 import trio
 import weald.tools.shell as shell_module
-from weald.runtime import Actor, ActorSystem, Ref
+from weald.runtime import ActorSystem, Ref
 from weald.runtime.config import parse_config
-from weald.runtime.testing import wait_for_event, wait_until
+from weald.runtime.testing import ResultCollector, wait_for_event, wait_until
 from weald.runtime.tool_runner import (
     RunnerConfig,
     RunTools,
@@ -172,21 +172,6 @@ def typed(ctx: ToolContext, n: int) -> str:
     return str(n * 2)
 
 
-class Agent(Actor):
-    """Stands in for the agent: collects ToolResults."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.results: list[ToolResults] = []
-
-    def on_receive(self, message: Any) -> None:
-        if isinstance(message, ToolResults):
-            self.results.append(message)
-
-    def received(self) -> list[ToolResults]:
-        return list(self.results)
-
-
 class Session:
     def __init__(self, system: ActorSystem, runner: Ref[Any], agent: Ref[Any]) -> None:
         self.system = system
@@ -229,7 +214,7 @@ def make_session(
         },
         name=name,
     )
-    return Session(system, runner, Agent.start())
+    return Session(system, runner, ResultCollector.start())
 
 
 @pytest.fixture

@@ -12,8 +12,8 @@ import itertools
 from pathlib import Path
 from typing import Any
 
-from weald.runtime import Actor, ActorSystem
-from weald.runtime.testing import wait_until
+from weald.runtime import ActorSystem
+from weald.runtime.testing import ResultCollector, wait_until
 from weald.runtime.tool_runner import RunnerConfig, RunTools, ToolCallRequest, ToolResults, ToolRunner
 from weald.tools import ToolConfig, ToolResult, default_registry
 
@@ -21,21 +21,6 @@ SECRET = "top secret: the launch codes\n"
 """The content of ``outside/secret.txt``: finding it in any output is a leak."""
 
 ALLOW_ALL = {"write_file": "allow", "edit_file": "allow", "shell": "allow"}
-
-
-class Collector(Actor):
-    """Stands in for the agent: keeps the ToolResults it receives."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.results: dict[str, ToolResults] = {}
-
-    def on_receive(self, message: Any) -> None:
-        if isinstance(message, ToolResults):
-            self.results[message.batch_id] = message
-
-    def result(self, batch_id: str) -> ToolResults | None:
-        return self.results.get(batch_id)
 
 
 class RunnerHarness:
@@ -55,7 +40,7 @@ class RunnerHarness:
             kwargs={"registry": default_registry, "config": config, "output_dir": project.parent / "outputs"},
             name="runner",
         )
-        self.agent = system.spawn(Collector, name="agent")
+        self.agent = system.spawn(ResultCollector, name="agent")
 
     def call(self, tool: str, **arguments: Any) -> ToolResult:
         """Run one call through the runner; the result the model would read."""

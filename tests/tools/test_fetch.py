@@ -12,9 +12,9 @@ from typing import Any, ClassVar
 import attrs
 import pytest
 import trio
-from weald.runtime import Actor, ActorSystem
-from weald.runtime.testing import wait_until
-from weald.runtime.tool_runner import RunnerConfig, RunTools, ToolCallRequest, ToolResults, ToolRunner
+from weald.runtime import ActorSystem
+from weald.runtime.testing import ResultCollector, wait_until
+from weald.runtime.tool_runner import RunnerConfig, RunTools, ToolCallRequest, ToolRunner
 from weald.tools import SessionServices, ToolContext, ToolRegistry, ToolResult, invoke
 from weald.tools._html import html_to_text
 from weald.tools.fetch import fetch
@@ -212,21 +212,6 @@ async def test_without_a_timeout_argument_the_runners_limit_for_the_call_applies
     assert "timed out after 0.3 s" in (await get(limited, url=f"{server}/slow", timeout=0.3)).output
 
 
-class Collector(Actor):
-    """Stands in for an agent: keeps the ToolResults it is sent."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.results: list[ToolResults] = []
-
-    def on_receive(self, message: Any) -> None:
-        if isinstance(message, ToolResults):
-            self.results.append(message)
-
-    def received(self) -> list[ToolResults]:
-        return list(self.results)
-
-
 def test_a_configured_fetch_timeout_reaches_the_tool_through_the_runner(
     system: ActorSystem, server: str, tmp_path: Path
 ) -> None:
@@ -238,7 +223,7 @@ def test_a_configured_fetch_timeout_reaches_the_tool_through_the_runner(
         kwargs={"registry": ToolRegistry([fetch]), "config": config, "output_dir": tmp_path / "out"},
         name="runner",
     )
-    agent = Collector.start()
+    agent = ResultCollector.start()
     runner.tell(RunTools("b1", (ToolCallRequest("c1", "fetch", {"url": f"{server}/slow"}),), None, agent))
     results = wait_until(lambda: agent.proxy().received().get(), timeout=20)
     result = results[0].outcomes[0].result
