@@ -153,6 +153,37 @@ def test_weald_run_exits_0_when_the_turn_succeeds_and_1_when_it_fails(daemon: Da
     assert "upstream overloaded" in result["error"]
 
 
+def test_weald_run_streams_the_answer_and_each_tool_call_with_its_outcome(daemon: DaemonProcess) -> None:
+    (daemon.project / "notes.txt").write_text("one\ntwo\n")
+    model = daemon.script(
+        "activity",
+        [
+            {
+                "text": "reading",
+                "tool_calls": [
+                    {"name": "read_file", "arguments": {"path": "notes.txt"}},
+                    {"name": "read_file", "arguments": {"path": "missing.txt"}},
+                ],
+            },
+            {"text": "notes.txt has 2 lines."},
+        ],
+    )
+    run = daemon.cli("run", "--model", model, "count lines")
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.splitlines() == ["reading", "notes.txt has 2 lines."]
+    activity = run.stderr.splitlines()
+    assert '▶ read_file {"path": "notes.txt"}' in activity
+    assert '▶ read_file {"path": "missing.txt"}' in activity
+    assert any(line.startswith("✓ read_file ") for line in activity), activity
+    assert any(line.startswith("✗ read_file ") for line in activity), activity  # the missing file
+    assert any("2 steps" in line for line in activity), activity
+
+    quiet = daemon.cli("run", "--quiet", "--model", model, "count lines")
+    assert quiet.returncode == 0, quiet.stderr
+    assert "notes.txt has 2 lines." in quiet.stdout
+    assert "read_file" not in quiet.stderr
+
+
 def test_weald_run_fails_when_the_model_runs_out_of_script(daemon: DaemonProcess) -> None:
     short = daemon.script("short", [{"tool_calls": [{"name": "glob", "arguments": {"pattern": "*.txt"}}]}])
     run = daemon.cli("run", "--json", "--model", short, "look around")
