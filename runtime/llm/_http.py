@@ -20,7 +20,7 @@ import math
 import os
 import random
 import time
-from collections.abc import AsyncGenerator, Generator, Mapping
+from collections.abc import AsyncGenerator, Callable, Generator, Mapping
 from typing import ClassVar, Protocol
 
 import httpx
@@ -162,24 +162,50 @@ def error_for_status(
     )
 
 
-def _server_message(body: bytes) -> str:
-    """Pull the human-readable message out of an error response body."""
-    text = body.decode("utf-8", errors="replace").strip()
+def _error_in(body: bytes) -> tuple[str, str | None] | None:
+    """The message and type of the error a JSON body reports, or None if none.
+
+    OpenAI: ``{"error": {"message": ..., "type": ...}}``; Anthropic:
+    ``{"type": "error", "error": {"type": ..., "message": ...}}``; Ollama and
+    others: ``{"error": "..."}``; some proxies: ``{"message": ...}``.
+    """
     try:
         payload = msgspec.json.decode(body)
     except msgspec.DecodeError:
-        return excerpt(text) if text else ""
-    if isinstance(payload, dict):
-        # OpenAI and Anthropic: {"error": {"message": ...}}; Ollama and
-        # others: {"error": "..."}; some proxies: {"message": ...}.
-        error = payload.get("error")
-        if isinstance(error, dict) and isinstance(error.get("message"), str):
-            return str(error["message"])
-        if isinstance(error, str):
-            return error
-        if isinstance(payload.get("message"), str):
-            return str(payload["message"])
-    return excerpt(text)
+        return None
+    if not isinstance(payload, dict):
+        return None
+    error = payload.get("error")
+    if isinstance(error, dict) and isinstance(error.get("message"), str):
+        kind = error.get("type")
+        return str(error["message"]), kind if isinstance(kind, str) and kind else None
+    if isinstance(error, str):
+        return error, None
+    if isinstance(payload.get("message"), str):
+        return str(payload["message"]), None
+    return None
+
+
+def _server_message(body: bytes, clean: Callable[[str], str]) -> str:
+    """Pull the human-readable message out of an error response body.
+
+    ``clean`` (the key's redaction) runs before a plain-text body is cut
+    short, so a key at the cut cannot leak half of itself.
+    """
+    found = _error_in(body)
+    if found is not None:
+        return clean(found[0])
+    text = body.decode("utf-8", errors="replace").strip()
+    return excerpt(clean(text)) if text else ""
+
+
+def _is_event_stream(content_type: str) -> bool:
+    """Whether a ``Content-Type`` value names SSE, parameters and case aside.
+
+    llama.cpp, Ollama and vLLM send variants such as
+    ``text/event-stream; charset=utf-8``.
+    """
+    return content_type.split(";", 1)[0].strip().lower() == "text/event-stream"
 
 
 class StreamDecoder(Protocol):
@@ -411,10 +437,16 @@ class HTTPProvider:
                 raw = await reader.read(_ERROR_BODY_LIMIT)
                 raise self._status_error(
                     response.status_code,
-                    self._server_text(_server_message(raw)),
+                    _server_message(raw, self._server_text),
                     model,
                     parse_retry_after(response.headers.get("retry-after")),
                 )
+            # A missing Content-Type is read as SSE, as before: some servers
+            # stream without one. A declared other type is no stream at all.
+            content_type = response.headers.get("content-type", "").strip()
+            if content_type and not _is_event_stream(content_type):
+                raw = await reader.read(_ERROR_BODY_LIMIT)
+                raise self._not_an_event_stream(response.status_code, content_type, raw)
             if isinstance(fault, TimeoutFault):
                 await trio.sleep(self.settings.stall_timeout)
                 raise self._stall_error()
@@ -493,7 +525,30 @@ class HTTPProvider:
     def _malformed(self, what: str, data: str) -> MalformedResponseError:
         """The error for an SSE event we cannot make sense of."""
         return MalformedResponseError(
-            f"{self.name}: malformed stream event from {self._url} ({what}): {self._server_text(excerpt(data))}"
+            f"{self.name}: malformed stream event from {self._url} ({what}): {excerpt(self._server_text(data))}"
+        )
+
+    def _not_an_event_stream(self, status: int, content_type: str, body: bytes) -> MalformedResponseError:
+        """The error for a success response that is not an event stream.
+
+        Quotes the server's error message when the body is a JSON error,
+        else the content type and the start of the body. Not retried: a
+        server that answers a streaming request this way will do so again.
+        """
+        found = _error_in(body)
+        if found is not None:
+            message, kind = found
+            return MalformedResponseError(
+                f"{self.name}: {self._url} answered HTTP {status} with an error instead of an event stream"
+                f"{f' ({self._server_text(kind)})' if kind else ''}: {self._server_text(message)}"
+            )
+        # Redact before cutting, so that no piece of a key survives the cut.
+        text = self._server_text(body.decode("utf-8", errors="replace").strip())
+        return MalformedResponseError(
+            f"{self.name}: {self._url} answered HTTP {status} with Content-Type "
+            f"{excerpt(self._server_text(content_type))} instead of an event stream: "
+            f"{excerpt(text) if text else 'an empty body'}. "
+            "Check the base URL, and that the server streams chat responses."
         )
 
     def _server_text(self, text: str) -> str:

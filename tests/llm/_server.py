@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterable
+import socket
+from collections.abc import Iterable, Iterator
 
 import attrs
 import h11
@@ -34,6 +35,8 @@ class Reply:
         stall: After the body pieces, keep the connection open and silent
             until the client hangs up.
         drop: Close the connection without answering.
+        cut: After the body pieces, close the connection without ending
+            the body, as a server that crashes mid-stream does.
         hang: Never answer; wait until the client hangs up.
     """
 
@@ -43,6 +46,7 @@ class Reply:
     json_body: object = None
     stall: bool = False
     drop: bool = False
+    cut: bool = False
     hang: bool = False
 
 
@@ -161,6 +165,8 @@ class FakeServer:
         if reply.stall:
             await self._wait_for_hang_up(stream)
             return False
+        if reply.cut:
+            return False
         await stream.send_all(conn.send(h11.EndOfMessage()))
         return True
 
@@ -194,3 +200,27 @@ async def collect(provider: Provider, request: ModelRequest) -> list[StreamEvent
     """Run one model call to the end and return its events."""
     async with contextlib.aclosing(provider.stream(request)) as events:
         return [event async for event in events]
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on: connecting to it is refused."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+@contextlib.contextmanager
+def unanswered_listener() -> Iterator[int]:
+    """A loopback port whose connection attempts never complete.
+
+    The listener's accept queue (backlog 0) is filled by one connection that
+    is never accepted; Linux then drops further SYNs, so a client's connect
+    waits until its own timeout.
+    """
+    with socket.socket() as listener, socket.socket() as filler:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(0)
+        port: int = listener.getsockname()[1]
+        filler.connect(("127.0.0.1", port))
+        yield port

@@ -14,6 +14,7 @@ from weald.runtime.llm import (
     AnthropicProvider,
     AuthenticationError,
     Completed,
+    MalformedResponseError,
     Message,
     ModelRequest,
     ProviderSettings,
@@ -299,3 +300,38 @@ async def test_403_names_the_env_var_and_never_the_key(make: Make, server: FakeS
     assert "lacks permission" in str(info.value)
     assert api_key not in str(info.value)
     assert api_key not in repr(info.value)
+
+
+async def test_an_error_with_status_200_quotes_the_servers_message_and_is_not_retried(
+    make: Make, server: FakeServer, api_key: str
+) -> None:
+    server.replies.append(
+        Reply(
+            headers=(("content-type", "application/json"),),
+            json_body={"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}},
+        )
+    )
+    with pytest.raises(MalformedResponseError) as info:
+        await collect(make(), hello())
+
+    assert str(info.value) == (
+        f"anthropic: {server.url}/v1/messages answered HTTP 200 with an error "
+        "instead of an event stream (overloaded_error): Overloaded"
+    )
+    assert len(server.requests) == 1
+
+
+async def test_an_html_page_with_status_200_names_the_content_type(
+    make: Make, server: FakeServer, api_key: str
+) -> None:
+    page = b"<html><body><h1>Welcome to nginx!</h1></body></html>"
+    server.replies.append(Reply(headers=(("content-type", "text/html"),), body=[page]))
+    with pytest.raises(MalformedResponseError) as info:
+        await collect(make(), hello())
+
+    assert str(info.value) == (
+        f"anthropic: {server.url}/v1/messages answered HTTP 200 with Content-Type 'text/html' "
+        "instead of an event stream: '<html><body><h1>Welcome to nginx!</h1></body></html>'. "
+        "Check the base URL, and that the server streams chat responses."
+    )
+    assert len(server.requests) == 1

@@ -310,6 +310,18 @@ async def test_401_names_the_env_var_and_never_the_key(make: Make, server: FakeS
     assert len(server.requests) == 1  # auth errors are not retried
 
 
+async def test_a_plain_text_error_is_cut_after_the_key_is_removed(make: Make, server: FakeServer, api_key: str) -> None:
+    # The key straddles the 200-character cut: cutting first would leave its first half.
+    body = "x" * (200 - len(api_key) // 2) + f" {api_key} " + "y" * 300
+    server.replies.append(Reply(status=401, headers=(("content-type", "text/plain"),), body=[body.encode()]))
+    with pytest.raises(AuthenticationError) as info:
+        await collect(make(), hello())
+
+    rendered = [str(info.value), repr(info.value), *getattr(info.value, "__notes__", [])]
+    assert all(api_key[:8] not in text for text in rendered)
+    assert f"... ({len(body.replace(api_key, '[redacted]'))} characters)" in str(info.value)
+
+
 async def test_404_names_the_model_and_the_url(make: Make, server: FakeServer, api_key: str) -> None:
 
     server.replies.append(error_reply(404, "The model `gpt-4.1` does not exist"))
@@ -470,3 +482,90 @@ async def test_a_server_that_never_answers_times_out_and_is_retried(
 
     assert len(server.requests) == 2
     assert any("gave up after 2 attempts" in note for note in info.value.__notes__)
+
+
+# A success response that is not an event stream: a quota proxy's JSON error,
+# a server that ignored "stream": true, a login page in front of the API.
+NOT_A_STREAM_JSON = (("content-type", "application/json"),)
+
+
+async def test_a_json_error_with_status_200_quotes_the_servers_message_and_is_not_retried(
+    make: Make, server: FakeServer, api_key: str
+) -> None:
+    server.replies.append(
+        Reply(headers=NOT_A_STREAM_JSON, json_body={"error": {"message": "budget exceeded", "type": "quota"}})
+    )
+    with pytest.raises(MalformedResponseError) as info:
+        await collect(make(), hello())
+
+    assert str(info.value) == (
+        f"openai: {server.url}/v1/chat/completions answered HTTP 200 with an error "
+        "instead of an event stream (quota): budget exceeded"
+    )
+    assert len(server.requests) == 1
+    assert not getattr(info.value, "__notes__", [])
+
+
+async def test_a_non_streamed_completion_names_the_content_type_and_quotes_the_body(
+    make: Make, server: FakeServer, api_key: str
+) -> None:
+    completion = {
+        "id": "chatcmpl-123",
+        "object": "chat.completion",
+        "created": 1694268190,
+        "model": MODEL,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "Hello there, how may I assist you today?"},
+                "logprobs": None,
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {"prompt_tokens": 9, "completion_tokens": 12, "total_tokens": 21},
+    }
+    server.replies.append(Reply(headers=NOT_A_STREAM_JSON, json_body=completion))
+    with pytest.raises(MalformedResponseError) as info:
+        await collect(make(), hello())
+
+    message = str(info.value)
+    assert "answered HTTP 200 with Content-Type 'application/json' instead of an event stream" in message
+    assert '{"id": "chatcmpl-123", "object": "chat.completion"' in message
+    assert len(server.requests) == 1
+
+
+async def test_an_html_page_is_quoted_cut_short_and_without_the_key(
+    make: Make, server: FakeServer, api_key: str
+) -> None:
+    page = f"<!DOCTYPE html><html><head><title>Sign in</title></head><body>token {api_key} {'x' * 5000}</body></html>"
+    server.replies.append(Reply(headers=(("content-type", "text/html; charset=utf-8"),), body=[page.encode()]))
+    with pytest.raises(MalformedResponseError) as info:
+        await collect(make(), hello())
+
+    message = str(info.value)
+    assert "with Content-Type 'text/html; charset=utf-8' instead of an event stream" in message
+    assert "<title>Sign in</title>" in message
+    assert f"... ({len(page.replace(api_key, '[redacted]'))} characters)" in message
+    assert len(message) < 600
+    assert api_key not in message
+    assert api_key[:8] not in message
+    assert len(server.requests) == 1
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        (("content-type", "text/event-stream; charset=utf-8"),),
+        (("Content-Type", "Text/Event-Stream"),),
+        (),
+    ],
+    ids=["with-charset", "mixed-case", "no-content-type"],
+)
+async def test_event_stream_variants_and_a_missing_content_type_are_read_as_sse(
+    make: Make, server: FakeServer, api_key: str, headers: tuple[tuple[str, str], ...]
+) -> None:
+    server.replies.append(Reply(headers=headers, body=text_stream("local")))
+    events = await collect(make(), hello())
+
+    assert isinstance(events[-1], Completed)
+    assert events[-1].message.content == "local"
