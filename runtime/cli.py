@@ -370,7 +370,7 @@ def cmd_tree(args: argparse.Namespace) -> int:
 
 
 def render_tree(root: dict[str, Any]) -> Tree:
-    """The tree as rich draws it: path, kind, status, restarts, mailbox, faults."""
+    """The tree as rich draws it: path, kind, status, restarts, mailbox, escalations, faults."""
 
     def label(node: dict[str, Any]) -> str:
         name = node["path"].rsplit("/", 1)[-1] or "/"
@@ -380,6 +380,8 @@ def render_tree(root: dict[str, Any]) -> Tree:
             parts.append(f"[yellow]restarts={node['restarts']}[/yellow]")
         if node.get("mailbox"):
             parts.append(f"mailbox={node['mailbox']}")
+        if node.get("escalations"):
+            parts.append(f"[red]escalations={node['escalations']}[/red]")
         if node.get("faults"):
             parts.append(f"[red]faults={node['faults']}[/red]")
         if node.get("children_hidden"):

@@ -868,6 +868,8 @@ class Server(Actor):
                 node["restarts"] = info.restarts
                 node["restart"] = info.restart
                 node["order"] = order
+                if info.escalations:
+                    node["escalations"] = info.escalations  # times it gave up (supervisor.gave_up)
 
         async with trio.open_nursery() as nursery:
             for path in paths:

@@ -56,13 +56,14 @@ class SupervisorSnapshot:
 class _Child:
     """A supervisor's record of one child (mutable; only the supervisor touches it)."""
 
-    __slots__ = ("attempt", "generation", "ref", "restarts", "spec", "started_at", "status")
+    __slots__ = ("attempt", "escalations", "generation", "ref", "restarts", "spec", "started_at", "status")
 
     def __init__(self, spec: ChildSpec) -> None:
         self.spec = spec
         self.ref: Ref[Any] | None = None
         self.status: Literal["running", "restarting", "stopped"] = "stopped"
         self.restarts = 0
+        self.escalations = 0
         self.started_at = 0.0
         self.attempt = 0
         self.generation = 0
@@ -76,6 +77,7 @@ class _Child:
             path=f"{base}/{self.spec.id}",
             kind=self.spec.actor.__name__,
             restart=self.spec.restart,
+            escalations=self.escalations,
         )
 
 
@@ -235,6 +237,8 @@ class SupervisorBase(Actor):
         child.ref = None
         exit_ = down.exit
         spec = child.spec
+        if isinstance(exit_.error, RestartIntensityError):
+            child.escalations += 1  # it gave up: kept so the tree shows it after the restart
         if exit_.abnormal or spec.progress:
             self._publish(
                 "child_crashed" if exit_.abnormal else "child_exited",

@@ -113,6 +113,8 @@ class ChildInfo:
         path: its path in the tree.
         kind: the actor class name.
         restart: its restart type.
+        escalations: how many times it gave up and escalated to this supervisor
+            (crashed with `RestartIntensityError`); kept across its restarts.
     """
 
     id: str
@@ -122,3 +124,4 @@ class ChildInfo:
     path: str = ""
     kind: str = ""
     restart: Restart = "permanent"
+    escalations: int = 0

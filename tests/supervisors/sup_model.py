@@ -19,6 +19,7 @@ _gens = itertools.count(1)
 class WorkerNode:
     id: str
     restart: str
+    threaded: bool = False  # hosted on its own thread (ThreadActor) rather than the loop; same OTP rules
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,10 @@ strategy_names = st.sampled_from(["one_for_one", "one_for_all", "rest_for_one"])
 
 @st.composite
 def trees(draw: st.DrawFn, depth: int = 2, node_id: str = "top") -> SupNode:
-    """A supervisor with 1-4 children, some of them supervisors (to ``depth`` levels)."""
+    """A supervisor with 1-4 children, some of them supervisors (to ``depth`` levels).
+
+    Each worker is loop-hosted or a thread actor, at random.
+    """
     count = draw(st.integers(1, 4))
     children: list[WorkerNode | SupNode] = []
     for i in range(count):
@@ -19,7 +22,7 @@ def trees(draw: st.DrawFn, depth: int = 2, node_id: str = "top") -> SupNode:
         if depth > 0 and draw(st.booleans()):
             children.append(draw(trees(depth=depth - 1, node_id=cid)))
         else:
-            children.append(WorkerNode(cid, draw(restart_types)))
+            children.append(WorkerNode(cid, draw(restart_types), threaded=draw(st.booleans())))
     return SupNode(
         id=node_id,
         restart=draw(restart_types) if node_id != "top" else "permanent",

@@ -5,8 +5,14 @@ from __future__ import annotations
 import pytest
 from sup_workers import JOURNAL, ThreadWorker, Worker
 from weald.runtime import Actor, ActorSystem, StartError
-from weald.runtime.testing import wait_until
-from weald.supervisors import ChildNotFoundError, ChildSpec, DynamicSupervisor, MaxChildrenError
+from weald.runtime.testing import wait_for_event, wait_until
+from weald.supervisors import (
+    ChildNotFoundError,
+    ChildSpec,
+    DynamicSupervisor,
+    MaxChildrenError,
+    RestartIntensityError,
+)
 
 
 @pytest.mark.parametrize("worker", [Worker, ThreadWorker])
@@ -65,15 +71,28 @@ def test_children_stop_in_reverse_start_order(system: ActorSystem) -> None:
     assert JOURNAL.of("stop") == ["/d/z", "/d/y", "/d/x"]
 
 
-def test_too_many_restarts_escalate(system: ActorSystem) -> None:
-    sup = DynamicSupervisor.start(max_restarts=1)
-    ref = sup.proxy().start_child(ChildSpec("w", Worker)).get(timeout=5)
+@pytest.mark.parametrize("worker", [Worker, ThreadWorker])
+def test_too_many_restarts_stop_the_other_children_in_reverse_and_escalate(
+    system: ActorSystem, worker: type[Actor]
+) -> None:
+    sup = DynamicSupervisor.start(max_restarts=1, name="dyn")
+    for i in "ab":
+        sup.proxy().start_child(ChildSpec(i, worker)).get(timeout=5)
+    ref = sup.proxy().start_child(ChildSpec("w", worker)).get(timeout=5)
     ref.tell("crash")
     ref = wait_until(
-        lambda: next((c.ref for c in sup.proxy().which_children().get() if c.ref not in (None, ref)), None)
+        lambda: next(
+            (c.ref for c in sup.proxy().which_children().get() if c.id == "w" and c.ref not in (None, ref)), None
+        )
     )
+    JOURNAL.clear()
     ref.tell("crash")
-    assert sup.exited().get(timeout=5).kind == "crashed"
+    exit_ = sup.exited().get(timeout=5)
+    assert exit_.kind == "crashed"
+    assert isinstance(exit_.error, RestartIntensityError)
+    assert JOURNAL.of("stop") == ["/dyn/b", "/dyn/a"]  # the crashed child does not run on_stop
+    event = wait_for_event(system.events, "supervisor.gave_up", lambda e: e.source == "/dyn")
+    assert event.data["max_restarts"] == 1
 
 
 def test_thousands_of_temporary_children_come_and_go(system: ActorSystem) -> None:

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from sup_model import Model, SupNode, WorkerNode
 from sup_strategies import operations, trees
-from sup_workers import FakeClock, Worker
+from sup_workers import FakeClock, ThreadWorker, Worker
 from weald.runtime import ActorSystem, Ref
 from weald.runtime.testing import WaitTimeout, wait_until
 from weald.supervisors import ChildSpec, RestartIntensityError, Supervisor, SupervisorBase
@@ -16,7 +16,7 @@ from weald.supervisors import ChildSpec, RestartIntensityError, Supervisor, Supe
 
 def spec_of(node: WorkerNode | SupNode) -> ChildSpec:
     if isinstance(node, WorkerNode):
-        return ChildSpec(node.id, Worker, restart=node.restart)  # type: ignore[arg-type]
+        return ChildSpec(node.id, ThreadWorker if node.threaded else Worker, restart=node.restart)  # type: ignore[arg-type]
     return ChildSpec(
         node.id,
         Supervisor,

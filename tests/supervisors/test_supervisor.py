@@ -107,9 +107,12 @@ def test_a_failure_in_on_start_during_a_restart_counts_as_a_crash_and_escalates(
     assert StartFailsOnRestart.starts == 3
 
 
+@pytest.mark.parametrize("worker", WORKERS)
 @pytest.mark.parametrize("restart", ["permanent", "transient", "temporary"])
-def test_a_stop_by_anyone_else_is_a_normal_exit_handled_by_restart_type(system: ActorSystem, restart: Any) -> None:
-    sup = Supervisor.start([ChildSpec("w", Worker, restart=restart)], name="s")
+def test_a_stop_by_anyone_else_is_a_normal_exit_handled_by_restart_type(
+    system: ActorSystem, restart: Any, worker: type[Actor]
+) -> None:
+    sup = Supervisor.start([ChildSpec("w", worker, restart=restart)], name="s")
     old = child_ref(sup, "w")
     assert old is not None
     old.stop()
@@ -122,22 +125,27 @@ def test_a_stop_by_anyone_else_is_a_normal_exit_handled_by_restart_type(system: 
         wait_until(lambda: sup.proxy().which_children().get() == [])
 
 
-def test_a_transient_child_is_restarted_only_after_a_crash(system: ActorSystem) -> None:
-    sup = Supervisor.start([ChildSpec("w", Worker, restart="transient")], name="s")
+@pytest.mark.parametrize("worker", WORKERS)
+def test_a_transient_child_is_restarted_only_after_a_crash(system: ActorSystem, worker: type[Actor]) -> None:
+    sup = Supervisor.start([ChildSpec("w", worker, restart="transient")], name="s")
     new = crash_and_wait(sup, "w")
     new.stop()
     wait_until(lambda: sup.proxy().which_children().get()[0].status == "stopped")
 
 
-def test_a_temporary_child_is_never_restarted_and_is_removed(system: ActorSystem) -> None:
-    sup = Supervisor.start([ChildSpec("t", Worker, restart="temporary"), ChildSpec("p", Worker)], name="s")
+@pytest.mark.parametrize("worker", WORKERS)
+def test_a_temporary_child_is_never_restarted_and_is_removed(system: ActorSystem, worker: type[Actor]) -> None:
+    sup = Supervisor.start([ChildSpec("t", worker, restart="temporary"), ChildSpec("p", worker)], name="s")
     ref = child_ref(sup, "t")
     ref.tell("crash")  # type: ignore[union-attr]
     wait_until(lambda: [c.id for c in sup.proxy().which_children().get()] == ["p"])
 
 
-def test_one_for_all_stops_the_others_in_reverse_order_then_restarts_all_in_order(system: ActorSystem) -> None:
-    sup = Supervisor.start([ChildSpec(i, Worker) for i in "abcd"], strategy="one_for_all", name="s")
+@pytest.mark.parametrize("worker", WORKERS)
+def test_one_for_all_stops_the_others_in_reverse_order_then_restarts_all_in_order(
+    system: ActorSystem, worker: type[Actor]
+) -> None:
+    sup = Supervisor.start([ChildSpec(i, worker) for i in "abcd"], strategy="one_for_all", name="s")
     before = {c.id: c.ref for c in sup.proxy().which_children().get()}
     JOURNAL.clear()
     crash_and_wait(sup, "b")
@@ -147,8 +155,11 @@ def test_one_for_all_stops_the_others_in_reverse_order_then_restarts_all_in_orde
     assert JOURNAL.of("start") == ["/s/a", "/s/b", "/s/c", "/s/d"]
 
 
-def test_rest_for_one_restarts_the_failed_child_and_those_started_after_it(system: ActorSystem) -> None:
-    sup = Supervisor.start([ChildSpec(i, Worker) for i in "abcd"], strategy="rest_for_one", name="s")
+@pytest.mark.parametrize("worker", WORKERS)
+def test_rest_for_one_restarts_the_failed_child_and_those_started_after_it(
+    system: ActorSystem, worker: type[Actor]
+) -> None:
+    sup = Supervisor.start([ChildSpec(i, worker) for i in "abcd"], strategy="rest_for_one", name="s")
     before = {c.id: c.ref for c in sup.proxy().which_children().get()}
     JOURNAL.clear()
     crash_and_wait(sup, "b")
@@ -159,9 +170,12 @@ def test_rest_for_one_restarts_the_failed_child_and_those_started_after_it(syste
     assert JOURNAL.of("start") == ["/s/b", "/s/c", "/s/d"]
 
 
-def test_temporary_children_stopped_by_a_group_restart_are_not_restarted(system: ActorSystem) -> None:
+@pytest.mark.parametrize("worker", WORKERS)
+def test_temporary_children_stopped_by_a_group_restart_are_not_restarted(
+    system: ActorSystem, worker: type[Actor]
+) -> None:
     sup = Supervisor.start(
-        [ChildSpec("a", Worker), ChildSpec("t", Worker, restart="temporary"), ChildSpec("c", Worker)],
+        [ChildSpec("a", worker), ChildSpec("t", worker, restart="temporary"), ChildSpec("c", worker)],
         strategy="one_for_all",
         name="s",
     )
@@ -169,10 +183,11 @@ def test_temporary_children_stopped_by_a_group_restart_are_not_restarted(system:
     assert [c.id for c in sup.proxy().which_children().get()] == ["a", "c"]
 
 
+@pytest.mark.parametrize("worker", WORKERS)
 def test_more_than_max_restarts_in_max_seconds_stops_all_children_in_reverse_and_crashes(
-    system: ActorSystem, clock: FakeClock
+    system: ActorSystem, clock: FakeClock, worker: type[Actor]
 ) -> None:
-    sup = Supervisor.start([ChildSpec(i, Worker) for i in "abc"], max_restarts=2, max_seconds=5, name="s")
+    sup = Supervisor.start([ChildSpec(i, worker) for i in "abc"], max_restarts=2, max_seconds=5, name="s")
     crash_and_wait(sup, "b")
     crash_and_wait(sup, "b")
     JOURNAL.clear()
@@ -185,8 +200,11 @@ def test_more_than_max_restarts_in_max_seconds_stops_all_children_in_reverse_and
     assert event.data["max_restarts"] == 2
 
 
-def test_restarts_spread_wider_than_max_seconds_do_not_escalate(system: ActorSystem, clock: FakeClock) -> None:
-    sup = Supervisor.start([ChildSpec("w", Worker)], max_restarts=1, max_seconds=5, name="s")
+@pytest.mark.parametrize("worker", WORKERS)
+def test_restarts_spread_wider_than_max_seconds_do_not_escalate(
+    system: ActorSystem, clock: FakeClock, worker: type[Actor]
+) -> None:
+    sup = Supervisor.start([ChildSpec("w", worker)], max_restarts=1, max_seconds=5, name="s")
     for _ in range(4):
         crash_and_wait(sup, "w")
         clock.now += 6
@@ -194,15 +212,19 @@ def test_restarts_spread_wider_than_max_seconds_do_not_escalate(system: ActorSys
     assert sup.proxy().which_children().get()[0].restarts == 4
 
 
-def test_max_restarts_zero_escalates_on_the_first_crash(system: ActorSystem) -> None:
-    sup = Supervisor.start([ChildSpec("w", Worker)], max_restarts=0, name="s")
+@pytest.mark.parametrize("worker", WORKERS)
+def test_max_restarts_zero_escalates_on_the_first_crash(system: ActorSystem, worker: type[Actor]) -> None:
+    sup = Supervisor.start([ChildSpec("w", worker)], max_restarts=0, name="s")
     child_ref(sup, "w").tell("crash")  # type: ignore[union-attr]
     assert isinstance(sup.exited().get(timeout=5).error, RestartIntensityError)
 
 
-def test_an_escalation_is_handled_by_the_supervisors_own_supervisor(system: ActorSystem, clock: FakeClock) -> None:
-    inner = ChildSpec("inner", Supervisor, kwargs={"children": [ChildSpec("w", Worker)], "max_restarts": 0})
-    top = Supervisor.start([inner, ChildSpec("other", Worker)], max_restarts=5, name="top")
+@pytest.mark.parametrize("worker", WORKERS)
+def test_an_escalation_is_handled_by_the_supervisors_own_supervisor(
+    system: ActorSystem, clock: FakeClock, worker: type[Actor]
+) -> None:
+    inner = ChildSpec("inner", Supervisor, kwargs={"children": [ChildSpec("w", worker)], "max_restarts": 0})
+    top = Supervisor.start([inner, ChildSpec("other", worker)], max_restarts=5, name="top")
     other = child_ref(top, "other")
     inner_ref = child_ref(top, "inner")
     assert inner_ref is not None
@@ -213,6 +235,8 @@ def test_an_escalation_is_handled_by_the_supervisors_own_supervisor(system: Acto
     assert child_ref(new_inner, "w") is not None
     assert child_ref(top, "other") is other
     assert system.whereis("/top/inner/w") is not None
+    escalations = {c.id: c.escalations for c in top.proxy().which_children().get(timeout=5)}
+    assert escalations == {"inner": 1, "other": 0}  # kept across the restart, for `weald tree`
 
 
 class Stubborn(Actor):
@@ -242,8 +266,9 @@ def test_a_child_that_outlasts_its_shutdown_time_is_killed_and_reported(
     release.set()
 
 
-def test_backoff_delays_each_restart_longer(system: ActorSystem) -> None:
-    spec = ChildSpec("w", Worker, backoff=Backoff(initial=0.05, factor=2.0, cap=1.0))
+@pytest.mark.parametrize("worker", WORKERS)
+def test_backoff_delays_each_restart_longer(system: ActorSystem, worker: type[Actor]) -> None:
+    spec = ChildSpec("w", worker, backoff=Backoff(initial=0.05, factor=2.0, cap=1.0))
     sup = Supervisor.start([spec], name="s")
     ref = child_ref(sup, "w")
     crashed_at = []
@@ -269,8 +294,9 @@ def test_backoff_grows_by_its_factor_up_to_its_cap() -> None:
     assert Backoff(initial=0.2, cap=0.1).delay(1) == pytest.approx(0.1)  # the cap bounds even the first
 
 
+@pytest.mark.parametrize("worker", WORKERS)
 def test_a_supervisor_waits_exponentially_capped_delays_and_a_child_that_stayed_up_starts_over(
-    system: ActorSystem, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+    system: ActorSystem, clock: FakeClock, monkeypatch: pytest.MonkeyPatch, worker: type[Actor]
 ) -> None:
     chosen: list[float] = []
     real_delay = Backoff.delay
@@ -282,7 +308,7 @@ def test_a_supervisor_waits_exponentially_capped_delays_and_a_child_that_stayed_
 
     monkeypatch.setattr(Backoff, "delay", recording_delay)
     backoff = Backoff(initial=0.05, factor=4.0, cap=0.5, reset_after=60.0)
-    sup = Supervisor.start([ChildSpec("w", Worker, backoff=backoff)], max_restarts=10, name="s")
+    sup = Supervisor.start([ChildSpec("w", worker, backoff=backoff)], max_restarts=10, name="s")
     waited = []
     for uptime in (0, 0, 0, 0, 61, 59):
         clock.now += uptime  # how long the child stayed up before this crash, on the supervisor's clock
@@ -297,8 +323,9 @@ def test_a_supervisor_waits_exponentially_capped_delays_and_a_child_that_stayed_
     assert all(w >= d * 0.9 for w, d in zip(waited, chosen, strict=True)), waited  # it really waited them
 
 
-def test_a_child_is_restarting_while_its_backoff_runs(system: ActorSystem) -> None:
-    sup = Supervisor.start([ChildSpec("w", Worker, backoff=Backoff(initial=5.0))], name="s")
+@pytest.mark.parametrize("worker", WORKERS)
+def test_a_child_is_restarting_while_its_backoff_runs(system: ActorSystem, worker: type[Actor]) -> None:
+    sup = Supervisor.start([ChildSpec("w", worker, backoff=Backoff(initial=5.0))], name="s")
     child_ref(sup, "w").tell("crash")  # type: ignore[union-attr]
     info = wait_until(lambda: (c := sup.proxy().which_children().get()[0]).status == "restarting" and c)
     assert info.ref is None
@@ -306,10 +333,11 @@ def test_a_child_is_restarting_while_its_backoff_runs(system: ActorSystem) -> No
     assert sup.proxy().which_children().get()[0].status == "stopped"
 
 
-def test_lifecycle_events_are_published(system: ActorSystem) -> None:
-    sup = Supervisor.start([ChildSpec("w", Worker)], name="s")
+@pytest.mark.parametrize("worker", WORKERS)
+def test_lifecycle_events_are_published(system: ActorSystem, worker: type[Actor]) -> None:
+    sup = Supervisor.start([ChildSpec("w", worker)], name="s")
     started = wait_for_event(system.events, "supervisor.child_started", lambda e: e.source == "/s")
-    assert started.data == {"id": "w", "path": "/s/w", "kind": "Worker"}
+    assert started.data == {"id": "w", "path": "/s/w", "kind": worker.__name__}
     crash_and_wait(sup, "w")
     crashed = wait_for_event(system.events, "supervisor.child_crashed", lambda e: e.source == "/s")
     assert crashed.data["exit"] == "crashed"
