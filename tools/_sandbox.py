@@ -17,6 +17,10 @@ symlink that appears after the check makes the call fail; it is never followed.
 A regular file with more than one hard link may be the same inode as a file
 outside the sandbox, which no path check can see; it is refused unless
 ``[tools.files] allow_hardlinks = true``.
+
+A file with no write permission bit for anyone is refused for writing
+(`refuse_read_only`): writes go through rename, and this process may run as
+root, so the mode alone would stop neither.
 """
 
 from __future__ import annotations
@@ -349,9 +353,9 @@ def write_atomic(
         A `WriteOutcome`.
 
     Raises:
-        ToolError: the path leads outside the sandbox, is a directory, has
-            several hard links, changed since ``expect``, or a symlink appeared
-            in its way.
+        ToolError: the path leads outside the sandbox, is a directory, is
+            read-only, has several hard links, changed since ``expect``, or a
+            symlink appeared in its way.
     """
     real = resolve_in_sandbox(ctx, path)
     root, parts = _split(ctx, real)
@@ -426,12 +430,31 @@ def _check_target(
         )
     if st.st_nlink > 1 and not _allow_hardlinks(ctx):
         raise _hardlink_error(ctx, real, st, "write")
+    refuse_read_only(ctx, real, st)
     if expect is not None and (st.st_ino, st.st_size, st.st_mtime_ns) != (
         expect.st_ino,
         expect.st_size,
         expect.st_mtime_ns,
     ):
         raise _changed(ctx, real, "it was modified")
+
+
+def refuse_read_only(ctx: ToolContext, real: Path, st: os.stat_result) -> None:
+    """Refuse to change a file that has no write permission bit for anyone (mode & 0o222 == 0).
+
+    Such a file was made read-only on purpose. Replacing it by rename needs
+    only the directory's permission, and root ignores modes anyway, so the
+    kernel would not stop the write: this check does.
+
+    Raises:
+        ToolError: the file is read-only.
+    """
+    if stat.S_ISREG(st.st_mode) and not st.st_mode & 0o222:
+        shown = display_path(ctx, real)
+        raise ToolError(
+            f"{shown} is read-only (mode {stat.S_IMODE(st.st_mode):o}: no write permission for anyone), so it was "
+            "not changed. Leave it as it is, or ask the user whether it should be made writable.",
+        )
 
 
 def _check_still(

@@ -14,7 +14,8 @@ Two ways in one tool:
 Either way the file must have been read in this session and be unchanged
 since; BOM, line endings, a missing final newline and bytes that are not
 valid UTF-8 survive byte for byte outside the edited text; the write is
-atomic and keeps the file's mode.
+atomic and keeps the file's mode. A read-only file (no write permission bit
+for anyone) is refused, though a rename as root would replace it.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from weald.tools._contract import ToolContext, ToolError, ToolResult, tool
 from weald.tools._fuzzy import STRATEGY_NOTES, adapt_replacement, closest_region, locate
 from weald.tools._hashline import TextFile, format_lines, line_hash, parse_anchor, strip_echoed_tags, to_display
 from weald.tools._ledger import session_ledger
-from weald.tools._sandbox import path_subject, write_atomic
+from weald.tools._sandbox import path_subject, refuse_read_only, write_atomic
 from weald.tools.read_file import read_text
 
 __all__ = ["edit_file"]
@@ -148,8 +149,8 @@ def edit_file(
         ``path``, ``diff``, ``lines_added`` and ``lines_removed``.
 
     Raises:
-        ToolError: bad argument combinations, an unread or changed file, a
-            stale anchor, text that matches nowhere or ambiguously.
+        ToolError: bad argument combinations, an unread, changed or read-only
+            file, a stale anchor, text that matches nowhere or ambiguously.
     """
     anchored = _check_arguments(
         start=start,
@@ -160,6 +161,7 @@ def edit_file(
         replace_all=replace_all,
     )
     real, shown, data, st = read_text(ctx, path, purpose="edit_file edits")
+    refuse_read_only(ctx, real, st)
     ledger = session_ledger(ctx)
     if ledger is not None:
         ledger.check_fresh(real, data=data, st=st, name=shown)

@@ -1,9 +1,12 @@
 """The ``fetch`` tool: read a web page or other text resource over HTTP(S).
 
 One GET with httpx on the trio loop, under a trio deadline covering the
-whole exchange; redirects are followed (up to `MAX_REDIRECTS`). The body is
-read as a stream and reading stops at ``max_bytes``: a huge or endless
-response costs no more than the cap (compressed bodies count decompressed).
+whole exchange. Redirects on the same origin (scheme, host and port) are
+followed, up to `MAX_REDIRECTS`; a redirect to another origin is not: the
+result names the target and asks for a new call, so the permission given
+for one URL never carries over to another host. The body is read as a
+stream and reading stops at ``max_bytes``: a huge or endless response costs
+no more than the cap (compressed bodies count decompressed).
 
 What comes back depends on the content type: HTML is reduced to readable
 text (`weald.tools._html`), JSON is pretty-printed, other text is returned
@@ -110,7 +113,8 @@ _PARAMETERS = {
 _DESCRIPTION = (
     "Fetch a URL (http or https, GET) and return its content as text: web pages reduced to readable text "
     "(headings, paragraphs, lists, code blocks, links as 'text (url)'), JSON pretty-printed, other text as is. "
-    "Follows redirects. Binary content (images, PDFs, archives) is refused. Reads at most max_bytes of the "
+    "Follows redirects on the same host; a redirect to another host is reported, not followed: call fetch "
+    "again with the URL it names. Binary content (images, PDFs, archives) is refused. Reads at most max_bytes of the "
     "body (default 5 MiB)."
 )
 
@@ -148,14 +152,6 @@ async def fetch(
     with trio.move_on_after(own_deadline(timeout)):
         try:
             return await _get(target, max_bytes=max_bytes, timeout=timeout)
-        except httpx.TooManyRedirects as exc:
-            raise ToolError(
-                f"{url} redirected more than {MAX_REDIRECTS} times (a redirect loop?). Check the URL.",
-            ) from exc
-        except httpx.UnsupportedProtocol as exc:
-            raise ToolError(
-                f"{url} redirected to a URL that is not http or https ({exc}); fetch cannot follow it."
-            ) from exc
         except httpx.TimeoutException as exc:
             raise _timeout_error(url, timeout) from exc
         except httpx.ConnectError as exc:
@@ -195,32 +191,72 @@ def _check_url(url: str) -> httpx.URL:
     return target
 
 
+def _origin(url: httpx.URL) -> tuple[str, str, int | None]:
+    """Scheme, host and port (the scheme's default port when the URL names none)."""
+    port = url.port if url.port is not None else {"http": 80, "https": 443}.get(url.scheme)
+    return url.scheme, url.host, port
+
+
 async def _get(target: httpx.URL, *, max_bytes: int, timeout: float) -> ToolResult:
-    async with (
-        httpx.AsyncClient(
-            follow_redirects=True,
-            max_redirects=MAX_REDIRECTS,
-            timeout=httpx.Timeout(timeout),
-            headers={"User-Agent": _USER_AGENT, "Accept": _ACCEPT},
-        ) as client,
-        client.stream("GET", target) as response,
-    ):
-        content_type = response.headers.get("content-type", "")
-        media = content_type.split(";")[0].strip().lower()
-        final = str(response.url)
-        if response.status_code >= 400:
-            body, _ = await _read(response, min(max_bytes, _ERROR_BODY))
-            return _error_result(response, media, body)
-        if _is_binary_type(media):
-            length = response.headers.get("content-length")
-            size = f", {int(length):,} bytes" if length and length.isdigit() else ""
-            return ToolResult.error(
-                f"{final} is binary content ({media}{size}); fetch returns text only. "
-                "To download the file, use shell (e.g. curl -L -o NAME URL).",
-                data={"url": final, "status": response.status_code, "content_type": media},
-            )
-        body, truncated = await _read(response, max_bytes)
-        return _success_result(response, media, body, truncated=truncated, requested=str(target))
+    """GET ``target``, following redirects while they stay on its origin.
+
+    httpx follows none itself: each hop is checked here first, so a redirect
+    to another origin, or to a scheme other than http(s), is never requested.
+    """
+    async with httpx.AsyncClient(
+        follow_redirects=False,
+        timeout=httpx.Timeout(timeout),
+        headers={"User-Agent": _USER_AGENT, "Accept": _ACCEPT},
+    ) as client:
+        request = client.build_request("GET", target)
+        for _ in range(MAX_REDIRECTS + 1):
+            response = await client.send(request, stream=True)
+            try:
+                hop = response.next_request
+                if hop is None:
+                    return await _respond(response, target, max_bytes=max_bytes)
+                if hop.url.scheme not in ("http", "https"):
+                    raise ToolError(
+                        f"{target} redirected to a URL that is not http or https ({hop.url}); fetch cannot follow it.",
+                    )
+                if _origin(hop.url) != _origin(target):
+                    return _other_host_result(response, target, hop.url)
+                request = hop
+            finally:
+                await response.aclose()
+    raise ToolError(f"{target} redirected more than {MAX_REDIRECTS} times (a redirect loop?). Check the URL.")
+
+
+def _other_host_result(response: httpx.Response, requested: httpx.URL, location: httpx.URL) -> ToolResult:
+    """The answer to a redirect off the requested origin: where it leads, and how to go there."""
+    status = f"{response.status_code} {response.reason_phrase}"
+    via = "" if response.url == requested else f" (by way of {response.url})"
+    return ToolResult.success(
+        f"{requested} redirects to a different host (or scheme or port){via}: {status} to {location}\n"
+        "The redirect was not followed: permission to fetch one URL does not extend to another host. "
+        f"To read it, call fetch again with url={str(location)!r}.",
+        data={"url": str(requested), "status": response.status_code, "redirect": str(location)},
+    )
+
+
+async def _respond(response: httpx.Response, target: httpx.URL, *, max_bytes: int) -> ToolResult:
+    """The result for the final (non-redirect) response."""
+    content_type = response.headers.get("content-type", "")
+    media = content_type.split(";")[0].strip().lower()
+    final = str(response.url)
+    if response.status_code >= 400:
+        body, _ = await _read(response, min(max_bytes, _ERROR_BODY))
+        return _error_result(response, media, body)
+    if _is_binary_type(media):
+        length = response.headers.get("content-length")
+        size = f", {int(length):,} bytes" if length and length.isdigit() else ""
+        return ToolResult.error(
+            f"{final} is binary content ({media}{size}); fetch returns text only. "
+            "To download the file, use shell (e.g. curl -L -o NAME URL).",
+            data={"url": final, "status": response.status_code, "content_type": media},
+        )
+    body, truncated = await _read(response, max_bytes)
+    return _success_result(response, media, body, truncated=truncated, requested=str(target))
 
 
 async def _read(response: httpx.Response, limit: int) -> tuple[bytes, bool]:

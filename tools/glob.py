@@ -10,6 +10,15 @@ Patterns follow ``.gitignore`` conventions: one without a ``/`` matches file
 names at any depth (``*.py``); one with a ``/`` matches the path from the
 searched directory (``src/**/*.ts``, ``/setup.py``); ``**`` spans
 directories, ``*`` and ``?`` stay within one, ``[abc]`` and ``{a,b}`` work.
+
+A pattern may also start from a directory elsewhere in the sandbox: an
+absolute path (``/home/me/project/src/*.py``) or one with ``..`` before its
+wildcards (``../lib/*.py`` with ``path='src'``). Its leading directories
+are then resolved as any file tool's path, so one outside the sandbox is
+refused with the sandbox's message instead of silently matching nothing,
+and the rest is matched from there. A leading ``/`` stays the ``.gitignore``
+anchor (``/setup.py``) unless the path's first name exists at the file
+system's root and not in the searched directory.
 """
 
 from __future__ import annotations
@@ -24,7 +33,7 @@ import attrs
 import trio
 from weald.tools._contract import ToolContext, ToolError, ToolResult, tool
 from weald.tools._process import RIPGREP_FILTERS, find_ripgrep, open_group_process
-from weald.tools._sandbox import display_path, pinned_directory
+from weald.tools._sandbox import display_path, pinned_directory, sandbox_roots
 
 __all__ = ["MAX_FILES", "PathPattern", "glob"]
 
@@ -45,7 +54,8 @@ _PARAMETERS = {
             "minLength": 1,
             "description": (
                 "Glob for the files to list. Without '/', matches file names at any depth ('*.py', "
-                "'test_*.{py,pyi}'); with '/', the path from `path` ('src/**/*.ts', '/setup.py' for the top only)."
+                "'test_*.{py,pyi}'); with '/', the path from `path` ('src/**/*.ts', '/setup.py' for the top only). "
+                "An absolute path inside the working directory works too."
             ),
         },
         "path": {
@@ -287,11 +297,11 @@ async def list_files(
 @tool(name="glob", description=_DESCRIPTION, parameters=_PARAMETERS, permission="allow", timeout=10.0, kind="read")
 async def glob(ctx: ToolContext, *, pattern: str, path: str = ".") -> ToolResult:
     """List files matching ``pattern`` under ``path``, newest first."""
-    compiled = PathPattern.compile(pattern)
-    root = ctx.resolve_path(path, must_exist=True)
+    root, relative = rebase(ctx, ctx.resolve_path(path, must_exist=True), pattern)
+    compiled = PathPattern.compile(relative)
     if not root.is_dir():
         raise ToolError(
-            f"{path} is a file, not a directory; glob lists the files in a directory. "
+            f"{display_path(ctx, root)} is a file, not a directory; glob lists the files in a directory. "
             "Give its directory as path, or use read_file to read it.",
         )
     # Listed from the directory held open, not by its name: one swapped for a
@@ -315,6 +325,56 @@ async def glob(ctx: ToolContext, *, pattern: str, path: str = ".") -> ToolResult
     if errors:
         lines.append(f"[some files could not be listed: {_first_lines(errors, 3)}]")
     return ToolResult.success("\n".join(lines), data={"files": shown, "total": total})
+
+
+_WILDCARDS = frozenset("*?[{\\")
+
+
+def rebase(ctx: ToolContext, root: Path, pattern: str) -> tuple[Path, str]:
+    """The directory to search and the pattern to match there, for a pattern that names its own start.
+
+    An absolute pattern, or one with ``..`` among its leading directories,
+    starts from those directories (checked as a file tool's path is) and
+    matches the rest, anchored, from there. Any other pattern is returned
+    as it is, with ``root``.
+
+    Raises:
+        ToolError: the leading directories lead outside the sandbox or do not
+            exist, or a ``..`` follows a wildcard.
+    """
+    text = pattern.strip()
+    parts = text.split("/")
+    if not (_is_absolute(ctx, root, parts) or ".." in parts):
+        return root, pattern
+    literal = 0
+    while literal < len(parts) - 1 and not _WILDCARDS.intersection(parts[literal]):
+        literal += 1
+    if ".." in parts[literal:]:
+        raise ToolError(
+            f"the pattern {pattern!r} has '..' after a wildcard, which no listed path contains. "
+            "Put the directories first (e.g. '../lib/*.py'), or give the directory as path.",
+        )
+    if parts[0] == "":  # absolute: the leading directories are a path of their own
+        leading = "/".join(parts[:literal]) or "/"
+    else:
+        shown = display_path(ctx, root)
+        leading = "/".join(parts[:literal]) if shown == "." else "/".join([shown, *parts[:literal]])
+    return ctx.resolve_path(leading, must_exist=True), "/" + "/".join(parts[literal:])
+
+
+def _is_absolute(ctx: ToolContext, root: Path, parts: list[str]) -> bool:
+    """True if a pattern split on ``/`` is an absolute path rather than one anchored at ``root``.
+
+    The two read alike ('/setup.py'). It is a path when it starts inside the
+    sandbox, or when its first name exists at the file system's root and not
+    in the searched directory.
+    """
+    if len(parts) < 2 or parts[0] != "" or not parts[1] or _WILDCARDS.intersection(parts[1]):
+        return False
+    leading = Path("/", *(part for part in parts[:-1] if part))
+    if any(leading == r or leading.is_relative_to(r) for r in sandbox_roots(ctx)):
+        return True
+    return os.path.lexists("/" + parts[1]) and not os.path.lexists(root / parts[1])
 
 
 def _first_lines(text: str, n: int) -> str:

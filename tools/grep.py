@@ -8,7 +8,8 @@ files are skipped.
 
 Each line found is shown as ``path:N:hh|line``, context lines as
 ``path-N-hh|line``: ``N:hh`` is the anchor read_file shows for that line, so
-an edit can follow a search directly.
+an edit can follow a search directly. With ``multiline`` a match may span
+lines (its pattern matches a line end); each of its lines is shown as a match.
 
 Once ``max_results`` matching lines are collected, the rest of ripgrep's
 output is no longer decoded, only its closing summary, which gives the
@@ -90,6 +91,14 @@ _PARAMETERS = {
         "fixed_strings": {
             "type": "boolean",
             "description": "Treat pattern as literal text, not a regular expression (default false).",
+        },
+        "multiline": {
+            "type": "boolean",
+            "description": (
+                "Let a match span lines (default false): needed for a pattern with '\\n', e.g. 'def a\\(\\n'. "
+                "Every line of a match is shown. '.' still stops at a line end; start the pattern with '(?s)' "
+                "to let it cross lines too."
+            ),
         },
     },
     "required": ["pattern"],
@@ -250,7 +259,9 @@ class _Collector:
             return
         number = message.data.line_number or 0
         if isinstance(message, _Match):
-            self.counted += 1
+            # A multiline match carries all its lines in one message: each is a matching line.
+            lines = message.data.lines.decode().splitlines(keepends=True) or [""]
+            self.counted += len(lines)
             if not self._file_counted:
                 self._file_counted = True
                 self.counted_files += 1
@@ -258,10 +269,11 @@ class _Collector:
                 self._current = None
                 self.skipping = True
                 return
-            self.shown += 1
-            file.matches += 1
-            file.lines.append((True, number, message.data.lines.decode()))
-            self._last_match = number
+            self.shown += len(lines)
+            file.matches += len(lines)
+            for offset, line in enumerate(lines):
+                file.lines.append((True, number + offset, line))
+            self._last_match = number + len(lines) - 1
             self.files[file.path] = file
             return
         # A context line: once the limit is reached, only the after-context of the last match shown.
@@ -423,6 +435,7 @@ async def grep(
     max_results: int = 100,
     case_insensitive: bool = False,
     fixed_strings: bool = False,
+    multiline: bool = False,
 ) -> ToolResult:
     """Search the files under ``path`` for ``pattern``."""
     rg = find_ripgrep()
@@ -438,6 +451,7 @@ async def grep(
         max_results=max_results,
         case_insensitive=case_insensitive,
         fixed_strings=fixed_strings,
+        multiline=multiline,
     )
     with contextlib.ExitStack() as held:
         # rg never reaches the target by name: a directory is held open by an
@@ -468,6 +482,7 @@ async def _grep(
     max_results: int,
     case_insensitive: bool,
     fixed_strings: bool,
+    multiline: bool,
 ) -> ToolResult:
     """Run the search (``operand`` under ``cwd``) and format its result for ``target``."""
     rename = {} if operand == "." else {operand: target.name}
@@ -476,6 +491,8 @@ async def _grep(
         search.append("--ignore-case")
     if fixed_strings:
         search.append("--fixed-strings")
+    if multiline:
+        search.append("--multiline")
     path_filter = None
     if include is not None and operand == ".":
         included = PathPattern.compile(include)
@@ -537,6 +554,12 @@ async def _grep(
 
 def _rg_failure(pattern: str, include: str | None, errors: str) -> ToolError:
     detail = errors or "ripgrep failed without a message"
+    if "--multiline" in detail:
+        # ripgrep's advice names its command-line flag, which the model cannot pass.
+        return ToolError(
+            f"the pattern {pattern!r} matches a line end ('\\n'), which needs multiline mode: call grep again "
+            "with the same pattern and multiline: true. (Or drop the '\\n' to search single lines.)",
+        )
     if "regex" in detail.lower() and "error" in detail.lower():
         return ToolError(
             f"invalid regular expression {pattern!r}:\n{detail}\n"

@@ -9,7 +9,7 @@ from typing import Any
 from weald.tools._contract import ToolContext, ToolError, ToolResult, tool
 from weald.tools._hashline import UTF8_BOM, TextFile, strip_echoed_tags
 from weald.tools._ledger import session_ledger
-from weald.tools._sandbox import display_path, path_subject, resolve_in_sandbox, write_atomic
+from weald.tools._sandbox import display_path, path_subject, refuse_read_only, resolve_in_sandbox, write_atomic
 from weald.tools.read_file import read_text
 
 __all__ = ["write_file"]
@@ -64,7 +64,8 @@ def write_file(ctx: ToolContext, path: str, content: str) -> ToolResult:
 
     Raises:
         ToolError: the path leads outside the sandbox or is a directory, or the
-            file exists and this session has not read it or it changed since.
+            file exists and is read-only, or this session has not read it or it
+            changed since.
     """
     real = resolve_in_sandbox(ctx, path)
     shown = display_path(ctx, real)
@@ -77,6 +78,7 @@ def write_file(ctx: ToolContext, path: str, content: str) -> ToolResult:
         notes.append("The 'N:hh|' prefixes copied from read_file output were removed from the content.")
     if os.path.lexists(real):
         _, _, old_data, expect = read_text(ctx, path, purpose="write_file replaces")
+        refuse_read_only(ctx, real, expect)
         if ledger is not None:
             ledger.check_fresh(real, data=old_data, st=expect, name=shown)
         old = TextFile.decode(old_data)

@@ -519,6 +519,30 @@ def test_the_mode_is_kept_and_no_temporary_file_is_left(
     assert sorted(p.name for p in project.iterdir()) == ["run.sh"]
 
 
+@pytest.mark.parametrize("mode", [0o444, 0o400, 0o555], ids=oct)
+def test_a_read_only_file_is_refused_though_root_could_replace_it(
+    call: Call,
+    write_and_read: Callable[[str, bytes], Path],
+    project: Path,
+    mode: int,
+) -> None:
+    path = write_and_read("pkg/locked.py", CODE)
+    path.chmod(mode)
+    result = call(edit_file, path="pkg/locked.py", old_string="a = 1", new_string="a = 10")
+    assert not result.ok
+    assert result.output == (
+        f"pkg/locked.py is read-only (mode {mode:o}: no write permission for anyone), so it was not changed. "
+        "Leave it as it is, or ask the user whether it should be made writable."
+    )
+    assert path.read_bytes() == CODE
+    assert stat.S_IMODE(path.stat().st_mode) == mode
+    assert sorted(p.name for p in path.parent.iterdir()) == ["locked.py"]
+    # Writable by anyone at all is enough: the bits are the owner's call, not this tool's.
+    path.chmod(0o464)
+    assert call(edit_file, path="pkg/locked.py", old_string="a = 1", new_string="a = 10").ok
+    assert stat.S_IMODE(path.stat().st_mode) == 0o464
+
+
 def test_binary_files_are_refused(call: Call, project: Path) -> None:
     (project / "x.bin").write_bytes(b"\x00\x01\x02")
     result = call(edit_file, path="x.bin", old_string="a", new_string="b")

@@ -69,6 +69,17 @@ class Handler(BaseHTTPRequestHandler):
             self.send(200, "text/plain; charset=utf-8", b"just text\nline two\n")
         elif path == "/redirect":
             self.send(302, "text/plain", b"moved", Location="/page.html")
+        elif path == "/other-host":
+            # The same server under another name: a different host all the same.
+            port = self.server.server_address[1]
+            self.send(302, "text/plain", b"moved", Location=f"http://localhost:{port}/page.html")
+        elif path == "/hop-then-other-host":
+            self.send(301, "text/plain", b"moved", Location="/other-host")
+        elif path == "/same-host-absolute":
+            port = self.server.server_address[1]
+            self.send(307, "text/plain", b"moved", Location=f"http://127.0.0.1:{port}/plain.txt")
+        elif path == "/to-ftp":
+            self.send(302, "text/plain", b"moved", Location="ftp://example.com/file.txt")
         elif path == "/loop":
             self.send(302, "text/plain", b"again", Location="/loop")
         elif path == "/missing":
@@ -171,6 +182,46 @@ async def test_redirects_are_followed_and_reported(ctx: ToolContext, server: str
     loop = await get(ctx, url=f"{server}/loop")
     assert not loop.ok
     assert "redirected more than 10 times" in loop.output
+
+
+@pytest.mark.trio
+async def test_a_redirect_to_the_same_host_by_absolute_url_is_followed(ctx: ToolContext, server: str) -> None:
+    result = await get(ctx, url=f"{server}/same-host-absolute")
+    assert result.ok
+    assert result.output.startswith(f"{server}/plain.txt (200 OK")
+    assert result.output.endswith("just text\nline two\n")
+
+
+@pytest.mark.trio
+async def test_a_redirect_to_another_host_is_not_followed_but_named_for_a_new_call(
+    ctx: ToolContext, server: str
+) -> None:
+    port = server.rpartition(":")[2]
+    target = f"http://localhost:{port}/page.html"
+    result = await get(ctx, url=f"{server}/other-host")
+    assert result.output == (
+        f"{server}/other-host redirects to a different host (or scheme or port): 302 Found to {target}\n"
+        "The redirect was not followed: permission to fetch one URL does not extend to another host. "
+        f"To read it, call fetch again with url='{target}'."
+    )
+    assert result.data == {"url": f"{server}/other-host", "status": 302, "redirect": target}
+    # Same-host hops before it are followed, and named.
+    hopped = await get(ctx, url=f"{server}/hop-then-other-host")
+    assert hopped.output.startswith(
+        f"{server}/hop-then-other-host redirects to a different host (or scheme or port) "
+        f"(by way of {server}/other-host): 302 Found to {target}\n",
+    )
+    assert "Main title" not in hopped.output
+
+
+@pytest.mark.trio
+async def test_a_redirect_to_a_url_that_is_not_http_is_refused(ctx: ToolContext, server: str) -> None:
+    result = await get(ctx, url=f"{server}/to-ftp")
+    assert not result.ok
+    assert result.output == (
+        f"{server}/to-ftp redirected to a URL that is not http or https (ftp://example.com/file.txt); "
+        "fetch cannot follow it."
+    )
 
 
 @pytest.mark.trio

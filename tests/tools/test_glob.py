@@ -124,6 +124,65 @@ async def test_bad_paths_and_patterns_get_clear_errors(ctx: ToolContext) -> None
     assert "malformed" in malformed.output
 
 
+@pytest.mark.trio
+@pytest.mark.parametrize("pattern", ["/etc/*", "/etc/**/passwd"])
+async def test_an_absolute_pattern_outside_the_sandbox_is_refused_not_reported_empty(
+    ctx: ToolContext, tree: Path, pattern: str
+) -> None:
+    result = await find(ctx, pattern=pattern)
+    assert not result.ok
+    assert result.output == (
+        "/etc is outside the sandbox (/etc). File tools may only touch files under the working directory "
+        f"{tree}. Use a path inside it, relative to the working directory."
+    )
+
+
+@pytest.mark.trio
+async def test_a_pattern_whose_dotdot_leaves_the_sandbox_is_refused(ctx: ToolContext, tree: Path) -> None:
+    up = await find(ctx, pattern="../*")
+    assert not up.ok
+    assert up.output == (
+        f".. is outside the sandbox: its '..' components lead to {tree.parent}. File tools may only touch files "
+        f"under the working directory {tree}. Use a path inside it, relative to the working directory."
+    )
+    # Through an absolute path, or from a subdirectory, all the same.
+    for pattern, path in ((f"{tree}/../outside/*", "."), ("../../*.py", "src")):
+        result = await find(ctx, pattern=pattern, path=path)
+        assert not result.ok
+        assert "is outside the sandbox: its '..' components lead to" in result.output
+
+
+@pytest.mark.trio
+async def test_a_dotdot_after_a_wildcard_is_refused_with_advice(ctx: ToolContext) -> None:
+    result = await find(ctx, pattern="src/*/../*.py")
+    assert not result.ok
+    assert result.output == (
+        "the pattern 'src/*/../*.py' has '..' after a wildcard, which no listed path contains. "
+        "Put the directories first (e.g. '../lib/*.py'), or give the directory as path."
+    )
+
+
+@pytest.mark.trio
+async def test_an_absolute_or_dotdot_pattern_inside_the_sandbox_is_matched_from_its_directory(
+    ctx: ToolContext, tree: Path, tmp_path: Path
+) -> None:
+    assert (await find(ctx, pattern=f"{tree}/*.py")).data["files"] == ["setup.py"]
+    assert (await find(ctx, pattern=f"{tree}/src/**/*.ts")).data["files"] == ["src/web/app.ts"]
+    assert (await find(ctx, pattern="../*.py", path="src")).data["files"] == ["setup.py"]
+    assert (await find(ctx, pattern="src/../src/*.py")).data["files"] == ["src/main.py", "src/util.py"]
+    # The '.gitignore' anchor keeps its meaning: 'src' is not a directory at the file system's root.
+    assert (await find(ctx, pattern="/src/*.py")).data["files"] == ["src/main.py", "src/util.py"]
+    # An allowed directory outside the working directory is listed by its absolute paths.
+    extra = tmp_path / "extra"
+    touch(extra / "notes.txt", 1)
+    allowed = ToolContext(working_dir=tree, allowed_dirs=(extra,), session=SessionServices(output_dir=tmp_path / "o"))
+    result = await find(allowed, pattern=f"{extra}/*.txt")
+    assert result.output.splitlines() == [
+        f"1 file matches '{extra}/*.txt' in {extra}, newest first:",
+        f"{extra}/notes.txt",
+    ]
+
+
 @pytest.mark.parametrize(
     ("pattern", "path", "expected"),
     [

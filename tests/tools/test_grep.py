@@ -185,6 +185,37 @@ async def test_an_invalid_regex_gets_a_message_that_says_how_to_fix_it(ctx: Tool
 
 
 @pytest.mark.trio
+async def test_a_pattern_with_a_line_end_asks_for_multiline_not_a_ripgrep_flag(ctx: ToolContext) -> None:
+    result = await search(ctx, pattern=r"def main\(\):\n")
+    assert not result.ok
+    assert result.output == (
+        r"the pattern 'def main\\(\\):\\n' matches a line end ('\n'), which needs multiline "
+        r"mode: call grep again with the same pattern and multiline: true. (Or drop the '\n' to search single lines.)"
+    )
+    assert "--multiline" not in result.output
+
+
+@pytest.mark.trio
+async def test_multiline_matches_span_lines_and_tag_each_one(ctx: ToolContext, tree: Path) -> None:
+    (tree / "calls.py").write_text("x = 1\ndef a(\n    b,\n)\ndef a(c)\ny = 2\n")
+    result = await search(ctx, pattern=r"def a\(\n *b", path="calls.py", multiline=True, context=1)
+    assert result.ok
+    assert result.output.splitlines() == [
+        "Found 2 matching lines in 1 file:",
+        f"calls.py-1-{line_hash('x = 1')}|x = 1",
+        f"calls.py:2:{line_hash('def a(')}|def a(",
+        f"calls.py:3:{line_hash('    b,')}|    b,",
+        f"calls.py-4-{line_hash(')')}|)",
+    ]
+    assert result.data == {"matches": 2, "files": 1, "shown": 2, "truncated": False}
+    # '.' stops at a line end unless the pattern asks otherwise with (?s).
+    plain = await search(ctx, pattern=r"a\(.*c\)", path="calls.py", multiline=True)
+    assert plain.output.splitlines()[1:] == [f"calls.py:5:{line_hash('def a(c)')}|def a(c)"]
+    dotall = await search(ctx, pattern="(?s)x = 1.*b,", path="calls.py", multiline=True)
+    assert [line.split("|")[0].rsplit(":", 2)[1] for line in dotall.output.splitlines()[1:]] == ["1", "2", "3"]
+
+
+@pytest.mark.trio
 async def test_case_insensitive_search(ctx: ToolContext) -> None:
     assert not (await search(ctx, pattern="NEEDLE ONE")).data["matches"]
     assert (await search(ctx, pattern="NEEDLE ONE", case_insensitive=True)).data["matches"] == 1

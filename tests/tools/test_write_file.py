@@ -4,9 +4,11 @@ import stat
 from collections.abc import Callable
 from pathlib import Path
 
-from weald.tools import ToolContext, ToolResult, default_registry
+import pytest
+from weald.tools import ToolContext, ToolError, ToolResult, default_registry
 from weald.tools._hashline import line_hash
 from weald.tools._ledger import ReadLedger
+from weald.tools._sandbox import write_atomic
 from weald.tools.edit_file import edit_file
 from weald.tools.read_file import read_file
 from weald.tools.write_file import write_file
@@ -84,6 +86,33 @@ def test_an_existing_files_mode_is_kept(call: Call, project: Path) -> None:
     call(read_file, path="run.sh")
     assert call(write_file, path="run.sh", content="#!/bin/sh\necho hi\n").ok
     assert stat.S_IMODE(path.stat().st_mode) == 0o700
+
+
+def test_a_read_only_file_is_not_overwritten(call: Call, project: Path) -> None:
+    path = project / "frozen.txt"
+    path.write_bytes(b"keep me\n")
+    path.chmod(0o444)
+    call(read_file, path="frozen.txt")
+    result = call(write_file, path="frozen.txt", content="replaced\n")
+    assert not result.ok
+    assert result.output == (
+        "frozen.txt is read-only (mode 444: no write permission for anyone), so it was not changed. "
+        "Leave it as it is, or ask the user whether it should be made writable."
+    )
+    assert path.read_bytes() == b"keep me\n"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o444
+
+
+def test_the_atomic_writer_itself_refuses_a_file_made_read_only_after_it_was_read(
+    ctx: ToolContext, project: Path
+) -> None:
+    path = project / "late.txt"
+    path.write_bytes(b"old\n")
+    expect = path.stat()
+    path.chmod(0o444)  # changes ctime only: the (inode, size, mtime) check still passes
+    with pytest.raises(ToolError, match=r"^late\.txt is read-only \(mode 444: no write permission for anyone\)"):
+        write_atomic(ctx, "late.txt", b"new\n", expect=expect)
+    assert path.read_bytes() == b"old\n"
 
 
 def test_identical_content_writes_nothing(call: Call, project: Path) -> None:
