@@ -3,10 +3,19 @@
 Two nets:
 
 - values stored under secret-looking keys (``api_key``, ``Authorization``,
-  ``token``, ``password``...) are replaced by ``[redacted]``;
+  ``auth_token``, ``password``...) are replaced by ``[redacted]``;
 - known secret values (registered with `register_secret`, and the values of
-  environment variables whose names look secret, read by `refresh_from_env`)
-  are cut out of every string, wherever they appear.
+  environment variables whose names look secret or that are URLs carrying a
+  password, read by `refresh_from_env`) are cut out of every string,
+  wherever they appear.
+
+A name looks secret when it matches one of the usual spellings
+(``api-key``, ``apikey``, ``access_token``...) or when one of its
+``_``-separated words (case-insensitive, trailing digits ignored) is a
+secret word: ``GITHUB_PAT``, ``GH_TOKEN_2``, ``DB_PASS``, ``CI_JOB_JWT``.
+Whole words, never substrings: ``PATH``, ``KEYBOARD`` and ``PASSTHROUGH``
+are not secret. Environment variables are judged a little more strictly than
+the keys of weald's own data (`is_secret_env_name`).
 """
 
 from __future__ import annotations
@@ -20,6 +29,8 @@ from typing import Any
 __all__ = [
     "REDACTED",
     "is_known_secret",
+    "is_secret_env_name",
+    "is_secret_env_value",
     "is_secret_name",
     "redact",
     "redact_text",
@@ -37,14 +48,70 @@ _SECRET_NAME = re.compile(
 )
 _MIN_SECRET_LEN = 8
 
+# Words that make a compound name secret (``DB_PASS``, ``sentry_dsn``).
+_SECRET_WORDS = frozenset(
+    {
+        "auth",
+        "cookie",
+        "credential",
+        "credentials",
+        "dsn",
+        "jwt",
+        "key",
+        "pass",
+        "passwd",
+        "password",
+        "pat",
+        "secret",
+        "secrets",
+        "token",
+    },
+)
+# A name ending in one of these names where a secret lives, not the secret:
+# ``SSH_AUTH_SOCK`` is the agent's socket path, which git over ssh needs.
+_LOCATION_WORDS = frozenset({"sock", "socket"})
+
+# ``scheme://user:password@host``: a URL that carries a password (user may be empty).
+_URL_WITH_PASSWORD = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/?#@\s:]*:[^/?#@\s]+@")
+
 _lock = threading.Lock()
 _secrets: set[str] = set()
 _pattern: re.Pattern[str] | None = None
 
 
+def _words(name: str) -> list[str]:
+    """The ``_``-separated words of ``name``, lower-cased, trailing digits cut, empty ones dropped."""
+    words = (part.lower().rstrip("0123456789") for part in name.split("_"))
+    return [word for word in words if word]
+
+
 def is_secret_name(name: str) -> bool:
-    """Return True if a key or variable name looks like it holds a secret."""
-    return _SECRET_NAME.search(name) is not None
+    """Return True if a key or variable name looks like it holds a secret.
+
+    A bare word (``key``, ``token``) is not enough on its own: in weald's
+    data it names a field (a memory note's key), not a credential.
+    """
+    if _SECRET_NAME.search(name) is not None:
+        return True
+    words = _words(name)
+    return len(words) > 1 and words[-1] not in _LOCATION_WORDS and not _SECRET_WORDS.isdisjoint(words)
+
+
+def is_secret_env_name(name: str) -> bool:
+    """Return True if an environment variable's name looks like it holds a secret.
+
+    Stricter than `is_secret_name`: a bare ``TOKEN`` or ``PAT`` counts.
+    Session ids and bus addresses (``XDG_SESSION_ID``,
+    ``DBUS_SESSION_BUS_ADDRESS``) and socket paths (``SSH_AUTH_SOCK``) are
+    not secrets and stay.
+    """
+    words = _words(name)
+    return is_secret_name(name) or (len(words) == 1 and words[0] in _SECRET_WORDS)
+
+
+def is_secret_env_value(value: str) -> bool:
+    """Return True if an environment variable's value carries a credential: a URL with a password."""
+    return "://" in value and _URL_WITH_PASSWORD.search(value) is not None
 
 
 def register_secret(value: str) -> None:
@@ -62,10 +129,10 @@ def register_secret(value: str) -> None:
 
 
 def refresh_from_env(environ: Mapping[str, str] | None = None) -> None:
-    """Register the values of secret-looking environment variables."""
+    """Register the values of secret-looking environment variables (by name, or URLs with a password)."""
     env = os.environ if environ is None else environ
     for name, value in env.items():
-        if is_secret_name(name):
+        if is_secret_env_name(name) or is_secret_env_value(value):
             register_secret(value)
 
 
@@ -98,15 +165,21 @@ def is_known_secret(value: str) -> bool:
 def sanitized_env(environ: Mapping[str, str] | None = None, keep: tuple[str, ...] = ()) -> dict[str, str]:
     """Return a copy of the environment without secrets.
 
-    A variable goes if its name looks secret, or if its value is a known
-    secret (a key in a variable named in config, whatever its name).
+    A variable goes if its name looks secret (`is_secret_env_name`), if its
+    value is a URL carrying a password (``postgres://u:pw@db/x``), or if its
+    value is a known secret (a key in a variable named in config, whatever
+    its name).
 
     Args:
         environ: the environment to clean (``os.environ`` by default).
         keep: names to keep even though they look secret.
     """
     env = os.environ if environ is None else environ
-    return {k: v for k, v in env.items() if k in keep or not (is_secret_name(k) or v in _secrets)}
+    return {k: v for k, v in env.items() if k in keep or not _is_secret_variable(k, v)}
+
+
+def _is_secret_variable(name: str, value: str) -> bool:
+    return is_secret_env_name(name) or is_secret_env_value(value) or value in _secrets
 
 
 refresh_from_env()
