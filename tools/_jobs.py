@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import os
 import signal
 import subprocess
 import tempfile
@@ -39,6 +40,8 @@ from weald.tools._process import (
     KILL_WAIT,
     OutputCapture,
     capture_until_exit,
+    marked_processes,
+    new_mark,
     open_group_process,
     signal_group,
     terminate_groups_blocking,
@@ -145,6 +148,7 @@ class _Job:
         "handle",
         "id",
         "kill_requested",
+        "mark",
         "pass_fds",
         "pid",
         "process",
@@ -187,6 +191,9 @@ class _Job:
         self.exit_code: int | None = None
         self.error: str | None = None
         self.kill_requested = False
+        # In the environment of every process the job starts, so that one that
+        # leaves its session (setsid) is still found and stopped with the job.
+        self.mark = new_mark()
         self.started_at = time.time()
         self.ended_at: float | None = None
 
@@ -374,6 +381,7 @@ class JobTable:
                     grace=self._kill_grace,
                     session=True,
                     pass_fds=job.pass_fds,
+                    mark=job.mark,
                 ) as process:
                     job.process = process
                     job.pid = process.pid
@@ -569,6 +577,7 @@ class JobTable:
         terminate_groups_blocking(
             [job.pid for job in jobs if job.pid is not None], grace=self._kill_grace, session=True
         )
+        _kill_escapees(jobs)
         self._cancel_supervisors(jobs)
 
     def close_nowait(self) -> None:
@@ -577,6 +586,7 @@ class JobTable:
         for job in jobs:
             if job.pid is not None:
                 signal_group(job.pid, signal.SIGKILL, session=True)
+        _kill_escapees(jobs)
         self._cancel_supervisors(jobs)
 
     def _cancel_supervisors(self, jobs: list[_Job]) -> None:
@@ -585,3 +595,11 @@ class JobTable:
                 job.token.run_sync_soon(job.scope.cancel)
             if job.handle is not None:
                 job.handle.cancel()
+
+
+def _kill_escapees(jobs: Sequence[_Job]) -> None:
+    """SIGKILL the processes of ``jobs`` that left their session (found by the jobs' marks)."""
+    for job in jobs:
+        for pid in marked_processes(job.mark) or ():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)

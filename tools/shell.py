@@ -7,7 +7,12 @@ as ``output`` events while it runs and come back, interleaved, as the tail
 of the result; when there was more than fits, all of it is in a spool file
 named by ``full_output_path``. When it times out or the call is aborted, its
 whole process group is stopped (SIGTERM, then SIGKILL) before the call ends;
-processes it left running in the background when it exited are stopped too.
+processes it left running in the background when it exited are stopped too,
+including those that left its session (``setsid``): every process the
+command starts carries a mark for the call in its environment
+(``WEALD_SHELL_CALL``), and what carries it is stopped with the group. The
+result says processes were stopped only once none is left; otherwise it
+names the ones that survived.
 
 ``background=true`` starts the command as a job of the session's `JobTable`
 and returns its id at once; ``action`` ``wait``, ``input``, ``kill`` and
@@ -38,7 +43,8 @@ from weald.tools._process import (
     DEFAULT_KILL_GRACE,
     OutputCapture,
     capture_until_exit,
-    group_alive,
+    leftover_processes,
+    new_mark,
     open_group_process,
     own_deadline,
 )
@@ -305,6 +311,7 @@ async def _run_in(
     process: trio.Process | None = None
     timed_out = False
     left_running = False
+    mark = new_mark()
     try:
         async with open_group_process(
             _argv(command),
@@ -314,10 +321,11 @@ async def _run_in(
             grace=grace,
             session=True,
             pass_fds=(fd,),
+            mark=mark,
         ) as process:
             with trio.move_on_after(own_deadline(timeout)) as deadline:
                 held_open = await capture_until_exit(process, capture, drain=_DRAIN_AFTER_EXIT)
-                left_running = held_open or group_alive(process.pid, session=True)
+                left_running = held_open or bool(leftover_processes(process.pid, session=True, mark=mark))
             timed_out = deadline.cancelled_caught
         # Leaving the block stopped whatever was still running: all of it
         # on a timeout, what the command left in the background otherwise.
@@ -330,12 +338,16 @@ async def _run_in(
             await capture.aclose()
     duration = trio.current_time() - started
     assert process is not None
+    # Checked, not assumed: a process stuck in the kernel, or one that
+    # changed its user, outlives even SIGKILL.
+    survivors = leftover_processes(process.pid, session=True, mark=mark) if left_running or timed_out else []
     return _foreground_result(
         capture,
         code=process.returncode,
         timed_out=timed_out,
         timeout=timeout,
         left_running=left_running,
+        survivors=survivors,
         duration=duration,
         limits=limits,
     )
@@ -348,6 +360,7 @@ def _foreground_result(
     timed_out: bool,
     timeout: float,
     left_running: bool,
+    survivors: list[int],
     duration: float,
     limits: _Limits,
 ) -> ToolResult:
@@ -361,9 +374,8 @@ def _foreground_result(
     hints = []
     if timed_out:
         ok = False
-        parts.append(
-            f"\nThe command timed out after {timeout:g} s and was stopped (its whole process group was killed).",
-        )
+        stopped = "its whole process group was killed" if not survivors else "but some of its processes survived"
+        parts.append(f"\nThe command timed out after {timeout:g} s and was stopped ({stopped}).")
         hints.append(
             f"To give it longer, call shell again with a larger timeout (at most {MAX_TIMEOUT:g} s), "
             "or start it with background=true and follow it with action='wait'.",
@@ -372,17 +384,24 @@ def _foreground_result(
         ok = code == 0
         if not ok:
             parts.append(f"\nThe command failed: {_describe_exit(code)}.")
-    if left_running:
+    if survivors:
+        hints.append(
+            f"Processes the command started are still running and could not be stopped: "
+            f"pid {', '.join(map(str, survivors))}. Check them with ps, and stop them if they should not run.",
+        )
+    elif left_running:
         hints.append(
             "The command left processes running in the background; they were stopped when it ended. "
             "Start long-running processes (servers, watchers) with background=true.",
         )
-    data = {
+    data: dict[str, Any] = {
         "exit_code": code,
         "timed_out": timed_out,
         "duration": round(duration, 3),
         "output_bytes": capture.total,
     }
+    if survivors:
+        data["survivors"] = survivors
     result = _result(ok, "\n".join(parts), data=data, hints=hints)
     return attrs.evolve(result, full_output_path=str(spool)) if spool is not None else result
 

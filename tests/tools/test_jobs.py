@@ -199,6 +199,49 @@ async def test_close_nowait_kills_at_once(jobs: JobTable, work: Path) -> None:
     assert jobs.get(job_id).status == "killed"
 
 
+ESCAPE = "setsid sleep 1000 & echo $!; sleep 1000"  # the sleeper leaves the job's session
+
+
+async def _escaped_sleeper(jobs: JobTable, job_id: str) -> int:
+    await jobs.wait_output(job_id, 10, after=0)
+    sleeper = int(jobs.read_nowait(job_id).text.split()[0])
+    pgid = jobs.get(job_id).pid
+    assert pgid is not None
+    # $! is printed before the child has called setsid: wait until it has left.
+    await await_until(lambda: alive(sleeper) and sleeper not in live_members(pgid), message="the sleeper to leave")
+    return sleeper
+
+
+@pytest.mark.trio
+async def test_kill_stops_a_process_that_left_the_jobs_session(jobs: JobTable, work: Path) -> None:
+    job_id = await start(jobs, ESCAPE, work)
+    sleeper = await _escaped_sleeper(jobs, job_id)
+    try:
+        await jobs.kill(job_id)
+        await await_until(lambda: not alive(sleeper), message="the escaped sleeper to be stopped")
+    finally:
+        if alive(sleeper):
+            os.kill(sleeper, 9)
+
+
+@pytest.mark.trio
+@pytest.mark.parametrize("how", ["close", "close_nowait", "aclose"])
+async def test_closing_the_table_stops_processes_that_left_a_jobs_session(jobs: JobTable, work: Path, how: str) -> None:
+    job_id = await start(jobs, ESCAPE, work)
+    sleeper = await _escaped_sleeper(jobs, job_id)
+    try:
+        if how == "close":
+            await trio.to_thread.run_sync(jobs.close)
+        elif how == "close_nowait":
+            jobs.close_nowait()
+        else:
+            await jobs.aclose()
+        await await_until(lambda: not alive(sleeper), message="the escaped sleeper to be stopped")
+    finally:
+        if alive(sleeper):
+            os.kill(sleeper, 9)
+
+
 @pytest.mark.trio
 async def test_a_job_that_cannot_start_is_an_error(jobs: JobTable, work: Path) -> None:
     with pytest.raises(ToolError, match="did not start"):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import tracemalloc
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -311,3 +311,60 @@ async def test_a_command_killed_by_a_signal_says_which(make_ctx: Callable[..., T
     result = await run(make_ctx(), command="kill -SEGV $$")
     assert not result.ok
     assert "SIGSEGV" in result.output
+
+
+@pytest.fixture
+def sleepers() -> Iterator[list[int]]:
+    """Pids a test started; any still running at teardown is killed, so a failing test leaves nothing behind."""
+    pids: list[int] = []
+    yield pids
+    for pid in pids:
+        if alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+LEAVES_THE_SESSION = {
+    "setsid": "setsid sleep 300 & echo $!",
+    "nohup setsid": "nohup setsid sleep 300 >/dev/null 2>&1 & echo $!",
+}
+
+
+@pytest.mark.trio
+@pytest.mark.parametrize("command", LEAVES_THE_SESSION.values(), ids=LEAVES_THE_SESSION.keys())
+async def test_a_process_that_left_the_session_is_stopped_when_the_command_ends(
+    make_ctx: Callable[..., ToolContext], sleepers: list[int], command: str
+) -> None:
+    # `setsid` in a `&` child is not a group leader, so it execs sleep in
+    # place: $! is the sleeper, now in a session of its own.
+    result = await run(make_ctx(), command=command)
+    sleepers.append(int(result.output.split()[-1]))
+    assert result.ok, result.output
+    assert not alive(sleepers[0])
+    assert any("were stopped" in hint for hint in result.hints)
+    assert "survivors" not in result.data
+
+
+@pytest.mark.trio
+async def test_a_process_that_left_the_session_is_stopped_on_a_timeout(
+    make_ctx: Callable[..., ToolContext], sleepers: list[int]
+) -> None:
+    result = await run(make_ctx(), command="setsid sleep 300 >/dev/null 2>&1 & echo $!; sleep 1000", timeout=1)
+    sleepers.append(int(result.output.split()[0]))
+    assert result.data["timed_out"]
+    assert not alive(sleepers[0])
+    assert "whole process group was killed" in result.output
+
+
+@pytest.mark.trio
+async def test_a_process_that_left_the_session_is_stopped_when_the_call_is_aborted(
+    make_ctx: Callable[..., ToolContext], sleepers: list[int]
+) -> None:
+    events: list[dict[str, Any]] = []
+    ctx = make_ctx(emit=lambda kind, data: events.append(dict(data)))
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(run_positional, ctx, "setsid sleep 300 >/dev/null 2>&1 & echo $!; wait")
+        await await_until(lambda: printed_numbers(events), message="the sleeper's pid")
+        sleepers.extend(printed_numbers(events))
+        assert alive(sleepers[0])
+        nursery.cancel_scope.cancel()
+    assert not alive(sleepers[0])
