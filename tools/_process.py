@@ -148,34 +148,46 @@ def own_deadline(timeout: float) -> float:
 # -- process groups ------------------------------------------------------------
 
 
+def _scan_proc(entry: str, accept: Callable[[bytes], bool]) -> list[int] | None:
+    """Pids whose ``/proc/<pid>/<entry>`` content ``accept`` takes; None when /proc cannot be read.
+
+    procfs reads come from kernel memory, never from a disk: they cannot
+    block the trio loop. A process that is gone, or that this user may not
+    read, is skipped.
+    """
+    try:
+        names = os.listdir(_PROC)
+    except OSError:
+        return None
+    found = []
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/{entry}", "rb") as f:
+                content = f.read()
+        except OSError:
+            continue
+        if accept(content):
+            found.append(int(name))
+    return found
+
+
 def _proc_members(pgid: int, *, session: bool) -> list[int] | None:
     """Live members of process group ``pgid`` (and of session ``pgid`` if asked), from /proc.
 
     Returns:
         Their pids, or None when /proc cannot be read (not Linux).
     """
-    try:
-        names = os.listdir(_PROC)
-    except OSError:
-        return None
-    members = []
-    for name in names:
-        if not name.isdigit():
-            continue
-        try:
-            # procfs reads come from kernel memory, never from a disk: they
-            # cannot block the trio loop.
-            with open(f"/proc/{name}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
+
+    def member(stat: bytes) -> bool:
         # "pid (comm) state ppid pgrp session ..."; comm may hold spaces and parens.
         fields = stat.rpartition(b")")[2].split()
         if len(fields) < 4 or fields[0] in (b"Z", b"X"):
-            continue
-        if int(fields[2]) == pgid or (session and int(fields[3]) == pgid):
-            members.append(int(name))
-    return members
+            return False
+        return int(fields[2]) == pgid or (session and int(fields[3]) == pgid)
+
+    return _scan_proc("stat", member)
 
 
 def group_alive(pgid: int, *, session: bool = False) -> bool:
@@ -214,24 +226,8 @@ def marked_processes(mark: str) -> list[int] | None:
     Returns:
         Their pids, or None when /proc cannot be read (not Linux).
     """
-    try:
-        names = os.listdir(_PROC)
-    except OSError:
-        return None
     entry = b"\0" + MARK_VARIABLE.encode() + b"=" + mark.encode() + b"\0"
-    found = []
-    for name in names:
-        if not name.isdigit():
-            continue
-        try:
-            # procfs: kernel memory, never a disk; cannot block the loop.
-            with open(f"/proc/{name}/environ", "rb") as f:
-                environ = f.read()
-        except OSError:
-            continue
-        if entry in b"\0" + environ:
-            found.append(int(name))
-    return found
+    return _scan_proc("environ", lambda environ: entry in b"\0" + environ)
 
 
 def leftover_processes(pgid: int, *, session: bool = False, mark: str | None = None) -> list[int]:
