@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import trio
@@ -15,7 +16,15 @@ from weald.runtime._actor import Actor
 from weald.runtime._events import Event, EventBus
 from weald.runtime.tool_runner import ToolResults
 
-__all__ = ["ResultCollector", "WaitTimeout", "await_until", "wait_for_event", "wait_until"]
+__all__ = [
+    "ResultCollector",
+    "WaitTimeout",
+    "await_until",
+    "live_members",
+    "process_alive",
+    "wait_for_event",
+    "wait_until",
+]
 
 T = TypeVar("T")
 
@@ -127,3 +136,30 @@ class ResultCollector(Actor):
     def result(self, batch_id: str) -> ToolResults | None:
         """The first results of batch ``batch_id``; None while it runs."""
         return next((r for r in self._results if r.batch_id == batch_id), None)
+
+
+def _stat_fields(pid: int | str) -> list[bytes] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command name (state first); None when it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return None
+    return stat.rpartition(b")")[2].split()  # the command name may hold spaces and parens
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (Linux, from /proc): a zombie waiting to be reaped is dead."""
+    fields = _stat_fields(pid)
+    return fields is not None and fields[0] not in (b"Z", b"X")
+
+
+def live_members(pgid: int) -> list[int]:
+    """Live processes in process group ``pgid`` or in session ``pgid`` (Linux, from /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        fields = _stat_fields(entry.name)
+        if fields is not None and fields[0] not in (b"Z", b"X") and pgid in (int(fields[2]), int(fields[3])):
+            found.append(int(entry.name))
+    return found

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 from collections.abc import Iterator
 
 import pytest
 from weald.runtime import ActorSystem
-from weald.runtime.testing import wait_until
+from weald.runtime.testing import process_alive, wait_until
 
 
 def _our_threads() -> set[threading.Thread]:
@@ -27,3 +29,13 @@ def system(tmp_path) -> Iterator[ActorSystem]:
         timeout=10,
         message=lambda: f"threads left behind: {sorted(t.name for t in _our_threads() - before)}",
     )
+
+
+@pytest.fixture
+def sleepers() -> Iterator[list[int]]:
+    """Pids a test started; any still running at teardown is killed, so a failing test leaves nothing behind."""
+    pids: list[int] = []
+    yield pids
+    for pid in pids:
+        if process_alive(pid):
+            os.kill(pid, signal.SIGKILL)

@@ -8,35 +8,13 @@ stop it.
 
 from __future__ import annotations
 
-import os
-import signal
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from sec_runner import RunnerHarness
 from weald.runtime import ActorSystem
-from weald.runtime.testing import wait_until
+from weald.runtime.testing import process_alive, wait_until
 from weald.runtime.tool_runner import RunTools, ToolCallRequest
-
-
-def alive(pid: int) -> bool:
-    """Running, judged from /proc (a zombie waiting for init to reap it is dead)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_bytes().rpartition(b")")[2].split()[0]
-    except OSError:
-        return False
-    return state not in (b"Z", b"X")
-
-
-@pytest.fixture
-def sleepers() -> Iterator[list[int]]:
-    """Pids a test started; any still running at teardown is killed."""
-    pids: list[int] = []
-    yield pids
-    for pid in pids:
-        if alive(pid):
-            os.kill(pid, signal.SIGKILL)
 
 
 @pytest.mark.parametrize(
@@ -54,5 +32,5 @@ def test_a_sleeper_that_left_the_session_does_not_outlive_the_actor_system(
         runner.runner.tell(RunTools("b1", (request,), None, runner.agent, agent_id="sec", agent_path="/agent"))
         wait_until(lambda: pid_file.read_text().strip() if pid_file.exists() else None, message="the sleeper's pid")
         sleepers.append(int(pid_file.read_text()))
-        assert alive(sleepers[0])
-    wait_until(lambda: not alive(sleepers[0]), timeout=15, message="the sleeper to be stopped")
+        assert process_alive(sleepers[0])
+    wait_until(lambda: not process_alive(sleepers[0]), timeout=15, message="the sleeper to be stopped")

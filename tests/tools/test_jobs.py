@@ -9,37 +9,12 @@ from typing import Any
 
 import pytest
 import trio
-from weald.runtime.testing import await_until
+from weald.runtime.testing import await_until, live_members, process_alive
 from weald.tools import SessionServices, ToolConfig, ToolContext, ToolError, ToolResult, invoke
 from weald.tools._jobs import JobTable, nursery_spawner
 from weald.tools.shell import shell
 
 GRACE = 0.3
-
-
-def proc_state(pid: int) -> bytes | None:
-    try:
-        return Path(f"/proc/{pid}/stat").read_bytes().rpartition(b")")[2].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-
-
-def alive(pid: int) -> bool:
-    return proc_state(pid) not in (None, b"Z", b"X")
-
-
-def live_members(pgid: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_bytes().rpartition(b")")[2].split()
-        except OSError:
-            continue
-        if fields[0] not in (b"Z", b"X") and pgid in (int(fields[2]), int(fields[3])):
-            found.append(int(entry.name))
-    return found
 
 
 @pytest.fixture
@@ -123,7 +98,7 @@ async def test_kill_stops_a_job_that_ignores_sigterm_and_its_children(jobs: JobT
     output = await jobs.kill(job_id)
     assert output.job.status == "killed"
     assert output.job.exit_code == -9
-    assert not alive(sleeper)
+    assert not process_alive(sleeper)
     assert live_members(pgid) == []
 
 
@@ -138,7 +113,7 @@ async def test_a_job_outlives_the_task_that_started_it(jobs: JobTable, work: Pat
         caller.start_soon(starter)
     pid = jobs.get(ids[0]).pid
     assert pid is not None
-    assert alive(pid)
+    assert process_alive(pid)
     assert jobs.get(ids[0]).status == "running"
 
 
@@ -208,7 +183,9 @@ async def _escaped_sleeper(jobs: JobTable, job_id: str) -> int:
     pgid = jobs.get(job_id).pid
     assert pgid is not None
     # $! is printed before the child has called setsid: wait until it has left.
-    await await_until(lambda: alive(sleeper) and sleeper not in live_members(pgid), message="the sleeper to leave")
+    await await_until(
+        lambda: process_alive(sleeper) and sleeper not in live_members(pgid), message="the sleeper to leave"
+    )
     return sleeper
 
 
@@ -218,9 +195,9 @@ async def test_kill_stops_a_process_that_left_the_jobs_session(jobs: JobTable, w
     sleeper = await _escaped_sleeper(jobs, job_id)
     try:
         await jobs.kill(job_id)
-        await await_until(lambda: not alive(sleeper), message="the escaped sleeper to be stopped")
+        await await_until(lambda: not process_alive(sleeper), message="the escaped sleeper to be stopped")
     finally:
-        if alive(sleeper):
+        if process_alive(sleeper):
             os.kill(sleeper, 9)
 
 
@@ -236,9 +213,9 @@ async def test_closing_the_table_stops_processes_that_left_a_jobs_session(jobs: 
             jobs.close_nowait()
         else:
             await jobs.aclose()
-        await await_until(lambda: not alive(sleeper), message="the escaped sleeper to be stopped")
+        await await_until(lambda: not process_alive(sleeper), message="the escaped sleeper to be stopped")
     finally:
-        if alive(sleeper):
+        if process_alive(sleeper):
             os.kill(sleeper, 9)
 
 
@@ -277,7 +254,7 @@ async def test_shell_background_returns_a_job_id_at_once(make_ctx: Callable[...,
     assert started.ok
     job_id = started.data["job_id"]
     assert job_id in started.output
-    assert alive(started.data["pid"])
+    assert process_alive(started.data["pid"])
     waited = await call(ctx, action="wait", job_id=job_id, timeout=0.3)
     assert waited.ok
     assert "still running" in waited.output
@@ -288,7 +265,7 @@ async def test_shell_background_returns_a_job_id_at_once(make_ctx: Callable[...,
     killed = await call(ctx, action="kill", job_id=job_id)
     assert killed.ok
     assert "was killed" in killed.output
-    assert not alive(started.data["pid"])
+    assert not process_alive(started.data["pid"])
 
 
 @pytest.mark.trio
@@ -333,7 +310,7 @@ async def test_closing_the_table_kills_jobs_started_by_the_tool(
 ) -> None:
     ctx = make_ctx()
     pids = [(await call(ctx, command="sleep 1000", background=True)).data["pid"] for _ in range(3)]
-    assert all(alive(pid) for pid in pids)
+    assert all(process_alive(pid) for pid in pids)
     await jobs.aclose()
-    assert not any(alive(pid) for pid in pids)
+    assert not any(process_alive(pid) for pid in pids)
     assert os.getpgid(os.getpid())  # this process is untouched

@@ -5,46 +5,18 @@ from __future__ import annotations
 import os
 import signal
 import tracemalloc
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
-from weald.runtime.testing import await_until
+from weald.runtime.testing import await_until, live_members, process_alive
 from weald.tools import SessionServices, ToolConfig, ToolContext, ToolResult, invoke
 from weald.tools.shell import shell
 
 # A short grace between SIGTERM and SIGKILL keeps the tests quick.
 FAST_KILL = {"shell": {"kill_grace": 0.3}}
-
-
-def proc_state(pid: int) -> bytes | None:
-    """The /proc state letter of ``pid``, or None when it is gone."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_bytes().rpartition(b")")[2].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-
-
-def alive(pid: int) -> bool:
-    """Running (a zombie waiting for init to reap it is dead)."""
-    return proc_state(pid) not in (None, b"Z", b"X")
-
-
-def live_members(pgid: int) -> list[int]:
-    """Live processes in process group or session ``pgid``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_bytes().rpartition(b")")[2].split()
-        except OSError:
-            continue
-        if fields[0] not in (b"Z", b"X") and pgid in (int(fields[2]), int(fields[3])):
-            found.append(int(entry.name))
-    return found
 
 
 def group_gone(pgid: int) -> bool:
@@ -177,8 +149,8 @@ async def test_a_command_that_ignores_sigterm_is_killed(make_ctx: Callable[..., 
     result = await run(make_ctx(), command="trap '' TERM; echo $$; sleep 1000 & echo $!; wait", timeout=0.5)
     assert result.data["timed_out"]
     pgid, sleeper = (int(word) for word in result.output.split()[:2])
-    assert not alive(pgid)
-    assert not alive(sleeper)
+    assert not process_alive(pgid)
+    assert not process_alive(sleeper)
     assert result.data["exit_code"] == -signal.SIGKILL
 
 
@@ -205,10 +177,10 @@ async def test_grandchildren_and_processes_that_left_the_group_are_all_killed(
         nursery.start_soon(run_positional, ctx, command)
         await await_until(lambda: len(printed_numbers(events)) == 4, message="four pids printed")
         pids = printed_numbers(events)
-        assert all(alive(pid) for pid in pids)
+        assert all(process_alive(pid) for pid in pids)
         nursery.cancel_scope.cancel()
     pgid = pids[0]
-    assert [pid for pid in pids if alive(pid)] == []
+    assert [pid for pid in pids if process_alive(pid)] == []
     assert live_members(pgid) == []
     # Killed processes linger as zombies until init reaps them.
     await await_until(lambda: group_gone(pgid), timeout=15, message="the process group to be gone")
@@ -219,7 +191,7 @@ async def test_processes_left_in_the_background_are_stopped_with_a_hint(make_ctx
     result = await run(make_ctx(), command="sleep 1000 & echo $!")
     assert result.ok
     sleeper = int(result.output)
-    assert not alive(sleeper)
+    assert not process_alive(sleeper)
     assert any("background=true" in hint for hint in result.hints)
 
 
@@ -313,16 +285,6 @@ async def test_a_command_killed_by_a_signal_says_which(make_ctx: Callable[..., T
     assert "SIGSEGV" in result.output
 
 
-@pytest.fixture
-def sleepers() -> Iterator[list[int]]:
-    """Pids a test started; any still running at teardown is killed, so a failing test leaves nothing behind."""
-    pids: list[int] = []
-    yield pids
-    for pid in pids:
-        if alive(pid):
-            os.kill(pid, signal.SIGKILL)
-
-
 LEAVES_THE_SESSION = {
     "setsid": "setsid sleep 300 & echo $!",
     "nohup setsid": "nohup setsid sleep 300 >/dev/null 2>&1 & echo $!",
@@ -339,7 +301,7 @@ async def test_a_process_that_left_the_session_is_stopped_when_the_command_ends(
     result = await run(make_ctx(), command=command)
     sleepers.append(int(result.output.split()[-1]))
     assert result.ok, result.output
-    assert not alive(sleepers[0])
+    assert not process_alive(sleepers[0])
     assert any("were stopped" in hint for hint in result.hints)
     assert "survivors" not in result.data
 
@@ -351,7 +313,7 @@ async def test_a_process_that_left_the_session_is_stopped_on_a_timeout(
     result = await run(make_ctx(), command="setsid sleep 300 >/dev/null 2>&1 & echo $!; sleep 1000", timeout=1)
     sleepers.append(int(result.output.split()[0]))
     assert result.data["timed_out"]
-    assert not alive(sleepers[0])
+    assert not process_alive(sleepers[0])
     assert "whole process group was killed" in result.output
 
 
@@ -365,6 +327,6 @@ async def test_a_process_that_left_the_session_is_stopped_when_the_call_is_abort
         nursery.start_soon(run_positional, ctx, "setsid sleep 300 >/dev/null 2>&1 & echo $!; wait")
         await await_until(lambda: printed_numbers(events), message="the sleeper's pid")
         sleepers.extend(printed_numbers(events))
-        assert alive(sleepers[0])
+        assert process_alive(sleepers[0])
         nursery.cancel_scope.cancel()
-    assert not alive(sleepers[0])
+    assert not process_alive(sleepers[0])
