@@ -32,7 +32,7 @@ import msgspec
 import trio
 from rich.console import Console
 from rich.table import Table
-from weald.runtime.client import Client
+from weald.runtime.daemon.client import Client
 
 
 def rss_kib(pid: int) -> int:
@@ -56,7 +56,7 @@ class DaemonRun:
 
     def start(self) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "weald.runtime.cli", "serve", "--socket", str(self.socket)],
+            [sys.executable, "-m", "weald.runtime.daemon.cli", "serve", "--socket", str(self.socket)],
             env=self.env,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

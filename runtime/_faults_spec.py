@@ -24,8 +24,9 @@ import attrs
 from cattrs import BaseValidationError
 from cattrs.gen import make_dict_structure_fn, override
 from cattrs.preconf.msgspec import make_converter
-from weald.runtime._config_convert import format_path, problems_from
-from weald.runtime._config_model import (
+from weald.runtime._errors import WealdError
+from weald.runtime.daemon._config_convert import format_path, problems_from
+from weald.runtime.daemon._config_model import (
     CHECK,
     InvalidValue,
     ValueProblem,
@@ -39,7 +40,6 @@ from weald.runtime._config_model import (
     describe_value,
     optional,
 )
-from weald.runtime._errors import WealdError
 
 __all__ = [
     "KINDS",

@@ -11,7 +11,8 @@ PACKAGES = [
     "weald.runtime.llm",
     "weald.runtime.mcp",
     "weald.runtime.faults",
-    "weald.runtime.config",
+    "weald.runtime.daemon",
+    "weald.runtime.daemon.config",
     "weald.supervisors",
     "weald.tools",
 ]

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from weald.runtime.client import Client, DaemonUnavailableError
+from weald.runtime.daemon.client import Client, DaemonUnavailableError
 from weald.runtime.testing import wait_until
 
 
@@ -43,7 +43,7 @@ class DaemonProcess:
         return env
 
     def start(self, *extra: str) -> DaemonProcess:
-        args = [sys.executable, "-m", "weald.runtime.cli", "serve", "--socket", str(self.socket), *extra]
+        args = [sys.executable, "-m", "weald.runtime.daemon.cli", "serve", "--socket", str(self.socket), *extra]
         if self.faults is not None:
             args += ["--faults", str(self.faults)]
         with self.log.open("ab") as log:
@@ -86,7 +86,7 @@ class DaemonProcess:
 
     def cli(self, *args: str, input_text: str | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "weald.runtime.cli", *args],
+            [sys.executable, "-m", "weald.runtime.daemon.cli", *args],
             env=self.env(),
             cwd=self.project,
             capture_output=True,

@@ -16,7 +16,7 @@ from pathlib import Path
 import msgspec
 import pytest
 from daemon_harness import DaemonProcess, collect_until
-from weald.runtime.client import Client, RPCCallError
+from weald.runtime.daemon.client import Client, RPCCallError
 from weald.runtime.testing import wait_until
 
 
@@ -269,7 +269,7 @@ def test_after_kill_9_the_next_start_restores_sessions_and_reports_the_interrupt
 
 def test_a_live_socket_is_refused_and_a_stale_one_replaced(daemon: DaemonProcess) -> None:
     second = subprocess.run(
-        [sys.executable, "-m", "weald.runtime.cli", "serve", "--socket", str(daemon.socket)],
+        [sys.executable, "-m", "weald.runtime.daemon.cli", "serve", "--socket", str(daemon.socket)],
         env=daemon.env(),
         capture_output=True,
         text=True,
@@ -341,7 +341,7 @@ def test_stdio_transport_answers_requests_on_stdout(tmp_path: Path) -> None:
         + b"\n"
     )
     done = subprocess.run(
-        [sys.executable, "-m", "weald.runtime.cli", "serve", "--stdio"],
+        [sys.executable, "-m", "weald.runtime.daemon.cli", "serve", "--stdio"],
         input=requests,
         env=d.env(),
         capture_output=True,
@@ -492,7 +492,7 @@ def test_weald_run_asks_permission_interactively_on_a_terminal(daemon: DaemonPro
     )
     master, slave = pty.openpty()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "weald.runtime.cli", "run", "--model", model, "write it"],
+        [sys.executable, "-m", "weald.runtime.daemon.cli", "run", "--model", model, "write it"],
         stdin=slave,
         stdout=slave,
         stderr=slave,

@@ -8,7 +8,7 @@ from typing import Any
 import msgspec
 import pytest
 from daemon_harness import DaemonProcess, collect_until
-from weald.runtime.client import RPCCallError
+from weald.runtime.daemon.client import RPCCallError
 
 
 def _events(notes: list[tuple[str, Any]], topic: str | None = None) -> list[dict[str, Any]]:

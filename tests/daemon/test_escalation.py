@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from daemon_harness import DaemonProcess
-from weald.runtime.client import Client
+from weald.runtime.daemon.client import Client
 from weald.runtime.testing import wait_until
 
 #: Crash the agent on every tool result: each prompt that calls a tool costs the session one restart.

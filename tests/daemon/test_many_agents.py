@@ -7,9 +7,9 @@ import tempfile
 import threading
 from pathlib import Path
 
-from weald.runtime.client import Client
-from weald.runtime.config import parse_config
-from weald.runtime.daemon import Daemon
+from weald.runtime.daemon.client import Client
+from weald.runtime.daemon.config import parse_config
+from weald.runtime.daemon.tree import Daemon
 
 AGENTS = 1000
 CONNECTIONS = 8

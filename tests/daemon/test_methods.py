@@ -13,7 +13,7 @@ import pytest
 import trio
 from daemon_harness import DaemonProcess
 from llm._server import FakeServer, Reply, sse
-from weald.runtime.client import RPCCallError
+from weald.runtime.daemon.client import RPCCallError
 
 
 class LoopbackModel:

@@ -15,12 +15,12 @@ from typing import Any
 import msgspec
 import pytest
 from daemon_harness import DaemonProcess
-from weald.runtime import server as server_module
-from weald.runtime.client import RPCCallError
+from weald.runtime.daemon import server as server_module
+from weald.runtime.daemon.client import RPCCallError
 
 ROOT = Path(__file__).parents[2]
 DOCS = [ROOT / "docs" / "protocol.md", ROOT / "docs" / "faults.md"]
-SERVER_SOURCE = (ROOT / "runtime" / "server.py").read_text()
+SERVER_SOURCE = (ROOT / "runtime" / "daemon" / "server.py").read_text()
 
 #: The replies that say the request itself was wrong, not what it asked for.
 MALFORMED = {server_module.PARSE_ERROR, server_module.INVALID_REQUEST, server_module.METHOD_NOT_FOUND}

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import attrs
 import pytest
-from weald.runtime.config import ConfigError, parse_config
+from weald.runtime.daemon.config import ConfigError, parse_config
 from weald.runtime.mcp import MCPConfigError, MCPError, OAuthConfig, ServerConfig
 from weald.runtime.mcp._config import DEFAULT_REDIRECT_URI
 

@@ -11,7 +11,7 @@ request: which error codes the JSON-RPC spec and ``docs/protocol.md`` allow
 for it, computed from the request alone (params are checked against the
 method's params type with msgspec, as the protocol documents).
 
-The method table is read from ``runtime/server.py`` as the daemon tests do,
+The method table is read from ``runtime/daemon/server.py`` as the daemon tests do,
 and each method's params type is imported from it, so a new method is
 fuzzed without touching this file.
 """
@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-import weald.runtime.server as server_module
+import weald.runtime.daemon.server as server_module
 
 PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS, INTERNAL_ERROR = -32700, -32600, -32601, -32602, -32603
 
@@ -45,7 +45,7 @@ _SERVER_SOURCE = Path(server_module.__file__).read_text()
 
 
 def method_table() -> dict[str, type[msgspec.Struct]]:
-    """Every method the server serves, with its params type (read from ``runtime/server.py``)."""
+    """Every method the server serves, with its params type (read from ``runtime/daemon/server.py``)."""
     pairs = re.findall(r'^\s+"([a-z_.]+)": \((\w+Params), self\._', _SERVER_SOURCE, re.MULTILINE)
     return {method: getattr(server_module, name) for method, name in pairs}
 

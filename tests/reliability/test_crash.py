@@ -14,7 +14,7 @@ import socket
 from pathlib import Path
 
 from rel_crash import CRASH_INVARIANTS, run_crash_cycles
-from weald.runtime.client import Client, DaemonUnavailableError
+from weald.runtime.daemon.client import Client, DaemonUnavailableError
 from weald.runtime.testing import wait_until
 
 

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rel_fuzz import INVALID_REQUEST, PARSE_ERROR, FuzzClient, method_table
 from rel_strategies import fault_declarations, fuzz_methods, json_values, raw_lines, wrong_requests
-from weald.runtime.client import Client, RPCCallError
+from weald.runtime.daemon.client import Client, RPCCallError
 from weald.runtime.faults import FaultSpecError, fault_from_dict
 
 _FUZZ = settings(

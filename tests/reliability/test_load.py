@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from rel_load import LOAD_INVARIANTS, load_problem_summary, run_load
-from weald.runtime.client import Client
+from weald.runtime.daemon.client import Client
 
 
 def test_a_thousand_concurrent_clients_get_every_answer_and_memory_returns_to_baseline(tmp_path: Path) -> None:

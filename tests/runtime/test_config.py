@@ -9,8 +9,8 @@ from pathlib import Path
 import attrs
 import pytest
 from weald.runtime import WealdError, register_secret
-from weald.runtime import config as config_module
-from weald.runtime.config import (
+from weald.runtime.daemon import config as config_module
+from weald.runtime.daemon.config import (
     DEFAULT_MODEL,
     Config,
     ConfigError,
@@ -537,7 +537,7 @@ def test_tool_options_written_under_tools_options_are_reported() -> None:
 
 
 def test_the_built_in_tool_names_the_config_knows_are_the_registered_ones() -> None:
-    from weald.runtime._config_convert import BUILTIN_TOOLS
+    from weald.runtime.daemon._config_convert import BUILTIN_TOOLS
     from weald.tools import default_registry
 
     assert sorted(BUILTIN_TOOLS) == sorted(default_registry.names())

@@ -15,7 +15,7 @@ import pytest
 import trio
 import weald.tools.shell as shell_module
 from weald.runtime import ActorSystem, Ref
-from weald.runtime.config import parse_config
+from weald.runtime.daemon.config import parse_config
 from weald.runtime.testing import ResultCollector, wait_for_event, wait_until
 from weald.runtime.tool_runner import (
     RunnerConfig,

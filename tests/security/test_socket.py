@@ -20,12 +20,12 @@ from pathlib import Path
 import pytest
 from daemon_harness import DaemonProcess
 from weald.runtime import WealdError
-from weald.runtime.client import Client
+from weald.runtime.daemon.client import Client
 
 
 def _serve(daemon: DaemonProcess) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "weald.runtime.cli", "serve", "--socket", str(daemon.socket)],
+        [sys.executable, "-m", "weald.runtime.daemon.cli", "serve", "--socket", str(daemon.socket)],
         env=daemon.env(),
         capture_output=True,
         text=True,

@@ -24,7 +24,7 @@ from pathlib import Path
 import attrs
 import pytest
 from daemon_harness import DaemonProcess
-from weald.runtime.client import Client, RPCCallError
+from weald.runtime.daemon.client import Client, RPCCallError
 from weald.runtime.testing import wait_until
 
 NAMESPACES = ("sessions", "agents", "history", "turns", "tasks", "memory")

@@ -44,7 +44,7 @@ import msgspec
 import trio
 from weald.runtime import ActorDeadError, ActorSystem, Future, Ref, WealdError, is_secret_name, register_secret
 from weald.runtime.agent import AgentConfig, TurnResult
-from weald.runtime.config import Config
+from weald.runtime.daemon.config import Config
 from weald.runtime.llm import Provider, Usage, make_provider
 from weald.runtime.session import SessionConfig, agent_path, session_spec, valid_session_id
 from weald.runtime.tool_runner import RunnerConfig
@@ -74,8 +74,8 @@ class DaemonError(WealdError):
 
 
 def demo_script_path(name: str = "default.json") -> Path:
-    """A script bundled with weald (``weald/runtime/demo_scripts``)."""
-    return Path(str(resources.files("weald.runtime") / "demo_scripts" / name))
+    """A script bundled with weald (``weald/runtime/daemon/demo_scripts``)."""
+    return Path(str(resources.files("weald.runtime.daemon") / "demo_scripts" / name))
 
 
 DEMO_MODEL = "scripted:" + str(demo_script_path())
@@ -574,7 +574,7 @@ class Daemon:
             StartError: a part of the tree failed to start (the cause is chained).
             DaemonError: the socket is held by a live daemon.
         """
-        from weald.runtime.server import Server, prepare_socket
+        from weald.runtime.daemon.server import Server, prepare_socket
 
         if self.socket_path is not None:
             prepare_socket(self.socket_path)

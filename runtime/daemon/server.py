@@ -43,7 +43,7 @@ import msgspec
 import trio
 from weald.runtime import Actor, Event, StoreError, WealdError, redact
 from weald.runtime.agent import TurnResult
-from weald.runtime.daemon import SHUTDOWN_REASON
+from weald.runtime.daemon.tree import SHUTDOWN_REASON
 from weald.runtime.session import RuntimeView, agent_path
 from weald.supervisors import SupervisorBase
 
@@ -390,7 +390,7 @@ class Server(Actor):
     """Serves the daemon's JSON-RPC API on a Unix socket (and/or stdio).
 
     Args:
-        daemon: the `weald.runtime.daemon.Daemon` it fronts.
+        daemon: the `weald.runtime.daemon.tree.Daemon` it fronts.
         socket_path: where to listen, or None.
         stdio: serve one connection on stdin/stdout instead.
     """

@@ -658,7 +658,7 @@ class Config:
         secret-looking names in ``env``, ``headers`` and ``extra_headers``
         tables are replaced by ``[redacted]``.
         """
-        from weald.runtime._config_convert import unstructure_config
+        from weald.runtime.daemon._config_convert import unstructure_config
 
         return unstructure_config(self)
 
@@ -673,7 +673,7 @@ class Config:
         Raises:
             ConfigError: Every problem found, each with its key path.
         """
-        from weald.runtime._config_load import config_from_sources, source_from_data
+        from weald.runtime.daemon._config_load import config_from_sources, source_from_data
 
         return config_from_sources([source_from_data(data, source)])
 

@@ -30,7 +30,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 from rich.tree import Tree
-from weald.runtime.client import Client, DaemonUnavailableError, RPCCallError
+from weald.runtime.daemon.client import Client, DaemonUnavailableError, RPCCallError
 
 __all__ = ["main"]
 
@@ -50,7 +50,7 @@ def _print_error(err: Console, text: str) -> None:
 
 
 def _load_config(args: argparse.Namespace) -> Any:
-    from weald.runtime.config import load_config
+    from weald.runtime.daemon.config import load_config
 
     return load_config(Path(getattr(args, "project", None) or Path.cwd()))
 
@@ -74,7 +74,7 @@ def _print_json(value: Any) -> None:
 def cmd_serve(args: argparse.Namespace) -> int:
     """Run the daemon until SIGTERM, SIGINT or ``daemon.stop``; exit 0 after a clean shutdown."""
     from rich.progress import BarColumn, Progress, TextColumn
-    from weald.runtime.daemon import Daemon
+    from weald.runtime.daemon.tree import Daemon
     from weald.runtime.faults import FaultSpecError
 
     config = _load_config(args)
@@ -170,7 +170,7 @@ def _connect(args: argparse.Namespace, *, embedded: bool = False) -> Iterator[Cl
 
 @contextlib.contextmanager
 def _embedded_daemon(config: Any) -> Iterator[Path]:
-    from weald.runtime.daemon import Daemon
+    from weald.runtime.daemon.tree import Daemon
 
     with tempfile.TemporaryDirectory(prefix="weald-embedded-") as tmp:
         socket_path = Path(tmp) / "weald.sock"
@@ -459,7 +459,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
 
 def cmd_config(args: argparse.Namespace) -> int:
     """Show the configuration weald would use here (files merged, defaults filled)."""
-    from weald.runtime.config import find_config_files
+    from weald.runtime.daemon.config import find_config_files
 
     config = _load_config(args)
     data = {"files": [str(p) for p in find_config_files(Path(args.project or Path.cwd()))], "config": config.to_dict()}
@@ -472,7 +472,7 @@ def cmd_config(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """Run the self-contained demo."""
-    from weald.runtime.demo import run_demo
+    from weald.runtime.daemon.demo import run_demo
 
     code: int = run_demo(json_output=args.json, keep=args.keep)
     return code
@@ -564,7 +564,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _print_error(_console(stderr=True), f"weald {args.command}: {exc.message}")
         return EXIT_FAILED
     except Exception as exc:
-        from weald.runtime.config import ConfigError
+        from weald.runtime.daemon.config import ConfigError
 
         if isinstance(exc, ConfigError):
             _print_error(_console(stderr=True), str(exc))

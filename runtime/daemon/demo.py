@@ -25,7 +25,7 @@ from typing import Any
 from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
-from weald.runtime.client import Client, DaemonUnavailableError
+from weald.runtime.daemon.client import Client, DaemonUnavailableError
 
 __all__ = ["run_demo"]
 
@@ -198,7 +198,7 @@ class _Demo:
         args = [
             sys.executable,
             "-m",
-            "weald.runtime.cli",
+            "weald.runtime.daemon.cli",
             "serve",
             "--socket",
             str(self.socket),
@@ -371,7 +371,7 @@ class _Demo:
 
 def run_demo(*, json_output: bool = False, keep: bool = False) -> int:
     """Run the demo; returns 0 when every check held."""
-    from weald.runtime.cli import render_tree
+    from weald.runtime.daemon.cli import render_tree
 
     console = Console(highlight=False)
     root = Path(tempfile.mkdtemp(prefix="weald-demo-"))

@@ -28,8 +28,8 @@ from pathlib import Path
 
 import attrs
 from cattrs import BaseValidationError
-from weald.runtime._config_convert import TOOLS_KEYS, KeyPath, format_path, problems_from, structure_config
-from weald.runtime._config_model import Config, ConfigError, ConfigProblem, ValueProblem
+from weald.runtime.daemon._config_convert import TOOLS_KEYS, KeyPath, format_path, problems_from, structure_config
+from weald.runtime.daemon._config_model import Config, ConfigError, ConfigProblem, ValueProblem
 from weald.runtime.llm import PROVIDERS
 
 __all__ = [

@@ -29,14 +29,14 @@ file are in ``docs/configuration.md``.
 
 from __future__ import annotations
 
-from weald.runtime._config_load import (
+from weald.runtime.daemon._config_load import (
     CONFIG_ENV,
     CONFIG_FILE_NAME,
     find_config_files,
     load_config,
     parse_config,
 )
-from weald.runtime._config_model import (
+from weald.runtime.daemon._config_model import (
     DEFAULT_MODEL,
     AgentConfig,
     Config,

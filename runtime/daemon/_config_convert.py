@@ -23,7 +23,8 @@ import attrs
 from cattrs import BaseValidationError, ClassValidationError, ForbiddenExtraKeysError, IterableValidationError
 from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
 from cattrs.preconf.tomllib import make_converter
-from weald.runtime._config_model import (
+from weald.runtime._secrets import REDACTED, is_secret_name
+from weald.runtime.daemon._config_model import (
     CHECK,
     AgentConfig,
     Config,
@@ -48,7 +49,6 @@ from weald.runtime._config_model import (
     check_str_table,
     check_str_tuple,
 )
-from weald.runtime._secrets import REDACTED, is_secret_name
 
 __all__ = [
     "BUILTIN_TOOLS",
