@@ -24,11 +24,10 @@ import attrs
 from cattrs import BaseValidationError
 from cattrs.gen import make_dict_structure_fn, override
 from cattrs.preconf.msgspec import make_converter
-from weald.runtime._errors import WealdError
-from weald.runtime.daemon._config_convert import format_path, problems_from
-from weald.runtime.daemon._config_model import (
+from weald.runtime._checks import (
     CHECK,
     InvalidValue,
+    KeyPath,
     ValueProblem,
     ValueProblems,
     check_integer,
@@ -38,8 +37,11 @@ from weald.runtime.daemon._config_model import (
     check_positive_int,
     check_string,
     describe_value,
+    format_path,
     optional,
+    walk_problems,
 )
+from weald.runtime._errors import WealdError
 
 __all__ = [
     "KINDS",
@@ -61,7 +63,6 @@ __all__ = [
     "read_fault_file",
 ]
 
-KeyPath = tuple[str | int, ...]
 Check = Callable[[object, object], Any]
 
 #: The targets, in the order the docs present them.
@@ -491,7 +492,7 @@ def _structure(item: object) -> FaultSpec:
 
 
 def _problems(exc: BaseException, source: str, path: KeyPath) -> list[FaultProblem]:
-    return [FaultProblem(source, format_path(where), message) for where, message in problems_from(exc, path)]
+    return [FaultProblem(source, format_path(where), message) for where, message in walk_problems(exc, path)]
 
 
 def fault_from_dict(data: object, *, source: str = "<fault>") -> FaultSpec:

@@ -20,17 +20,30 @@ from pathlib import Path
 from typing import Any, Final, Literal
 
 import attrs
-from cattrs import BaseValidationError, ClassValidationError, ForbiddenExtraKeysError, IterableValidationError
+from cattrs import BaseValidationError
 from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
 from cattrs.preconf.tomllib import make_converter
+from weald.runtime._checks import (
+    CHECK,
+    InvalidValue,
+    KeyPath,
+    ValueProblem,
+    ValueProblems,
+    check_bool,
+    check_nonnegative_seconds,
+    check_positive_int,
+    check_seconds,
+    check_str_table,
+    check_str_tuple,
+    format_path,
+    walk_problems,
+)
 from weald.runtime._secrets import REDACTED, is_secret_name
 from weald.runtime.daemon._config_model import (
-    CHECK,
     AgentConfig,
     Config,
     DaemonConfig,
     FaultsConfig,
-    InvalidValue,
     LimitsConfig,
     MCPAuthConfig,
     MCPConfig,
@@ -39,15 +52,7 @@ from weald.runtime.daemon._config_model import (
     ProviderConfig,
     StoreConfig,
     ToolsConfig,
-    ValueProblem,
-    ValueProblems,
-    check_bool,
     check_full_model_spec,
-    check_nonnegative_seconds,
-    check_positive_int,
-    check_seconds,
-    check_str_table,
-    check_str_tuple,
 )
 
 __all__ = [
@@ -61,7 +66,6 @@ __all__ = [
     "unstructure_config",
 ]
 
-KeyPath = tuple[str | int, ...]
 Hook = Callable[[Any, Any], Any]
 
 #: One converter for every config class (TOML-flavoured: tuples unstructure to lists).
@@ -496,7 +500,13 @@ def _clean(value: object, key: str | None = None) -> object:
 
 
 def unstructure_config(config: Config) -> dict[str, object]:
-    """`Config.to_dict`: plain TOML-compatible data, None left out, secrets in env/header tables redacted."""
+    """The config as plain TOML-compatible data, for ``weald config show``.
+
+    Paths become strings, tuples lists, and keys whose value is None are left out (TOML has no
+    null; None is every such key's default), so `config_from_dict` reads the result back to an
+    equal config. Values of secret-looking names in ``env``, ``headers`` and ``extra_headers``
+    tables are replaced by ``[redacted]``.
+    """
     cleaned = _clean(converter.unstructure(config))
     assert isinstance(cleaned, dict)
     return cleaned
@@ -504,23 +514,9 @@ def unstructure_config(config: Config) -> dict[str, object]:
 
 # --- Reporting ------------------------------------------------------------------------------------
 
-_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
-
 _USE_THE_ENVIRONMENT: Final = (
     "secrets do not belong in weald.toml: put the value in an environment variable and have the tool read it there"
 )
-
-
-def format_path(path: KeyPath) -> str:
-    """A key path as TOML spells it: ``tools.permissions.shell."git status*"``, ``mcp.servers.x.args[1]``."""
-    text = ""
-    for part in path:
-        if isinstance(part, int):
-            text += f"[{part}]"
-            continue
-        key = part if _BARE_KEY.fullmatch(part) else '"' + part.replace("\\", "\\\\").replace('"', '\\"') + '"'
-        text += f".{key}" if text else key
-    return text
 
 
 def _env_name_for(provider: str) -> str:
@@ -568,26 +564,4 @@ def _unknown_key_message(cls: type, path: KeyPath, key: str) -> str:
 
 def problems_from(exc: BaseException, path: KeyPath = ()) -> Iterator[tuple[KeyPath, str]]:
     """Every problem in a structuring error, as (key path, message), in the file's order."""
-    if isinstance(exc, ClassValidationError):
-        with_notes, without = exc.group_exceptions()
-        for sub, note in with_notes:
-            yield from problems_from(sub, (*path, note.name))
-        for sub in without:
-            yield from problems_from(sub, path)
-    elif isinstance(exc, IterableValidationError):
-        with_index, without_index = exc.group_exceptions()
-        for item, index_note in with_index:
-            yield from problems_from(item, (*path, index_note.index))
-        for item in without_index:
-            yield from problems_from(item, path)
-    elif isinstance(exc, ValueProblems):
-        for relative, problem in exc.problems:
-            yield from problems_from(problem, (*path, *relative))
-    elif isinstance(exc, ForbiddenExtraKeysError):
-        for key in sorted(exc.extra_fields):
-            yield (*path, key), _unknown_key_message(exc.cl, path, key)
-    elif isinstance(exc, ValueProblem):
-        yield path, exc.message
-    else:
-        # Not one of ours: a bug in a hook or a check; say what it was rather than hide it.
-        yield path, f"invalid value ({type(exc).__name__}: {exc})"
+    return walk_problems(exc, path, unknown_key=_unknown_key_message)

@@ -28,14 +28,28 @@ from pathlib import Path
 
 import attrs
 from cattrs import BaseValidationError
-from weald.runtime.daemon._config_convert import TOOLS_KEYS, KeyPath, format_path, problems_from, structure_config
-from weald.runtime.daemon._config_model import Config, ConfigError, ConfigProblem, ValueProblem
+from weald.runtime._checks import (
+    KeyPath,
+    ValueProblem,
+    format_path,
+)
+from weald.runtime.daemon._config_convert import (
+    TOOLS_KEYS,
+    problems_from,
+    structure_config,
+)
+from weald.runtime.daemon._config_model import (
+    Config,
+    ConfigError,
+    ConfigProblem,
+)
 from weald.runtime.llm import PROVIDERS
 
 __all__ = [
     "CONFIG_ENV",
     "CONFIG_FILE_NAME",
     "Source",
+    "config_from_dict",
     "config_from_sources",
     "find_config_files",
     "load_config",
@@ -68,6 +82,19 @@ class Source:
 def source_from_data(data: Mapping[str, object], label: str, base_dir: Path | None = None) -> Source:
     """A `Source` from already-parsed data."""
     return Source(label=label, data=data, base_dir=base_dir)
+
+
+def config_from_dict(data: Mapping[str, object], *, source: str = "<dict>") -> Config:
+    """Check and structure plain data shaped like ``weald.toml`` (what `config_to_dict` gives back).
+
+    Args:
+        data: The file's tables as dicts (what `tomllib` returns).
+        source: Names the data in error messages.
+
+    Raises:
+        ConfigError: Every problem found, each with its key path.
+    """
+    return config_from_sources([source_from_data(data, source)])
 
 
 # --- Reading --------------------------------------------------------------------------------------

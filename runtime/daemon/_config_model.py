@@ -10,16 +10,31 @@ cannot hold a value the file could not.
 
 from __future__ import annotations
 
-import math
 import re
 import urllib.parse
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar
+from typing import TYPE_CHECKING, Final, Literal
 
 import attrs
+from weald.runtime._checks import (
+    CHECK,
+    InvalidValue,
+    ValueProblem,
+    ValueProblems,
+    check_bool,
+    check_nonnegative_int,
+    check_nonnegative_seconds,
+    check_positive_int,
+    check_seconds,
+    check_str_table,
+    check_str_tuple,
+    check_string,
+    checked,
+    checked_factory,
+    optional,
+)
 from weald.runtime._errors import WealdError
-from weald.runtime._secrets import redact_text
 from weald.runtime.llm import ProviderSettings
 
 if TYPE_CHECKING:
@@ -61,147 +76,7 @@ Permission = Literal["allow", "ask", "deny"]
 #: subject, like shell's command) glob patterns on the subject -> permission.
 PermissionRule = Permission | Mapping[str, Permission]
 
-#: The attrs metadata key under which a field keeps its value check.
-CHECK: Final = "weald.config.check"
-
-_T = TypeVar("_T")
-
-
-# --- Problems found in a value ------------------------------------------------------------------
-
-
-class ValueProblem(Exception):
-    """One thing wrong with one value; its path is added by whoever walks the tree."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
-
-
-class InvalidValue(ValueProblem):
-    """A value of the wrong type or out of range: ``expected <expected>, got <value>``."""
-
-    def __init__(self, expected: str, value: object) -> None:
-        super().__init__(f"expected {expected}, got {describe_value(value)}")
-        self.expected = expected
-        self.value = value
-
-
-class ValueProblems(ValueProblem):
-    """Several problems below one value, each at a path relative to it."""
-
-    def __init__(self, problems: list[tuple[tuple[str | int, ...], BaseException]]) -> None:
-        super().__init__(f"{len(problems)} problem(s)")
-        self.problems = problems
-
-
-_MAX_SHOWN = 60
-
-
-def describe_value(value: object) -> str:
-    """A value as the TOML file spells it, shortened: ``"abc"``, ``true``, ``3.5``, ``a table``."""
-    if isinstance(value, str):
-        value = redact_text(value)  # a known secret (from the environment) is never echoed
-        shown = value if len(value) <= _MAX_SHOWN else value[: _MAX_SHOWN - 3] + "..."
-        # A TOML basic string: double quotes, backslash escapes.
-        escaped = shown.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\t", "\\t")
-        return f'"{escaped}"'
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, Mapping):
-        return "a table"
-    if isinstance(value, list | tuple):
-        return "an array"
-    return f"a {type(value).__name__}"
-
-
-# --- Value checks: each is a structure hook (value, type) -> value and, wrapped, a validator ----
-
-
-def check_number(value: object, _type: object = None) -> float:
-    """A TOML integer or float (not a boolean), as a float."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InvalidValue("a number", value)
-    return float(value)
-
-
-def check_seconds(value: object, _type: object = None) -> float:
-    """A positive, finite number of seconds."""
-    number = check_number(value)
-    if not math.isfinite(number) or number <= 0:
-        raise InvalidValue("a positive number of seconds", value)
-    return number
-
-
-def check_nonnegative_seconds(value: object, _type: object = None) -> float:
-    """A finite number of seconds, zero or more."""
-    number = check_number(value)
-    if not math.isfinite(number) or number < 0:
-        raise InvalidValue("a number of seconds, zero or more", value)
-    return number
-
-
-def check_integer(value: object, _type: object = None) -> int:
-    """A TOML integer (not a boolean, not a float)."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidValue("an integer", value)
-    return value
-
-
-def check_positive_int(value: object, _type: object = None) -> int:
-    """An integer greater than zero."""
-    number = check_integer(value)
-    if number <= 0:
-        raise InvalidValue("a positive integer", value)
-    return number
-
-
-def check_nonnegative_int(value: object, _type: object = None) -> int:
-    """An integer, zero or more."""
-    number = check_integer(value)
-    if number < 0:
-        raise InvalidValue("an integer, zero or more", value)
-    return number
-
-
-def check_bool(value: object, _type: object = None) -> bool:
-    """``true`` or ``false``."""
-    if not isinstance(value, bool):
-        raise InvalidValue("true or false", value)
-    return value
-
-
-def check_string(value: object, _type: object = None) -> str:
-    """Any string."""
-    if not isinstance(value, str):
-        raise InvalidValue("a string", value)
-    return value
-
-
-def check_str_tuple(value: object, _type: object = None) -> tuple[str, ...]:
-    """An array of strings, as a tuple."""
-    if not isinstance(value, list | tuple):
-        raise InvalidValue("an array of strings", value)
-    problems: list[tuple[tuple[str | int, ...], BaseException]] = [
-        ((index,), InvalidValue("a string", item)) for index, item in enumerate(value) if not isinstance(item, str)
-    ]
-    if problems:
-        raise ValueProblems(problems)
-    return tuple(value)
-
-
-def check_str_table(value: object, _type: object = None) -> dict[str, str]:
-    """A table of strings."""
-    if not isinstance(value, Mapping):
-        raise InvalidValue("a table of strings", value)
-    problems: list[tuple[tuple[str | int, ...], BaseException]] = [
-        ((key,), InvalidValue("a string", item)) for key, item in value.items() if not isinstance(item, str)
-    ]
-    if problems:
-        raise ValueProblems(problems)
-    return dict(value)
+# --- Value checks of the configuration's own kinds --------------------------------------------
 
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -245,41 +120,6 @@ def check_full_model_spec(value: object, _type: object = None) -> str:
     if ":" not in spec:
         raise InvalidValue('a "provider:model" string (like "openai:gpt-4.1")', value)
     return spec
-
-
-def optional(check: Callable[[object, object], _T]) -> Callable[[object, object], _T | None]:
-    """The check, letting None through (from `Config.from_dict`; TOML has no null)."""
-
-    def check_optional(value: object, type_: object = None) -> _T | None:
-        return None if value is None else check(value, type_)
-
-    check_optional.__doc__ = check.__doc__
-    return check_optional
-
-
-def _validator(check: Callable[[object, object], object]) -> Callable[[object, attrs.Attribute[Any], object], None]:
-    def validate(_instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-        try:
-            check(value, None)
-        except ValueProblem as exc:
-            raise ValueError(f"{attribute.name}: {exc.message}") from None
-
-    return validate
-
-
-def checked(default: Any, check: Callable[[object, object], object]) -> Any:
-    """An attrs field with a default, checked when structured and when built by hand."""
-    return attrs.field(default=default, validator=_validator(check), metadata={CHECK: check})
-
-
-def checked_factory(factory: Callable[[], Any], check: Callable[[object, object], object]) -> Any:
-    """Like `checked`, with a default factory (for tables and arrays)."""
-    return attrs.field(
-        factory=factory,
-        validator=_validator(check),
-        metadata={CHECK: check},
-        hash=False,
-    )
 
 
 # --- The sections ---------------------------------------------------------------------------------
@@ -648,34 +488,6 @@ class Config:
     store: StoreConfig = attrs.field(factory=StoreConfig)
     server: DaemonConfig = attrs.field(factory=DaemonConfig)
     faults: FaultsConfig = attrs.field(factory=FaultsConfig)
-
-    def to_dict(self) -> dict[str, object]:
-        """The config as plain TOML-compatible data, for ``weald config show``.
-
-        Paths become strings, tuples lists, and keys whose value is None
-        are left out (TOML has no null; None is every such key's default),
-        so `from_dict` reads the result back to an equal config. Values of
-        secret-looking names in ``env``, ``headers`` and ``extra_headers``
-        tables are replaced by ``[redacted]``.
-        """
-        from weald.runtime.daemon._config_convert import unstructure_config
-
-        return unstructure_config(self)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, object], *, source: str = "<dict>") -> Config:
-        """Check and structure plain data shaped like ``weald.toml``.
-
-        Args:
-            data: The file's tables as dicts (what `tomllib` returns).
-            source: Names the data in error messages.
-
-        Raises:
-            ConfigError: Every problem found, each with its key path.
-        """
-        from weald.runtime.daemon._config_load import config_from_sources, source_from_data
-
-        return config_from_sources([source_from_data(data, source)])
 
     def resolve_model(self, name: str | None = None) -> ModelChoice | None:
         """Resolve a model name (an alias or a ``provider:model`` spec) to a `ModelChoice`.

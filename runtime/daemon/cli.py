@@ -29,7 +29,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
-from rich.tree import Tree
+from weald.runtime.daemon._render import render_tree
 from weald.runtime.daemon.client import Client, DaemonUnavailableError, RPCCallError
 
 __all__ = ["main"]
@@ -369,34 +369,6 @@ def cmd_tree(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def render_tree(root: dict[str, Any]) -> Tree:
-    """The tree as rich draws it: path, kind, status, restarts, mailbox, escalations, faults."""
-
-    def label(node: dict[str, Any]) -> str:
-        name = node["path"].rsplit("/", 1)[-1] or "/"
-        colour = {"running": "green", "restarting": "yellow", "stopped": "red"}.get(node["status"], "white")
-        parts = [f"[bold]{name}[/bold]", f"[dim]{node['kind']}[/dim]", f"[{colour}]{node['status']}[/{colour}]"]
-        if node.get("restarts"):
-            parts.append(f"[yellow]restarts={node['restarts']}[/yellow]")
-        if node.get("mailbox"):
-            parts.append(f"mailbox={node['mailbox']}")
-        if node.get("escalations"):
-            parts.append(f"[red]escalations={node['escalations']}[/red]")
-        if node.get("faults"):
-            parts.append(f"[red]faults={node['faults']}[/red]")
-        if node.get("children_hidden"):
-            parts.append(f"[dim](+{node['children_hidden']} below)[/dim]")
-        return " ".join(parts)
-
-    def add(branch: Tree, node: dict[str, Any]) -> None:
-        for child in node["children"]:
-            add(branch.add(label(child)), child)
-
-    tree = Tree(label(root))
-    add(tree, root)
-    return tree
-
-
 def cmd_debug_state(args: argparse.Namespace) -> int:
     """Show an agent's debug state (or the daemon's, without an id)."""
     with _connect(args) as client:
@@ -459,10 +431,13 @@ def cmd_stop(args: argparse.Namespace) -> int:
 
 def cmd_config(args: argparse.Namespace) -> int:
     """Show the configuration weald would use here (files merged, defaults filled)."""
-    from weald.runtime.daemon.config import find_config_files
+    from weald.runtime.daemon.config import config_to_dict, find_config_files
 
     config = _load_config(args)
-    data = {"files": [str(p) for p in find_config_files(Path(args.project or Path.cwd()))], "config": config.to_dict()}
+    data = {
+        "files": [str(p) for p in find_config_files(Path(args.project or Path.cwd()))],
+        "config": config_to_dict(config),
+    }
     if args.json:
         _print_json(data)
     else:

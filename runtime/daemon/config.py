@@ -29,9 +29,11 @@ file are in ``docs/configuration.md``.
 
 from __future__ import annotations
 
+from weald.runtime.daemon._config_convert import unstructure_config as config_to_dict
 from weald.runtime.daemon._config_load import (
     CONFIG_ENV,
     CONFIG_FILE_NAME,
+    config_from_dict,
     find_config_files,
     load_config,
     parse_config,
@@ -78,6 +80,8 @@ __all__ = [
     "ProviderConfig",
     "StoreConfig",
     "ToolsConfig",
+    "config_from_dict",
+    "config_to_dict",
     "find_config_files",
     "load_config",
     "parse_config",

@@ -43,19 +43,21 @@ import msgspec
 import trio
 from weald.runtime import Actor, Event, StoreError, WealdError, redact
 from weald.runtime.agent import TurnResult
-from weald.runtime.daemon.tree import SHUTDOWN_REASON
 from weald.runtime.session import RuntimeView, agent_path
 from weald.supervisors import SupervisorBase
 
 __all__ = [
     "ERRORS",
     "MAX_MESSAGE_BYTES",
+    "SHUTDOWN_REASON",
     "Server",
     "ServerSnapshot",
     "SocketInUseError",
     "prepare_socket",
 ]
 
+SHUTDOWN_REASON = "the daemon is shutting down"
+"""Why turns and waiting prompts end when the daemon stops."""
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 """The default of ``limits.max_message_bytes``."""
 _MAX_CONCURRENT_REQUESTS = 256

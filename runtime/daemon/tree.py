@@ -45,6 +45,7 @@ import trio
 from weald.runtime import ActorDeadError, ActorSystem, Future, Ref, WealdError, is_secret_name, register_secret
 from weald.runtime.agent import AgentConfig, TurnResult
 from weald.runtime.daemon.config import Config
+from weald.runtime.daemon.server import SHUTDOWN_REASON, Server, prepare_socket
 from weald.runtime.llm import Provider, Usage, make_provider
 from weald.runtime.session import SessionConfig, agent_path, session_spec, valid_session_id
 from weald.runtime.tool_runner import RunnerConfig
@@ -64,9 +65,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger("weald.runtime")
-
-SHUTDOWN_REASON = "the daemon is shutting down"
-"""Why turns and waiting prompts end when the daemon stops."""
 
 
 class DaemonError(WealdError):
@@ -574,8 +572,6 @@ class Daemon:
             StartError: a part of the tree failed to start (the cause is chained).
             DaemonError: the socket is held by a live daemon.
         """
-        from weald.runtime.daemon.server import Server, prepare_socket
-
         if self.socket_path is not None:
             prepare_socket(self.socket_path)
         self.system.start()

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import attrs
 import pytest
-from weald.runtime.daemon.config import ConfigError, parse_config
+from weald.runtime.daemon.config import ConfigError, config_to_dict, parse_config
 from weald.runtime.mcp import MCPConfigError, MCPError, OAuthConfig, ServerConfig
 from weald.runtime.mcp._config import DEFAULT_REDIRECT_URI
 
@@ -175,4 +175,4 @@ redirect_uri = "http://localhost:8976/callback"
         scopes=("files:read",),
         redirect_uri="http://localhost:8976/callback",
     )
-    assert config.to_dict()["mcp"]["servers"]["remote"]["auth"]["client_secret_env"] == "REMOTE_MCP_SECRET"
+    assert config_to_dict(config)["mcp"]["servers"]["remote"]["auth"]["client_secret_env"] == "REMOTE_MCP_SECRET"
