@@ -438,11 +438,12 @@ class ToolRunner(Actor):
         """Definitions of the tools an agent with ``tool_filter`` may call, for the model."""
         return [t.spec() for t in self._registry.select(tool_filter)]
 
-    def respond_permission(self, request_id: str, decision: Decision) -> bool:
+    def respond_permission(self, request_id: str, decision: Decision, message: str | None = None) -> bool:
         """Answer a permission request; returns False if it is unknown or already answered.
 
         ``allow_always`` allows this call and every later call of the same
-        tool with the same subject in this session.
+        tool with the same subject in this session. ``message`` (with
+        ``deny``) tells the model why, when it was not the user who said no.
         """
         where = self._permissions.pop(request_id, None)
         if where is None:
@@ -458,11 +459,12 @@ class ToolRunner(Actor):
             "permission.answered", self.path, {"request_id": request_id, "decision": decision, "tool": tool.name}
         )
         if decision == "deny":
+            why = f"was not given: {message}" if message else "was denied by the user"
             self._complete(
                 batch,
                 index,
                 ToolResult.error(
-                    f"permission to run {tool.name} was denied by the user. Do not retry the same call; "
+                    f"permission to run {tool.name} {why}. Do not retry the same call; "
                     "ask the user or take another approach."
                 ),
             )

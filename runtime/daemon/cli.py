@@ -18,6 +18,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import signal
 import sys
 import tempfile
@@ -28,8 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
-from weald.runtime.daemon._render import render_tree
+from weald.runtime.daemon._render import render_config, render_debug_state, render_status, render_tree
 from weald.runtime.daemon.client import Client, DaemonUnavailableError, RPCCallError
 
 __all__ = ["main"]
@@ -113,13 +115,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
         except Exception as exc:
             _print_error(err, f"weald serve: {exc}")
             return EXIT_FAILED
-    where = "stdio" if args.stdio else str(socket_path)
-    if not args.stdio:
-        err.print(f"weald daemon serving on {where} (pid {os.getpid()}); store {config.store.path}")
+    if args.json and not args.stdio:
+        # One line a script can read: where to connect, whom to signal.
+        line = {"socket": str(socket_path), "pid": os.getpid(), "store": str(config.store.path)}
+        sys.stdout.write(json.dumps(line) + "\n")
+        sys.stdout.flush()
+    elif not args.stdio:
+        err.print(f"weald daemon serving on {socket_path} (pid {os.getpid()}); store {config.store.path}")
     while not stop.wait(0.2):
         if daemon.stop_requested:
             break
-    if not args.stdio:
+    if not args.stdio and not args.json:
         err.print("weald daemon stopping: aborting running turns, saving, stopping the tree")
     daemon.shutdown()
     return EXIT_OK
@@ -212,7 +218,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         _print_json({"agent_id": agent_id, **result})
     elif not args.quiet:
         err.print(
-            f"[dim]agent {agent_id} · {result['steps']} steps · "
+            f"[dim]agent {agent_id} · {_plural(result['steps'], 'step')} · "
             f"{result['usage']['input_tokens']} in / {result['usage']['output_tokens']} out tokens[/dim]"
         )
     if result.get("aborted"):
@@ -220,10 +226,20 @@ def cmd_run(args: argparse.Namespace) -> int:
     return EXIT_OK if result.get("ok") else EXIT_FAILED
 
 
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
 def _follow(client: Client, pending: Any, args: argparse.Namespace, consoles: tuple[Console, Console]) -> Any:
     out, err = consoles
-    streaming = False
-    streamed: list[str] = []
+    streaming = False  # a line of streamed text is open on the terminal
+    in_message = False  # the model's message is still streaming (its end not seen yet)
+    printed: list[str] = []
+    # A permission request or question can overtake the last text deltas of the
+    # message before it (events and requests travel apart): hold it until that
+    # message's end is seen, so a prompt never lands inside a streamed word.
+    held: list[tuple[str, Any]] = []
+    held_until = 0.0
     result: Any = None
     deadline = 0.0
     while True:
@@ -231,12 +247,19 @@ def _follow(client: Client, pending: Any, args: argparse.Namespace, consoles: tu
             result = pending.get()
             # Events travel apart from the reply: read on until this turn's end is seen.
             deadline = time.monotonic() + 2.0
+        if held and (not in_message or time.monotonic() > held_until):
+            streaming = _end_line(out, streaming)
+            for method, params in held:
+                _answer(client, method, params, args, err)
+            held.clear()
         note = client.next_notification(timeout=0.05)
         if result is not None and ((note is None and time.monotonic() > deadline) or _is_turn_end(note, result)):
             if note is not None and not args.json:
                 _show_event(note[1]["event"], out, err, streaming, quiet=args.quiet)
             text = result.get("text") or ""
-            if not args.json and text and text not in "".join(streamed):
+            if not args.json and text and text not in "".join(printed):
+                if streaming:
+                    out.print()
                 out.print(text, markup=False)
             elif streaming:
                 out.print()
@@ -246,16 +269,30 @@ def _follow(client: Client, pending: Any, args: argparse.Namespace, consoles: tu
         if note is None:
             continue
         method, params = note
-        if method == "event" and params["event"]["topic"] == "agent.message_delta":
-            streamed.append(params["event"]["data"]["text"])
-        if method == "permission.request":
+        if method in ("permission.request", "ask_user.question"):
+            if in_message:
+                held.append(note)
+                held_until = time.monotonic() + 2.0
+                continue
             streaming = _end_line(out, streaming)
-            _answer_permission(client, params, args, err)
-        elif method == "ask_user.question":
-            streaming = _end_line(out, streaming)
-            _answer_question(client, params, args, err)
-        elif method == "event" and not args.json:
-            streaming = _show_event(params["event"], out, err, streaming, quiet=args.quiet)
+            _answer(client, method, params, args, err)
+        elif method == "event":
+            topic = params["event"]["topic"]
+            if topic == "agent.message_delta":
+                in_message = True
+                if not args.json and not args.quiet:
+                    printed.append(params["event"]["data"]["text"])
+            elif topic == "agent.message_end":
+                in_message = False
+            if not args.json:
+                streaming = _show_event(params["event"], out, err, streaming, quiet=args.quiet)
+
+
+def _answer(client: Client, method: str, params: dict[str, Any], args: argparse.Namespace, err: Console) -> None:
+    if method == "permission.request":
+        _answer_permission(client, params, args, err)
+    else:
+        _answer_question(client, params, args, err)
 
 
 def _is_turn_end(note: tuple[str, Any] | None, result: Any) -> bool:
@@ -273,13 +310,13 @@ def _end_line(out: Console, streaming: bool) -> bool:
 
 def _show_event(event: dict[str, Any], out: Console, err: Console, streaming: bool, *, quiet: bool) -> bool:
     topic, data = event["topic"], event["data"]
+    if quiet:
+        return streaming  # only the answer, printed when the turn ends
     if topic == "agent.message_delta":
         out.print(data["text"], end="", markup=False)
         return True
     if topic == "agent.message_end":
         return _end_line(out, streaming)
-    if quiet:
-        return streaming
     if topic == "tool.started":
         streaming = _end_line(out, streaming)
         args = json.dumps(data.get("arguments", {}))
@@ -295,19 +332,22 @@ def _show_event(event: dict[str, Any], out: Console, err: Console, streaming: bo
 
 
 def _answer_permission(client: Client, request: dict[str, Any], args: argparse.Namespace, err: Console) -> None:
-    what = request.get("subject") or json.dumps(request.get("arguments", {}))[:200]
+    what = escape(request.get("subject") or json.dumps(request.get("arguments", {}))[:200])
+    params: dict[str, Any] = {"request_id": request["request_id"]}
     if args.yes:
         decision = "allow"
         err.print(f"[yellow]allowing {request['tool']}: {what}[/yellow] (--yes)")
     elif not sys.stdin.isatty():
         decision = "deny"
-        err.print(f"[yellow]denying {request['tool']}: {what}[/yellow] (no terminal to ask; use --yes to allow)")
+        # Nobody said no: tell the model so, rather than "denied by the user".
+        params["message"] = "no one could be asked: run with a terminal, or allow it in weald.toml"
+        err.print(f"[yellow]not running {request['tool']}: {what}[/yellow] (no terminal to ask; --yes allows it)")
     else:
         err.print(f"[bold yellow]{request['tool']}[/bold yellow] wants to run: {what}")
         answer = input("allow? [y]es / [n]o / [a]lways: ").strip().lower()
         decision = {"y": "allow", "yes": "allow", "a": "allow_always", "always": "allow_always"}.get(answer, "deny")
     with contextlib.suppress(RPCCallError):
-        client.call("permission.respond", {"request_id": request["request_id"], "decision": decision}, timeout=10)
+        client.call("permission.respond", {**params, "decision": decision}, timeout=10)
 
 
 def _answer_question(client: Client, question: dict[str, Any], args: argparse.Namespace, err: Console) -> None:
@@ -377,9 +417,7 @@ def cmd_debug_state(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(state)
     else:
-        from rich.pretty import Pretty
-
-        _console().print(Pretty(state, expand_all=False, max_string=300))
+        _console().print(render_debug_state(state))
     return EXIT_OK
 
 
@@ -416,7 +454,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         _print_json({"running": True, **status})
     else:
-        _console().print(status)
+        _console().print(render_status(status))
     return EXIT_OK
 
 
@@ -434,14 +472,12 @@ def cmd_config(args: argparse.Namespace) -> int:
     from weald.runtime.daemon.config import config_to_dict, find_config_files
 
     config = _load_config(args)
-    data = {
-        "files": [str(p) for p in find_config_files(Path(args.project or Path.cwd()))],
-        "config": config_to_dict(config),
-    }
+    files = [str(p) for p in find_config_files(Path(args.project or Path.cwd()))]
+    plain = config_to_dict(config)
     if args.json:
-        _print_json(data)
+        _print_json({"files": files, "config": plain})
     else:
-        _console().print(data)
+        _console().print(render_config(files, plain))
     return EXIT_OK
 
 
@@ -454,6 +490,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 # -- parsing ---------------------------------------------------------------------------------------------------
+
+
+def _doc(command: Any) -> str:
+    """A command's docstring as help text: ``literal`` markup becomes plain text."""
+    return re.sub(r"``([^`]*)``", r"\1", command.__doc__ or "")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -471,13 +512,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
-    p = sub.add_parser("serve", parents=[common], help="run the daemon", description=cmd_serve.__doc__)
+    p = sub.add_parser("serve", parents=[common], help="run the daemon", description=_doc(cmd_serve))
     p.add_argument("--stdio", action="store_true", help="serve JSON-RPC on stdin/stdout")
     p.add_argument("--faults", help="enable fault injection, with the faults declared in FILE (TOML or JSON)")
     p.add_argument("--no-restore", action="store_true", help="do not restart the stored sessions")
     p.set_defaults(func=cmd_serve)
 
-    p = sub.add_parser("run", parents=[common], help="prompt an agent", description=cmd_run.__doc__)
+    p = sub.add_parser("run", parents=[common], help="prompt an agent", description=_doc(cmd_run))
     p.add_argument("prompt", help="what to ask")
     p.add_argument("--agent", help="the agent to prompt (default: start a new one)")
     p.add_argument("--cwd", help="the new agent's working directory (default: the current one)")
@@ -488,39 +529,38 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="print only the answer")
     p.set_defaults(func=cmd_run)
 
-    p = sub.add_parser("agents", parents=[common], help="list agents", description=cmd_agents.__doc__)
+    p = sub.add_parser("agents", parents=[common], help="list agents", description=_doc(cmd_agents))
     p.set_defaults(func=cmd_agents)
 
-    p = sub.add_parser("tree", parents=[common], help="draw the supervision tree", description=cmd_tree.__doc__)
+    p = sub.add_parser("tree", parents=[common], help="draw the supervision tree", description=_doc(cmd_tree))
     p.add_argument("--path", default="/", help="the subtree to draw (default: /)")
     p.add_argument("--depth", type=int, help="levels to draw")
     p.set_defaults(func=cmd_tree)
 
     p = sub.add_parser(
-        "debug-state", parents=[common], help="an agent's debug state", description=cmd_debug_state.__doc__
+        "debug-state", parents=[common], help="an agent's debug state", description=_doc(cmd_debug_state)
     )
     p.add_argument("agent_id", nargs="?", help="the agent (default: the daemon itself)")
     p.add_argument("--events", type=int, help="recent events to show")
     p.add_argument("--messages", type=int, help="recent messages to show")
     p.set_defaults(func=cmd_debug_state)
 
-    p = sub.add_parser("tasks", parents=[common], help="list tasks", description=cmd_tasks.__doc__)
+    p = sub.add_parser("tasks", parents=[common], help="list tasks", description=_doc(cmd_tasks))
     p.add_argument("--cwd", help="the project (default: the current directory)")
     p.add_argument("--agent", help="an agent, for its project or (with --scope session) its session")
     p.add_argument("--view", default="all", help="all, open, ready, in_progress, blocked, done, tree")
     p.add_argument("--scope", default="project", choices=["project", "session"])
     p.set_defaults(func=cmd_tasks)
 
-    p = sub.add_parser("status", parents=[common], help="is a daemon running?", description=cmd_status.__doc__)
+    p = sub.add_parser("status", parents=[common], help="is a daemon running?", description=_doc(cmd_status))
     p.set_defaults(func=cmd_status)
-    p = sub.add_parser("stop", parents=[common], help="stop the daemon", description=cmd_stop.__doc__)
+    p = sub.add_parser("stop", parents=[common], help="stop the daemon", description=_doc(cmd_stop))
     p.set_defaults(func=cmd_stop)
-    p = sub.add_parser("config", parents=[common], help="show the configuration", description=cmd_config.__doc__)
+    p = sub.add_parser("config", parents=[common], help="show the configuration", description=_doc(cmd_config))
+    p.add_argument("action", nargs="?", choices=["show"], default="show", help="show (the default)")
     p.set_defaults(func=cmd_config)
 
-    p = sub.add_parser(
-        "demo", parents=[common], help="a self-contained demo (no API key)", description=cmd_demo.__doc__
-    )
+    p = sub.add_parser("demo", parents=[common], help="a self-contained demo (no API key)", description=_doc(cmd_demo))
     p.add_argument("--keep", action="store_true", help="keep the demo's temporary project and store")
     p.set_defaults(func=cmd_demo)
     return parser

@@ -153,6 +153,8 @@ class TasksListParams(_Params):
 class PermissionRespondParams(_Params):
     request_id: str
     decision: Literal["allow", "deny", "allow_always"]
+    # With "deny": why, for the model, instead of "denied by the user".
+    message: Annotated[str, msgspec.Meta(max_length=2000)] | None = None
 
 
 class AskUserRespondParams(_Params):
@@ -984,7 +986,7 @@ class Server(Actor):
         runner = self.system.whereis(entry[0])
         if runner is None:
             raise RPCError(NOT_FOUND, f"the tool runner for request {p.request_id!r} is gone")
-        ok = await runner.proxy().respond_permission(p.request_id, p.decision)
+        ok = await runner.proxy().respond_permission(p.request_id, p.decision, p.message)
         if not ok:
             raise RPCError(NOT_FOUND, f"permission request {p.request_id!r} was already answered or timed out")
         return {"ok": True}

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -180,8 +181,36 @@ def test_weald_run_streams_the_answer_and_each_tool_call_with_its_outcome(daemon
 
     quiet = daemon.cli("run", "--quiet", "--model", model, "count lines")
     assert quiet.returncode == 0, quiet.stderr
-    assert "notes.txt has 2 lines." in quiet.stdout
+    assert quiet.stdout.splitlines() == ["notes.txt has 2 lines."]  # the answer only, not the first step's text
     assert "read_file" not in quiet.stderr
+
+    one = daemon.script("one-step", [{"text": "done"}])
+    single = daemon.cli("run", "--model", one, "hi")
+    assert any(" 1 step " in line for line in single.stderr.splitlines()), single.stderr
+
+
+def test_weald_run_with_no_terminal_tells_the_model_nobody_was_asked(daemon: DaemonProcess) -> None:
+    model = daemon.script(
+        "writer",
+        [
+            {
+                "text": "Writing the file now.",
+                "tool_calls": [{"name": "write_file", "arguments": {"path": "new.txt", "content": "x"}}],
+            },
+            {"text": "gave up"},
+        ],
+    )
+    run = daemon.cli("run", "--json", "--model", model, "write it", input_text="")  # stdin is not a terminal
+    assert run.returncode == 0, run.stderr
+    assert "not running write_file" in run.stderr
+    assert not (daemon.project / "new.txt").exists()
+    agent_id = json.loads(run.stdout)["agent_id"]
+    with daemon.client() as client:
+        history = client.call("agent.history", {"agent_id": agent_id})
+    tool_results = [m["content"] for m in history["messages"] if m["role"] == "tool"]
+    assert len(tool_results) == 1
+    assert "no one could be asked: run with a terminal, or allow it in weald.toml" in tool_results[0]
+    assert "denied by the user" not in tool_results[0]
 
 
 def test_weald_run_fails_when_the_model_runs_out_of_script(daemon: DaemonProcess) -> None:
@@ -269,36 +298,120 @@ def test_every_command_has_help(tmp_path: Path) -> None:
         assert helped.returncode == 0, helped.stderr
         assert f"usage: weald {command}" in helped.stdout
         assert "--json" in helped.stdout
+        assert "``" not in helped.stdout, f"weald {command} --help shows docstring markup"
 
 
-def test_the_json_of_every_looking_command_parses(daemon: DaemonProcess) -> None:
+# --- what a person reads: tables and panels, never a Python repr ---------------------------------------
+
+PYTHON_REPR = ("{'", "': ", "True", "False", "None")
+
+
+def _no_python_repr(text: str) -> None:
+    for mark in PYTHON_REPR:
+        assert mark not in text, f"{mark!r} in:\n{text}"
+
+
+def test_status_debug_state_and_config_read_as_tables(daemon: DaemonProcess) -> None:
     model = daemon.script("one", [{"text": "one step"}])
     agent_id = json.loads(daemon.cli("run", "--json", "--model", model, "hi").stdout)["agent_id"]
 
-    status = daemon.cli("status", "--json")
-    assert status.returncode == 0
-    shown = json.loads(status.stdout)
-    assert (shown["running"], shown["agents"], shown["faults_enabled"]) == (True, 1, False)
+    status = daemon.cli("status")
+    assert status.returncode == 0, status.stderr
+    _no_python_repr(status.stdout)
+    assert "weald daemon running" in status.stdout
+    assert "turns.running" in status.stdout
 
-    agents = json.loads(daemon.cli("agents", "--json").stdout)
-    assert [a["agent_id"] for a in agents] == [agent_id]
-    tree = json.loads(daemon.cli("tree", "--json", "--depth", "1").stdout)
-    assert tree["path"] == "/"
-    assert "/sessions" in [child["path"] for child in tree["children"]]
-    daemon_state = json.loads(daemon.cli("debug-state", "--json").stdout)
-    agent_state = json.loads(daemon.cli("debug-state", agent_id, "--json", "--messages", "1").stdout)
-    assert daemon_state != agent_state
-    assert [m["content"] for m in agent_state["messages"]] == ["one step"]
-    tasks = json.loads(daemon.cli("tasks", "--json", "--agent", agent_id).stdout)
-    assert tasks["tasks"] == []
+    agent = daemon.cli("debug-state", agent_id)
+    assert agent.returncode == 0, agent.stderr
+    _no_python_repr(agent.stdout)
+    assert f"/sessions/{agent_id}/agent" in agent.stdout
+    assert "one step" in agent.stdout  # the last message, one line
+    whole = daemon.cli("debug-state")
+    assert whole.returncode == 0, whole.stderr
+    _no_python_repr(whole.stdout)
+    assert "events by topic" in whole.stdout
+    events = [line for line in whole.stdout.splitlines() if "server.connected" in line]
+    assert events, whole.stdout
+    assert all(len(line) <= 200 for line in whole.stdout.splitlines()), "an event should fit on one line"
 
-    stop = daemon.cli("stop", "--json")
-    assert stop.returncode == 0
-    assert json.loads(stop.stdout) == {"stopping": True}
-    assert daemon.proc is not None
-    assert daemon.proc.wait(60) == 0
-    daemon.proc = None
+    for args in (("config",), ("config", "show")):
+        shown = daemon.cli(*args)
+        assert shown.returncode == 0, shown.stderr
+        _no_python_repr(shown.stdout.replace("false", "").replace("true", ""))
+        assert str(daemon.config) in shown.stdout.replace("\n", "")
+        assert "tools.max_output_lines" in shown.stdout
+    assert json.loads(daemon.cli("config", "show", "--json").stdout)["files"] == [str(daemon.config)]
 
-    gone = daemon.cli("status", "--json")
-    assert gone.returncode == 1
-    assert json.loads(gone.stdout)["running"] is False
+
+def test_serve_json_prints_one_line_with_the_socket_and_pid(tmp_path: Path) -> None:
+    env = isolated_env(tmp_path)
+    args = [str(WEALD), "serve", "--json"]
+    with subprocess.Popen(
+        args, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    ) as proc:
+        try:
+            assert proc.stdout is not None
+            line = json.loads(proc.stdout.readline())
+            assert line == {
+                "socket": str(tmp_path / "weald.sock"),
+                "pid": proc.pid,
+                "store": str(tmp_path / "store.db"),
+            }
+            stop = weald("stop", "--json", cwd=tmp_path, env=env)
+            assert stop.returncode == 0, stop.stderr
+            assert proc.wait(60) == 0
+            assert proc.stdout.read() == ""  # nothing else on stdout
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+
+
+def test_a_permission_prompt_on_a_terminal_never_lands_inside_the_streamed_text(daemon: DaemonProcess) -> None:
+    import pty
+    import select
+
+    text = "Writing the file now, in one piece."
+    model = daemon.script(
+        "prompted",
+        [
+            {"text": text, "tool_calls": [{"name": "write_file", "arguments": {"path": "new.txt", "content": "x"}}]},
+            {"text": "stopped"},
+        ],
+    )
+    primary, secondary = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "weald.runtime.daemon.cli", "run", "--model", model, "write it"],
+        env=daemon.env(),
+        cwd=daemon.project,
+        stdin=secondary,
+        stdout=secondary,
+        stderr=secondary,
+    )
+    os.close(secondary)
+    seen = b""
+    answered = False
+    try:
+        deadline = time.monotonic() + 60
+        while proc.poll() is None or select.select([primary], [], [], 0)[0]:
+            assert time.monotonic() < deadline, seen.decode(errors="replace")
+            if not select.select([primary], [], [], 0.1)[0]:
+                continue
+            try:
+                chunk = os.read(primary, 4096)
+            except OSError:  # the child closed its side
+                break
+            seen += chunk
+            if not answered and b"allow? " in seen:
+                os.write(primary, b"n\n")
+                answered = True
+        assert proc.wait(30) == 0
+    finally:
+        os.close(primary)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+    shown = seen.decode(errors="replace").replace("\r", "")
+    assert answered, shown
+    before_prompt = shown.split("wants to run")[0]
+    assert text in before_prompt.splitlines(), shown  # whole, on its own line, before the prompt
+    assert not (daemon.project / "new.txt").exists()
