@@ -393,7 +393,7 @@ def test_weald_run_denies_permissions_without_a_terminal_and_the_model_is_told(d
         ],
     )
     run = daemon.cli("run", "--model", model, "try")
-    assert "denying shell" in run.stderr
+    assert "not running shell: echo hi (no terminal to ask" in run.stderr
     assert "I was not allowed" in run.stdout
     assert run.returncode == 0, run.stderr  # the turn itself ended well: the model answered
 
@@ -402,7 +402,8 @@ def test_weald_run_starts_an_embedded_daemon_when_none_runs(tmp_path: Path) -> N
     d = DaemonProcess(tmp_path)
     run = d.cli("run", "--quiet", "hello")
     assert run.returncode == 0, run.stderr
-    assert "scripted demo model" in run.stdout
+    assert "To talk to a real model" in run.stdout  # the demo model's answer
+    assert "scripted demo model" not in run.stdout  # --quiet: not its first step's text
     assert not d.socket.exists()
 
 
