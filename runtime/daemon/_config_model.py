@@ -398,11 +398,19 @@ class LimitsConfig:
             carries on.
         max_concurrent_turns: Turns running at once across the daemon;
             further turns wait, first come first served. None means no limit.
+        max_connections: Client connections open at once on the socket; one
+            more is told so and closed. None means three quarters of the
+            daemon's file descriptor limit (``ulimit -n``).
+        max_buffered_bytes: Bytes of unfinished lines (messages still being
+            received) held across all connections; the connection whose
+            line would go over it is told so and closed.
     """
 
     max_agents: int = checked(20_000, check_positive_int)
     max_message_bytes: int = checked(16 * 1024 * 1024, check_positive_int)
     max_concurrent_turns: int | None = checked(None, optional(check_positive_int))
+    max_connections: int | None = checked(None, optional(check_positive_int))
+    max_buffered_bytes: int = checked(64 * 1024 * 1024, check_positive_int)
 
 
 @attrs.frozen(kw_only=True)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import os
 import re
 import signal
@@ -81,6 +82,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     config = _load_config(args)
     err = _console(stderr=True)
+    _log_warnings_to_stderr()
     try:
         faults = _make_faults(args, config)
     except FaultSpecError as exc:
@@ -129,6 +131,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
         err.print("weald daemon stopping: aborting running turns, saving, stopping the tree")
     daemon.shutdown()
     return EXIT_OK
+
+
+def _log_warnings_to_stderr() -> None:
+    """The daemon's warnings (running out of file descriptors, say) go to its stderr, one line each."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setLevel(logging.WARNING)
+    handler.setFormatter(logging.Formatter("weald serve: %(levelname)s: %(message)s"))
+    logging.getLogger("weald").addHandler(handler)
 
 
 def _make_faults(args: argparse.Namespace, config: Any) -> Any:

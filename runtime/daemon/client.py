@@ -56,6 +56,9 @@ class Client:
         self.notifications: queue.Queue[tuple[str, Any]] = queue.Queue()
         self._closed = False  # close() was called
         self._broken = False  # the daemon ended the connection
+        # The last message read, when it was an error about the connection itself (its id null):
+        # the reason the daemon gives if it closes the connection next (a limit, say).
+        self._refusal: str | None = None
         self.embedded = False  # True when the CLI started the daemon in its own process
         self._reader = threading.Thread(target=self._read, name="weald-client-reader", daemon=True)
         self._reader.start()
@@ -128,7 +131,7 @@ class Client:
         future: Future[Any] = Future()
         with self._lock:
             if self._closed or self._broken:
-                msg = "the connection to the daemon is closed"
+                msg = "the connection to the daemon is closed" + (f": {self._refusal}" if self._refusal else "")
                 raise DaemonUnavailableError(msg)
             self._pending[request_id] = (method, future)
         payload = {"jsonrpc": "2.0", "id": request_id, "method": method, "params": params or {}}
@@ -172,11 +175,13 @@ class Client:
             self._pending.clear()
             self._broken = True
         for method, future in pending:
-            why = f": {error}" if error else ""
+            why = f": {self._refusal}" if self._refusal else f": {error}" if error else ""
             lost = DaemonUnavailableError(f"the daemon closed the connection during {method}{why}")
             future.set_exception((DaemonUnavailableError, lost, None))
 
     def _dispatch(self, message: Any) -> None:
+        error = message.get("error") if isinstance(message, dict) and message.get("id") is None else None
+        self._refusal = f"{error.get('message', '')} (error {error.get('code')})" if isinstance(error, dict) else None
         if isinstance(message, list):
             for item in message:
                 self._dispatch(item)

@@ -7,10 +7,16 @@ next request; replies carry the request's id. Events, questions and
 permission requests reach clients as notifications (``event``,
 ``ask_user.question``, ``permission.request``).
 
-Bad input never takes anything down: malformed JSON (-32700), a request of
-the wrong shape (-32600), an unknown method (-32601), wrong params (-32602,
-naming the field) and a message over ``limits.max_message_bytes`` (16 MB by
-default; -32600) each get an error reply, and the connection carries on. A
+Bad input never takes anything down: malformed JSON or invalid UTF-8
+(-32700), a request of the wrong shape (-32600), an id already in flight on
+the connection (-32600, naming the id), an unknown method (-32601), wrong
+params (-32602, naming the field) and a message over
+``limits.max_message_bytes`` (16 MB by default; -32600) each get an error
+reply, and the connection and the requests in flight on it carry on. Clients
+over ``limits.max_connections``, a connection whose unfinished line would
+take the input buffered for all connections over ``limits.max_buffered_bytes``,
+and clients arriving while the process is out of file descriptors get one
+error line (-32003, naming the limit) and are closed (``_front``). A
 client that disconnects mid-turn loses nothing: the turn goes on and its
 result lands in the history. ``agent.prompt`` goes through the daemon's turn
 gate (``limits.max_concurrent_turns``), so it may wait for a slot first.
@@ -34,7 +40,8 @@ import socket
 import stat
 import struct
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from importlib.metadata import version
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -43,6 +50,16 @@ import msgspec
 import trio
 from weald.runtime import Actor, Event, StoreError, WealdError, redact
 from weald.runtime.agent import TurnResult
+from weald.runtime.daemon._front import (
+    LIMIT_REACHED,
+    TOO_LARGE,
+    Acceptor,
+    InputBudget,
+    OverBudget,
+    default_max_connections,
+    over_budget_message,
+    read_lines,
+)
 from weald.runtime.session import RuntimeView, agent_path
 from weald.supervisors import SupervisorBase
 
@@ -81,6 +98,7 @@ ERRORS = {
     APP_ERROR: "request failed",
     NOT_FOUND: "not found",
     FAULTS_DISABLED: "fault injection is not enabled",
+    LIMIT_REACHED: "a limit of the daemon was reached",
 }
 
 
@@ -129,7 +147,7 @@ class AgentPromptParams(_Params):
 
 class AgentHistoryParams(_Params):
     agent_id: str
-    limit: int | None = None
+    limit: Annotated[int, msgspec.Meta(ge=0)] | None = None  # the last N messages; 0: none, None: all
 
 
 class DebugStateParams(_Params):
@@ -254,48 +272,6 @@ def _peer_uid(sock: socket.socket) -> int:
 # -- a connection ------------------------------------------------------------------------------------
 
 
-class _TooLarge:
-    pass
-
-
-TOO_LARGE = _TooLarge()
-
-
-async def read_messages(
-    stream: trio.abc.ReceiveStream, limit: int = MAX_MESSAGE_BYTES
-) -> AsyncIterator[bytes | _TooLarge]:
-    """Yield each newline-terminated message, or `TOO_LARGE` for one over ``limit`` (then skip to its end)."""
-    buf = bytearray()
-    skipping = False
-    while True:
-        data = await stream.receive_some(256 * 1024)
-        if not data:
-            if buf and not skipping:
-                yield bytes(buf)
-            return
-        start = 0
-        while True:
-            newline = data.find(b"\n", start)
-            if newline < 0:
-                if not skipping:
-                    buf += data[start:]
-                    if len(buf) > limit:
-                        buf.clear()
-                        skipping = True
-                        yield TOO_LARGE
-                break
-            if skipping:
-                skipping = False
-            else:
-                buf += data[start:newline]
-                if len(buf) > limit:
-                    yield TOO_LARGE
-                elif buf.strip():
-                    yield bytes(buf)
-                buf.clear()
-            start = newline + 1
-
-
 class Connection:
     """One client: its outgoing queue, its subscriptions, the agents it listens to."""
 
@@ -312,6 +288,7 @@ class Connection:
         self.dropped = 0
         self.requests = 0
         self.limiter = trio.CapacityLimiter(_MAX_CONCURRENT_REQUESTS)
+        self.in_flight_ids: set[str | int] = set()  # ids of the requests read and not yet answered
         self.nursery: trio.Nursery | None = None  # the connection's own; set when it is served
         # Invariant: written <= queued; the writer wakes `_sent` after each write and when it ends.
         self.queued = 0
@@ -414,6 +391,11 @@ class Server(Actor):
         self._subscription_ids = itertools.count(1)
         self._listening = trio.Event()
         self._max_message_bytes: int = daemon.config.limits.max_message_bytes
+        limits = daemon.config.limits
+        self._max_connections: int = limits.max_connections or default_max_connections()
+        self._budget = InputBudget(limits.max_buffered_bytes)  # partial lines of every connection
+        self._acceptor: Acceptor | None = None  # set while the socket listens
+        self._version = version("weald")  # read once: daemon.status needs no file (nor descriptor) later
         self._accepting = trio.CancelScope()  # cancelled to stop accepting connections
         self._stopping = False  # True once stop_accepting ran: new turns are refused
         self._socket_id: tuple[int, int] | None = None  # (device, inode) of the socket we bound
@@ -455,7 +437,7 @@ class Server(Actor):
     async def _start(self) -> None:
         self.run_io(self._watch_prompts, reply=_crash_on_error, name="prompt router")
         if self._socket_path is not None:
-            listener = await self._listen(self._socket_path)
+            listener = self._listen(self._socket_path)
             # The listener ending on an error crashes the server, so its supervisor restarts it.
             self.run_io(self._serve_socket, listener, reply=_crash_on_error, name="socket listener")
         if self._stdio:
@@ -504,18 +486,23 @@ class Server(Actor):
             for conn in list(self._connections.values()):
                 nursery.start_soon(conn.wait_written)
 
-    async def _listen(self, path: Path) -> trio.SocketListener:
-        sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    def _listen(self, path: Path) -> socket.socket:
+        """The listening socket, non-blocking (`Acceptor` waits on it through trio)."""
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.setblocking(False)
         old = os.umask(0o177)  # the socket is born owner-only; no window where others may connect
         try:
-            await sock.bind(str(path))
+            sock.bind(str(path))
+        except BaseException:
+            sock.close()
+            raise
         finally:
             os.umask(old)
         os.chmod(path, 0o600)
         bound = os.lstat(path)
         self._socket_id = (bound.st_dev, bound.st_ino)
         sock.listen(512)
-        return trio.SocketListener(sock)
+        return sock
 
     def snapshot(self) -> ServerSnapshot:
         """Connections and request counts."""
@@ -530,33 +517,47 @@ class Server(Actor):
 
     # -- serving ------------------------------------------------------------------------------
 
-    async def _serve_socket(self, listener: trio.SocketListener) -> None:
+    async def _serve_socket(self, listener: socket.socket) -> None:
         # Connections live in the outer nursery: they outlast the listener,
         # which closes when the daemon stops accepting (`stop_accepting`).
+        acceptor = Acceptor(listener, self._max_connections, self._publish)
+        self._acceptor = acceptor
         async with trio.open_nursery() as nursery:
             with self._accepting:
-                async with listener:
-                    await self._accept(listener, nursery)
+                try:
+                    await self._accept(acceptor, nursery)
+                finally:
+                    trio.lowlevel.notify_closing(listener)
+                    listener.close()
+                    acceptor.close()
 
-    async def _accept(self, listener: trio.SocketListener, nursery: trio.Nursery) -> None:
+    def _publish(self, topic: str, data: dict[str, Any]) -> None:
+        self.system.events.publish(topic, self.path, data)
+
+    async def _accept(self, acceptor: Acceptor, nursery: trio.Nursery) -> None:
+        """Accept clients for as long as the listener is open (see `Acceptor` for the limits)."""
         while True:
-            stream = await listener.accept()
-            sock = stream.socket
+            sock = await acceptor.accept()
             try:
-                uid = _peer_uid(sock)  # type: ignore[arg-type]
+                uid = _peer_uid(sock)
             except OSError:
                 uid = -1
             if uid != os.getuid():
                 self._refused += 1
                 self.system.events.publish("server.refused", self.path, {"uid": uid})
-                await stream.aclose()
+                sock.close()
+                acceptor.closed()
                 continue
-            nursery.start_soon(self._contain, self._serve_stream, stream, f"uid {uid}")
+            stream = trio.SocketStream(trio.socket.from_stdlib_socket(sock))
+            nursery.start_soon(self._contain, self._serve_stream, stream, f"uid {uid}", acceptor)
 
-    async def _serve_stream(self, stream: trio.SocketStream, peer: str) -> None:
-        """One accepted socket: served, then closed, whatever ended it."""
-        async with stream:
-            await self._serve_connection(stream, stream, peer)
+    async def _serve_stream(self, stream: trio.SocketStream, peer: str, acceptor: Acceptor) -> None:
+        """One accepted socket: served, then closed (and its place freed), whatever ended it."""
+        try:
+            async with stream:
+                await self._serve_connection(stream, stream, peer)
+        finally:
+            acceptor.closed()
 
     async def _contain(self, serve: Callable[..., Awaitable[None]], *args: Any) -> None:
         """Serve one connection; whatever happens to it stays with it.
@@ -596,30 +597,42 @@ class Server(Actor):
                 idle = trio.Event()
                 in_flight = 0
 
-                async def handle(message: bytes) -> None:
+                async def handle(request: Any, early: dict[int, dict[str, Any]], claim: _Claim) -> None:
                     nonlocal in_flight
                     try:
-                        await self._handle(conn, message)
+                        await self._answer(conn, request, early)
                     finally:
+                        conn.in_flight_ids.difference_update(claim.ids)
                         in_flight -= 1
                         self._request_done()
-                        conn.limiter.release_on_behalf_of(message)
+                        conn.limiter.release_on_behalf_of(claim)
                         if in_flight == 0:
                             idle.set()
 
-                limit = self._max_message_bytes
-                async for message in read_messages(receive, limit):
-                    if isinstance(message, _TooLarge):
-                        await conn.reply(_error(None, INVALID_REQUEST, _too_large(limit)))
-                        continue
-                    # At most _MAX_CONCURRENT_REQUESTS in flight: reading waits for room (backpressure).
-                    await conn.limiter.acquire_on_behalf_of(message)
-                    in_flight += 1
-                    self._in_flight += 1
-                    idle = trio.Event() if idle.is_set() else idle
-                    nursery.start_soon(handle, message)
-                # End of input: answer what is in flight, then close. A client that
-                # is really gone breaks the writer, which cancels the rest.
+                async with contextlib.aclosing(read_lines(receive, self._max_message_bytes, self._budget)) as lines:
+                    async for line in lines:
+                        if line is TOO_LARGE:
+                            await conn.reply(_error(None, INVALID_REQUEST, _too_large(self._max_message_bytes)))
+                            continue
+                        if isinstance(line, OverBudget):
+                            await self._refuse_over_budget(conn, line)
+                            break
+                        assert isinstance(line, bytes)
+                        request = await self._decode(conn, line)
+                        if request is _UNREADABLE:
+                            continue
+                        # Ids are claimed here, in the order requests came: a second request
+                        # with the id of one still in flight is refused, the first goes on.
+                        early, claim = _claim_ids(conn, request)
+                        # At most _MAX_CONCURRENT_REQUESTS in flight: reading waits for room (backpressure).
+                        # The borrower is the claim: a new object for each message, equal bytes or not.
+                        await conn.limiter.acquire_on_behalf_of(claim)
+                        in_flight += 1
+                        self._in_flight += 1
+                        idle = trio.Event() if idle.is_set() else idle
+                        nursery.start_soon(handle, request, early, claim)
+                # End of input (or input refused): answer what is in flight, then close.
+                # A client that is really gone breaks the writer, which cancels the rest.
                 if in_flight:
                     await idle.wait()
                 conn.close()
@@ -628,6 +641,17 @@ class Server(Actor):
             self._connections.pop(conn.id, None)
             self.system.events.publish("server.disconnected", self.path, {"connection": conn.id})
 
+    async def _refuse_over_budget(self, conn: Connection, over: OverBudget) -> None:
+        """This connection's partial line broke the daemon's input budget: tell it; nothing more is read."""
+        limit = self._budget.limit
+        self.system.events.publish(
+            "server.input_refused",
+            self.path,
+            {"connection": conn.id, "held": over.held, "max_buffered_bytes": limit, "buffered": self._budget.held},
+        )
+        data = {"limit": "limits.max_buffered_bytes", "value": limit}
+        await conn.reply(_error(None, LIMIT_REACHED, over_budget_message(over.held, limit), data))
+
     def _request_done(self) -> None:
         self._in_flight -= 1
         if self._in_flight == 0:
@@ -635,28 +659,49 @@ class Server(Actor):
 
     # -- requests ---------------------------------------------------------------------------------
 
-    async def _handle(self, conn: Connection, raw: bytes) -> None:
+    async def _decode(self, conn: Connection, raw: bytes) -> Any:
+        """The message of one line, or `_UNREADABLE` once its parse error is sent."""
         self._requests += 1
         conn.requests += 1
         try:
-            request = msgspec.json.decode(raw)
+            return msgspec.json.decode(raw)
         except msgspec.DecodeError as exc:
-            await conn.reply(_error(None, PARSE_ERROR, f"parse error: the message is not valid JSON ({exc})"))
-            return
+            problem = f"the message is not valid JSON ({exc})"
+        except UnicodeDecodeError as exc:
+            problem = f"the message is not valid UTF-8 ({exc.reason} at byte {exc.start} of a string)"
         except RecursionError:
-            await conn.reply(_error(None, PARSE_ERROR, "parse error: the JSON is nested too deeply"))
-            return
+            problem = "the JSON is nested too deeply"
+        await conn.reply(_error(None, PARSE_ERROR, f"parse error: {problem}"))
+        return _UNREADABLE
+
+    async def _answer(self, conn: Connection, request: Any, early: dict[int, dict[str, Any]]) -> None:
+        """Run one request (or a batch) and send its reply; ``early`` holds replies decided when it was read."""
         if isinstance(request, list):
             if not request:
                 await conn.reply(_error(None, INVALID_REQUEST, "invalid request: an empty batch"))
                 return
-            replies = [r for r in [await self._one(conn, item) for item in request] if r is not None]
+            replies = []
+            for index, item in enumerate(request):
+                reply = early[index] if index in early else await self._one_contained(conn, item)
+                if reply is not None:
+                    replies.append(reply)
             if replies:
                 await conn.send_line(_encoder.encode(replies) + b"\n")
             return
-        response = await self._one(conn, request)
+        response = early[0] if early else await self._one_contained(conn, request)
         if response is not None:
             await conn.reply(response)
+
+    async def _one_contained(self, conn: Connection, request: Any) -> dict[str, Any] | None:
+        """`_one`, with any failure of it answered as an internal error: the connection carries on."""
+        try:
+            return await self._one(conn, request)
+        except Exception as exc:  # a bug in one request never costs the others on the connection
+            self.system.events.publish("server.error", self.path, {"error": repr(exc)})
+            if not isinstance(request, dict) or "id" not in request:
+                return None
+            request_id = request["id"] if isinstance(request["id"], str | int) else None
+            return _error(request_id, INTERNAL_ERROR, f"internal error: {exc!r}")
 
     async def _one(self, conn: Connection, request: Any) -> dict[str, Any] | None:
         if not isinstance(request, dict):
@@ -695,6 +740,8 @@ class Server(Actor):
         except (WealdError, ValueError, KeyError) as exc:
             return None if notification else _error(request_id, APP_ERROR, str(exc))
         except Exception as exc:
+            if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE):
+                return None if notification else _error(request_id, APP_ERROR, _out_of_fds(method))
             self.system.events.publish("server.error", self.path, {"method": method, "error": repr(exc)})
             return None if notification else _error(request_id, INTERNAL_ERROR, f"internal error in {method}: {exc!r}")
         if notification:
@@ -800,14 +847,14 @@ class Server(Actor):
 
         ref = self.system.whereis(agent_path(p.agent_id))
         if ref is not None:
-            messages = await ref.proxy().history(p.limit)
+            messages = [] if p.limit == 0 else await ref.proxy().history(p.limit)
         else:
             entries = await trio.to_thread.run_sync(load_history, self.system.store, p.agent_id)
             if not entries:
                 raise RPCError(NOT_FOUND, f"no agent {p.agent_id!r} and no stored history for it")
             messages = [e.message for e in entries]
-            if p.limit:
-                messages = messages[-p.limit :]
+            if p.limit is not None:
+                messages = messages[len(messages) - p.limit :] if p.limit else []
         return {"agent_id": p.agent_id, "messages": _plain(messages)}
 
     async def _debug_state(self, conn: Connection, p: DebugStateParams) -> dict[str, Any]:
@@ -1095,13 +1142,11 @@ class Server(Actor):
     # -- the daemon ---------------------------------------------------------------------------------------
 
     async def _daemon_status(self, conn: Connection, p: NoParams) -> dict[str, Any]:
-        from importlib.metadata import version
-
         sessions = self.system.whereis("/sessions")
         count = (await sessions.proxy().count_children())["active"] if sessions is not None else 0
         return {
             "pid": os.getpid(),
-            "version": version("weald"),
+            "version": self._version,
             "socket": str(self._socket_path) if self._socket_path else None,
             "uptime": round(time.time() - self._daemon.started_at, 3),
             "agents": count,
@@ -1110,6 +1155,24 @@ class Server(Actor):
             "store": str(self.system.store_path),
             "turns": _plain(self._sessions.gate.statistics()) if self._daemon.sessions is not None else None,
             "max_message_bytes": self._max_message_bytes,
+            "front": self._front_status(),
+        }
+
+    def _front_status(self) -> dict[str, Any]:
+        """The front door's limits and what they turned away (``daemon.status`` ``front``)."""
+        acceptor = self._acceptor.statistics() if self._acceptor is not None else None
+        return {
+            "max_connections": self._max_connections,
+            "max_buffered_bytes": self._budget.limit,
+            "buffered_bytes": self._budget.held,
+            "buffered_bytes_peak": self._budget.peak,
+            "refused": {
+                "max_connections": acceptor.refused_max_connections if acceptor else 0,
+                "max_buffered_bytes": self._budget.refused,
+                "out_of_fds": acceptor.refused_out_of_fds if acceptor else 0,
+            },
+            "fd_exhaustions": acceptor.fd_exhaustions if acceptor else 0,
+            "out_of_fds": acceptor.out_of_fds if acceptor else False,
         }
 
     async def _daemon_stop(self, conn: Connection, p: NoParams) -> dict[str, Any]:
@@ -1138,10 +1201,60 @@ def _only_disconnects(exc: BaseException) -> bool:
     return isinstance(exc, gone)
 
 
+def _out_of_fds(method: str) -> str:
+    return (
+        f"{method} failed: the daemon is out of file descriptors (too many connections, processes or files "
+        "open); try again shortly"
+    )
+
+
 def _too_large(limit: int) -> str:
     mib = limit / (1024 * 1024)
     size = f"{mib:g} MB" if mib >= 1 else f"{limit / 1024:g} KB"
     return f"message too large: over {limit} bytes ({size}, limits.max_message_bytes); send smaller messages"
+
+
+_UNREADABLE = object()  # `Server._decode` sent a parse error for the line
+
+
+class _Claim:
+    """The ids one message holds in flight; also the message's borrower of the connection's limiter."""
+
+    __slots__ = ("ids",)
+
+    def __init__(self, ids: list[str | int]) -> None:
+        self.ids = ids
+
+
+def _claim_ids(conn: Connection, request: Any) -> tuple[dict[int, dict[str, Any]], _Claim]:
+    """Mark the ids of a request (or of each item of a batch) in flight on ``conn``.
+
+    Returns the replies decided now (by index in the batch, 0 for a single
+    request): -32600 for an id already in flight. That reply's ``id`` is
+    null, so that it cannot be taken for the reply of the request in flight;
+    its message and ``data.id`` name the id. Also returns the `_Claim` of
+    the ids claimed, to be given back when the reply is sent. Requests without an id, or
+    with null or an invalid one, claim nothing.
+    """
+    items = request if isinstance(request, list) else [request]
+    early: dict[int, dict[str, Any]] = {}
+    claimed: list[str | int] = []
+    for index, item in enumerate(items):
+        if not isinstance(item, dict):
+            continue
+        request_id = item.get("id")
+        if isinstance(request_id, bool) or not isinstance(request_id, str | int):
+            continue
+        if request_id in conn.in_flight_ids:
+            message = (
+                f"invalid request: id {request_id!r} is already in flight on this connection; "
+                "give each request its own id (the request in flight goes on)"
+            )
+            early[index] = _error(None, INVALID_REQUEST, message, {"id": request_id})
+            continue
+        conn.in_flight_ids.add(request_id)
+        claimed.append(request_id)
+    return early, _Claim(claimed)
 
 
 def _error(request_id: Any, code: int, message: str, data: Any = None) -> dict[str, Any]:

@@ -42,8 +42,10 @@ class DaemonProcess:
         env.pop("WEALD_SOCKET", None)
         return env
 
-    def start(self, *extra: str) -> DaemonProcess:
-        args = [sys.executable, "-m", "weald.runtime.daemon.cli", "serve", "--socket", str(self.socket), *extra]
+    def start(self, *extra: str, wrapper: tuple[str, ...] = ()) -> DaemonProcess:
+        """Start ``weald serve`` (through ``wrapper``, a command that execs the rest, such as prlimit)."""
+        serve = [sys.executable, "-m", "weald.runtime.daemon.cli", "serve", "--socket", str(self.socket)]
+        args = [*wrapper, *serve, *extra]
         if self.faults is not None:
             args += ["--faults", str(self.faults)]
         with self.log.open("ab") as log:

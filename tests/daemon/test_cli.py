@@ -101,7 +101,11 @@ def test_weald_config_json_is_the_merged_configuration(tmp_path: Path) -> None:
     shown = json.loads(run.stdout)
     assert shown["files"] == [str(tmp_path / "weald.toml")]
     assert shown["config"]["agent"]["max_steps"] == 7
-    assert shown["config"]["limits"] == {"max_agents": 20000, "max_message_bytes": 16 * 1024 * 1024}
+    assert shown["config"]["limits"] == {
+        "max_agents": 20000,
+        "max_message_bytes": 16 * 1024 * 1024,
+        "max_buffered_bytes": 64 * 1024 * 1024,
+    }
 
 
 # --- weald demo ----------------------------------------------------------------------------------------
