@@ -422,8 +422,12 @@ async def read_lines(
                         yield complete
                 start = newline + 1
             if not settle():
+                # Refused: what it held is given back now, before the refusal is even sent,
+                # so that the next connection to grow is not refused for it.
                 held = len(buf)
                 buf.clear()
+                budget.release(charged)
+                charged = 0
                 yield OverBudget(held)
                 return
     finally:

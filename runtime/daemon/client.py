@@ -140,7 +140,9 @@ class Client:
         except OSError as exc:
             with self._lock:
                 self._pending.pop(request_id, None)
-            msg = f"the connection to the daemon broke: {exc}"
+            # The daemon may have said why it closed the connection (a limit, say): read to the end first.
+            self._reader.join(5)
+            msg = f"the connection to the daemon broke: {self._refusal or exc}"
             raise DaemonUnavailableError(msg) from exc
         return future
 
