@@ -13,14 +13,23 @@ faults, and how often it was put to the test:
 - fuzz: random bytes and wrong requests to every method of the JSON-RPC
   server of one real daemon; sent, answered, error codes;
 - load: a thousand concurrent clients for a bounded time; requests, answers,
-  requests per second, and the daemon's RSS before, at its peak and after.
+  requests per second, and the daemon's RSS before, at its peak and after;
+- fd flood: a real ``weald serve`` under ``prlimit --nofile=1024`` flooded by
+  2,000 clients at once, twice: with the default ``limits.max_connections``
+  and with the limit above the descriptor limit, so that the daemon runs out
+  of descriptors; clients served and refused (by the limit each refusal
+  names), spells without descriptors, seconds until a new client is served;
+- partial-line flood: 60 connections each sending 15 MB of one line and never
+  ending it; connections refused and held, the input buffered at most against
+  ``limits.max_buffered_bytes``, the daemon's RSS before and at its peak.
 
 Each part checks the invariants of its test suite (``tests/reliability``,
 whose helpers it runs) and the report counts how many were checked and how
 many held. The exit code is 1 if any did not hold.
 
 Run: ``python benchmarks/reliability.py [--schedules N] [--trees N] [--crash-cycles N]
-[--fuzz N] [--clients N] [--load-seconds S] [--seed S]``. The defaults take one
+[--fuzz N] [--clients N] [--load-seconds S] [--flood-clients N] [--nofile N]
+[--line-connections N] [--line-mb MB] [--seed S]``. The defaults take one
 to two minutes on a 2-core machine.
 """
 
@@ -49,6 +58,7 @@ from hypothesis import seed as hypothesis_seed  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from rel_chaos import InvariantCheck, escalating_plan, random_plan, run_chaos  # noqa: E402
 from rel_crash import run_crash_cycles  # noqa: E402
+from rel_front import run_fd_flood, run_line_flood  # noqa: E402
 from rel_fuzz import FuzzClient  # noqa: E402
 from rel_load import run_load  # noqa: E402
 from rel_strategies import fuzz_methods, pings, raw_lines, seeds, tree_faults, trees, wrong_requests  # noqa: E402
@@ -176,6 +186,10 @@ def main() -> int:
     parser.add_argument("--fuzz", type=int, default=1500, help="fuzz requests to a real daemon")
     parser.add_argument("--clients", type=int, default=1000, help="concurrent clients of the load burst")
     parser.add_argument("--load-seconds", type=float, default=20.0, help="how long the load lasts")
+    parser.add_argument("--flood-clients", type=int, default=2000, help="clients of each fd flood")
+    parser.add_argument("--nofile", type=int, default=1024, help="the daemon's descriptor limit in the fd flood")
+    parser.add_argument("--line-connections", type=int, default=60, help="connections of the partial-line flood")
+    parser.add_argument("--line-mb", type=float, default=15.0, help="MB each of them sends of its unfinished line")
     parser.add_argument("--seed", type=int, default=2025, help="the seed everything derives from")
     args = parser.parse_args()
     warnings.simplefilter("ignore")  # hypothesis outside pytest warns about its database and settings
@@ -202,6 +216,21 @@ def main() -> int:
         load = run_load(root / "load", clients=args.clients, seconds=args.load_seconds, seed=args.seed)
         tally.add("load", load.checks)
         timings["load"] = time.monotonic() - started
+        started = time.monotonic()
+        floods = {
+            "capped": run_fd_flood(root / "fd-capped", clients=args.flood_clients, nofile=args.nofile),
+            # A connection limit far above the descriptor limit: the daemon runs out of descriptors.
+            "out of fds": run_fd_flood(
+                root / "fd-out", clients=args.flood_clients, nofile=args.nofile, max_connections=1 << 20
+            ),
+        }
+        for name, flood in floods.items():
+            tally.add("fd flood", flood.checks, name)
+        timings["fd flood"] = time.monotonic() - started
+        started = time.monotonic()
+        lines = run_line_flood(root / "lines", connections=args.line_connections, line_mb=args.line_mb)
+        tally.add("line flood", lines.checks)
+        timings["line flood"] = time.monotonic() - started
 
     table = Table(title="weald reliability report", show_lines=False)
     table.add_column("part")
@@ -233,6 +262,37 @@ def main() -> int:
     table.add_row("", "requests/s (measured, not a target)", f"{load.requests_per_second:.0f}")
     table.add_row(
         "", "RSS MB before / peak / after", f"{load.rss_before:.1f} / {load.rss_peak:.1f} / {load.rss_after:.1f}"
+    )
+    for name, flood in floods.items():
+        table.add_row(
+            "fd flood" if name == "capped" else "",
+            f"{name}: clients (daemon's nofile; max_connections)",
+            f"{flood.clients} ({flood.nofile}; {flood.max_connections or 'default'})",
+        )
+        refused = ", ".join(f"{limit}: {n}" for limit, n in sorted(flood.refused.items())) or "none"
+        table.add_row("", f"{name}: served / refused (by limit)", f"{flood.served} / {refused}")
+        table.add_row(
+            "", f"{name}: unanswered / closed without a word", f"{flood.unanswered} / {flood.closed_without_a_word}"
+        )
+        table.add_row(
+            "",
+            f"{name}: spells out of fds (lines logged)",
+            f"{flood.fd_exhaustions} ({flood.warnings_logged})",
+        )
+        table.add_row(
+            "",
+            f"{name}: flood s / s until a new client is served",
+            f"{flood.flood_seconds:.1f} / {flood.recovery_seconds:.2f}",
+        )
+    table.add_row(
+        "line flood",
+        "connections x MB of one unfinished line",
+        f"{lines.connections} x {lines.line_mb:g}",
+    )
+    table.add_row("", "refused (limits.max_buffered_bytes) / held", f"{lines.refused} / {lines.held}")
+    table.add_row("", "MB buffered at most / budget", f"{lines.buffered_peak_mb:.1f} / {lines.budget_mb:g}")
+    table.add_row(
+        "", "RSS MB before / peak / after", f"{lines.rss_before:.1f} / {lines.rss_peak:.1f} / {lines.rss_after:.1f}"
     )
     checked = sum(tally.checked.values())
     held = sum(tally.held.values())
