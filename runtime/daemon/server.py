@@ -854,7 +854,7 @@ class Server(Actor):
                 raise RPCError(NOT_FOUND, f"no agent {p.agent_id!r} and no stored history for it")
             messages = [e.message for e in entries]
             if p.limit is not None:
-                messages = messages[len(messages) - p.limit :] if p.limit else []
+                messages = messages[-p.limit :] if p.limit else []
         return {"agent_id": p.agent_id, "messages": _plain(messages)}
 
     async def _debug_state(self, conn: Connection, p: DebugStateParams) -> dict[str, Any]:
