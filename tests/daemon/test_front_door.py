@@ -105,11 +105,11 @@ def test_an_id_in_flight_is_free_again_once_its_reply_is_sent(tmp_path: Path) ->
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
             sock.connect(str(d.socket))
             sock.settimeout(30)
-            reader = sock.makefile("rb")
-            for _ in range(3):
-                sock.sendall(_line({"jsonrpc": "2.0", "id": 7, "method": "agent.list"}))
-                reply = msgspec.json.decode(reader.readline())
-                assert reply == {"jsonrpc": "2.0", "id": 7, "result": []}
+            with sock.makefile("rb") as reader:
+                for _ in range(3):
+                    sock.sendall(_line({"jsonrpc": "2.0", "id": 7, "method": "agent.list"}))
+                    reply = msgspec.json.decode(reader.readline())
+                    assert reply == {"jsonrpc": "2.0", "id": 7, "result": []}
     finally:
         d.close()
 
@@ -154,7 +154,8 @@ def test_one_connection_over_max_connections_is_told_the_limit_and_closed(tmp_pa
             raw.connect(str(d.socket))
             raw.settimeout(30)
             raw.sendall(_line({"jsonrpc": "2.0", "id": 1, "method": "daemon.status"}))
-            lines = raw.makefile("rb").read().splitlines()  # the refusal, then the end of the stream
+            with raw.makefile("rb") as reader:
+                lines = reader.read().splitlines()  # the refusal, then the end of the stream
         assert len(lines) == 1, lines
         refusal = msgspec.json.decode(lines[0])
         assert refusal["id"] is None

@@ -505,6 +505,7 @@ def _large_message_served(path: Path, pid: int) -> bool:
         sock.settimeout(60)
         sock.connect(str(path))
         sock.sendall(line + b"\n")
-        reply = msgspec.json.decode(sock.makefile("rb").readline())
+        with sock.makefile("rb") as reader:
+            reply = msgspec.json.decode(reader.readline())
     # The server ignores members it does not know in a request object; padding is one of them.
     return bool(reply.get("id") == 9 and reply.get("result", {}).get("pid") == pid)
