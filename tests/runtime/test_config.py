@@ -82,6 +82,8 @@ def test_an_empty_file_gives_every_default() -> None:
         "max_agents": 20_000,
         "max_message_bytes": 16 * 1024 * 1024,
         "max_concurrent_turns": None,
+        "max_connections": None,
+        "max_buffered_bytes": 64 * 1024 * 1024,
     }
     assert config.store.path == HOME / ".weald" / "store.db"
     assert config.store.durability == "process"
@@ -184,6 +186,8 @@ debug_state = true
 max_agents = 100
 max_message_bytes = 1_048_576
 max_concurrent_turns = 8
+max_connections = 50
+max_buffered_bytes = 33_554_432
 
 [store]
 path = "/var/lib/weald/store.db"
@@ -246,7 +250,7 @@ def test_every_section_is_structured_into_its_class() -> None:
     )
 
     assert attrs.astuple(config.agent) == (10, 0, 30.0, "Be brief.", True)
-    assert attrs.astuple(config.limits) == (100, 1_048_576, 8)
+    assert attrs.astuple(config.limits) == (100, 1_048_576, 8, 50, 33_554_432)
     assert (config.store.path, config.store.durability) == (Path("/var/lib/weald/store.db"), "power")
     assert config.server.socket == Path("/run/weald.sock")
     assert (config.faults.enabled, config.faults.file) == (True, Path("/etc/weald/faults.toml"))
@@ -414,6 +418,10 @@ def test_a_wrong_type_names_its_path_and_what_was_expected() -> None:
         'limits.max_agents: expected an integer, got "100"',
         "limits.max_message_bytes: expected an integer, got 1.5",
     ]
+    assert problems('[limits]\nmax_connections = 0\nmax_buffered_bytes = "64 MB"\n') == [
+        "limits.max_connections: expected a positive integer, got 0",
+        'limits.max_buffered_bytes: expected an integer, got "64 MB"',
+    ]
     assert problems("agent = 5\n") == ["agent: expected a table, got 5"]
 
 
@@ -547,7 +555,8 @@ def test_the_built_in_tool_names_the_config_knows_are_the_registered_ones() -> N
 
 def test_weald_does_not_hibernate_so_hibernate_after_is_an_unknown_key() -> None:
     assert problems("[limits]\nhibernate_after = 900\n") == [
-        "limits.hibernate_after: unknown key; expected one of: max_agents, max_concurrent_turns, max_message_bytes"
+        "limits.hibernate_after: unknown key; expected one of: max_agents, max_buffered_bytes, "
+        "max_concurrent_turns, max_connections, max_message_bytes"
     ]
 
 
@@ -649,7 +658,8 @@ def test_every_problem_in_every_file_is_reported_at_once(tmp_path: Path) -> None
         f"  {home_file}:1:7: invalid TOML: Expected ']' at the end of a table declaration",
         f'  {project_file}: agent.max_steps: expected an integer, got "many"',
         f"  {project_file}: limits.max_agents: expected a positive integer, got 0",
-        f"  {project_file}: limits.bogus: unknown key; expected one of: max_agents, max_concurrent_turns, max_message_bytes",
+        f"  {project_file}: limits.bogus: unknown key; expected one of: max_agents, max_buffered_bytes, "
+        "max_concurrent_turns, max_connections, max_message_bytes",
     ]
 
 
