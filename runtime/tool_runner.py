@@ -42,6 +42,7 @@ from weald.tools import (
     AbortSignal,
     JobTable,
     Permission,
+    PermissionScope,
     ReadLedger,
     SessionServices,
     Tool,
@@ -70,6 +71,7 @@ __all__ = [
 PermissionRule = Permission | Mapping[str, Permission]
 Decision = Literal["allow", "deny", "allow_always"]
 _STRICTNESS = {"allow": 0, "ask": 1, "deny": 2}
+_NO_SCOPE = PermissionScope()
 
 
 @attrs.frozen
@@ -164,7 +166,8 @@ class PermissionRequest:
     """A call waiting for whoever drives the agent to allow or deny it.
 
     Published as the ``permission.requested`` event; answered with
-    `ToolRunner.respond_permission`.
+    `ToolRunner.respond_permission`. ``reason`` says why it is asked (the
+    tool's default, a pattern, or what in a shell command could not be checked).
     """
 
     request_id: str
@@ -175,6 +178,7 @@ class PermissionRequest:
     subject: str | None
     arguments: Mapping[str, Any]
     timeout: float
+    reason: str = ""
 
 
 @attrs.frozen
@@ -196,6 +200,8 @@ def decide_permission(
     arguments: Mapping[str, Any],
     rules: Mapping[str, PermissionRule],
     allowed_always: frozenset[tuple[str, str | None]] = frozenset(),
+    *,
+    scope: PermissionScope = _NO_SCOPE,
 ) -> tuple[Permission, str]:
     """Decide allow, ask or deny for one call, and say why.
 
@@ -203,7 +209,9 @@ def decide_permission(
     subject (the shell command), a mapping of glob patterns to permissions:
     among the patterns that match the subject, the strictest wins (deny
     beats ask beats allow). No rule, or no matching pattern, falls back to
-    the tool's default.
+    the tool's default. A tool with its own `Tool.match_patterns` (shell:
+    every simple command of the command line must be allowed) decides
+    under its patterns itself, with ``scope`` telling it where the call runs.
     """
     subject = tool.subject(arguments) if tool.subject is not None else None
     if (tool.name, subject) in allowed_always or (tool.name, None) in allowed_always:
@@ -213,6 +221,8 @@ def decide_permission(
         return tool.permission, f"default for {tool.name}"
     if isinstance(rule, str):
         return rule, f"tools.permissions.{tool.name} = {rule}"
+    if tool.match_patterns is not None:
+        return tool.match_patterns(arguments, rule, tool.permission, scope)
     matched: list[tuple[Permission, str]] = [
         (perm, pattern)
         for pattern, perm in rule.items()
@@ -383,6 +393,7 @@ class ToolRunner(Actor):
         self._output_dir = out
         # Saved full outputs must stay readable by read_file: they are in the sandbox.
         self._allowed_dirs = (*(Path(d).resolve() for d in allowed_dirs), out.resolve())
+        self._permission_scope = PermissionScope(self._working_dir, self._allowed_dirs)
         self._runtime = runtime
         self._batches: dict[str, _Batch] = {}
         self._permissions: dict[str, tuple[str, int]] = {}  # request_id -> (batch_id, index)
@@ -537,6 +548,7 @@ class ToolRunner(Actor):
                 call.arguments or {},
                 self._config.permissions,
                 frozenset(self._allowed_always) if self._allowed_always else _NONE_ALLOWED,
+                scope=self._permission_scope,
             )
             if perm == "deny":
                 self._complete(
@@ -547,7 +559,7 @@ class ToolRunner(Actor):
                     ),
                 )
             elif perm == "ask":
-                self._ask_permission(batch, pending)
+                self._ask_permission(batch, pending, why)
             else:
                 launches.append(self._prepare(batch, pending))
         if launches:
@@ -704,7 +716,7 @@ class ToolRunner(Actor):
 
     # -- permissions ------------------------------------------------------------------------
 
-    def _ask_permission(self, batch: _Batch, pending: _Pending) -> None:
+    def _ask_permission(self, batch: _Batch, pending: _Pending, why: str) -> None:
         tool = pending.tool
         assert tool is not None
         request_id = uuid.uuid4().hex[:12]
@@ -720,6 +732,7 @@ class ToolRunner(Actor):
             subject=tool.subject(arguments) if tool.subject else None,
             arguments=redact(dict(arguments)),
             timeout=self._config.permission_timeout,
+            reason=why,
         )
         self.system.events.publish("permission.requested", self.path, attrs.asdict(request))
         self.run_io(

@@ -24,7 +24,9 @@ from weald.tools import tasks as _tasks  # noqa: F401
 from weald.tools import write_file as _write_file  # noqa: F401
 from weald.tools._contract import (
     AbortSignal,
+    PatternMatcher,
     Permission,
+    PermissionScope,
     Tool,
     ToolConfig,
     ToolContext,
@@ -47,7 +49,9 @@ __all__ = [
     "JobInfo",
     "JobOutput",
     "JobTable",
+    "PatternMatcher",
     "Permission",
+    "PermissionScope",
     "ReadLedger",
     "SessionServices",
     "Tool",

@@ -40,7 +40,9 @@ from weald.runtime import WealdError
 
 __all__ = [
     "AbortSignal",
+    "PatternMatcher",
     "Permission",
+    "PermissionScope",
     "Tool",
     "ToolConfig",
     "ToolContext",
@@ -55,6 +57,25 @@ __all__ = [
 ]
 
 Permission = Literal["allow", "ask", "deny"]
+
+
+@attrs.frozen
+class PermissionScope:
+    """Where a call would run, for pattern matchers that judge paths (shell redirections).
+
+    Attributes:
+        working_dir: the project directory (absolute), or None when unknown.
+        allowed_dirs: further directories the call may write into.
+    """
+
+    working_dir: Path | None = None
+    allowed_dirs: tuple[Path, ...] = ()
+
+
+PatternMatcher = Callable[
+    [Mapping[str, Any], Mapping[str, Permission], Permission, PermissionScope], tuple[Permission, str]
+]
+"""How a tool decides a call under its pattern table: ``(arguments, patterns, default, scope) -> (permission, why)``."""
 
 
 def _str_tuple(values: Iterable[str]) -> tuple[str, ...]:
@@ -260,6 +281,10 @@ class Tool:
         truncate: which end of long output reaches the model (``head`` or ``tail``).
         subject: maps arguments to the string permission patterns match
             (e.g. the shell command); None matches by tool name only.
+        match_patterns: decides a call under a table of patterns when plain
+            glob matching of the subject is not enough (shell reads the
+            command line as bash would); None: the strictest pattern that
+            matches the subject wins, no match gives the default.
         kind: ``read``, ``write``, ``exec``, ``network`` or ``runtime``; for filters and docs.
     """
 
@@ -273,6 +298,7 @@ class Tool:
     max_timeout: float | None = None
     truncate: Truncate = "head"
     subject: Callable[[Mapping[str, Any]], str | None] | None = attrs.field(default=None, eq=False)
+    match_patterns: PatternMatcher | None = attrs.field(default=None, eq=False)
     kind: str = "read"
     _validator: Any = attrs.field(default=None, eq=False, repr=False, alias="_validator")
 
@@ -625,6 +651,7 @@ def tool(
     max_timeout: float | None = None,
     truncate: Truncate = "head",
     subject: Callable[[Mapping[str, Any]], str | None] | None = None,
+    match_patterns: PatternMatcher | None = None,
     kind: str = "read",
     registry: ToolRegistry | None = None,
 ) -> Callable[[ToolFunction], Tool]:
@@ -640,6 +667,8 @@ def tool(
             a ``timeout`` argument.
         truncate: which end of long output the model sees.
         subject: what permission patterns match for a call (e.g. the command).
+        match_patterns: how the tool's patterns decide a call, if not by glob
+            on the subject (see `Tool.match_patterns`).
         kind: ``read``, ``write``, ``exec``, ``network`` or ``runtime``.
         registry: where to register it (`default_registry` if None).
 
@@ -668,6 +697,7 @@ def tool(
             max_timeout=max_timeout,
             truncate=truncate,
             subject=subject,
+            match_patterns=match_patterns,
             kind=kind,
             _validator=validator,
         )

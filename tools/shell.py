@@ -49,6 +49,7 @@ from weald.tools._process import (
     own_deadline,
 )
 from weald.tools._sandbox import pinned_directory
+from weald.tools._shellrules import match_shell_patterns
 
 __all__ = ["DEFAULT_TIMEOUT", "MAX_TIMEOUT", "shell"]
 
@@ -133,6 +134,7 @@ _PARAMETERS: dict[str, Any] = {
     max_timeout=MAX_TIMEOUT,
     truncate="tail",
     subject=lambda args: args.get("command"),
+    match_patterns=match_shell_patterns,
     kind="exec",
 )
 async def shell(

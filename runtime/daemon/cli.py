@@ -354,6 +354,8 @@ def _answer_permission(client: Client, request: dict[str, Any], args: argparse.N
         err.print(f"[yellow]not running {request['tool']}: {what}[/yellow] (no terminal to ask; --yes allows it)")
     else:
         err.print(f"[bold yellow]{request['tool']}[/bold yellow] wants to run: {what}")
+        if request.get("reason"):
+            err.print(f"  (asked because: {request['reason']})", markup=False)
         answer = input("allow? [y]es / [n]o / [a]lways: ").strip().lower()
         decision = {"y": "allow", "yes": "allow", "a": "allow_always", "always": "allow_always"}.get(answer, "deny")
     with contextlib.suppress(RPCCallError):

@@ -991,6 +991,7 @@ class Server(Actor):
                 "subject": data.get("subject"),
                 "arguments": data.get("arguments"),
                 "timeout": data.get("timeout"),
+                "reason": data.get("reason", ""),
             }
             self._permissions[data["request_id"]] = (event.source, agent_id, payload)
             self._broadcast(agent_id, "permission.request", payload)
