@@ -529,9 +529,9 @@ def _peel(name: str, args: list[_Word]) -> tuple[list[_Word] | None, str | None]
     texts = {w.text.split("=", 1)[0] for w in options}
     if name == "command" and texts & {"-v", "-V"}:
         return None, None
-    if name == "env":
-        if texts & {"-S", "--split-string"}:
-            return None, "env -S runs a command line weald cannot check"
+    if name == "env" and texts & {"-S", "--split-string"}:
+        return None, "env -S runs a command line weald cannot check"
+    if name in ("env", "sudo", "doas"):
         while rest and not rest[0].dynamic and _ASSIGNMENT.match(rest[0].text):
             rest = rest[1:]
     if name == "timeout":
@@ -954,8 +954,9 @@ class _Walker:
         for child in node.children:
             if child.type != "heredoc_body":
                 continue
-            for part in child.children:
-                if part.type == "heredoc_content" and "`" in _node_text(part):
+            parts = [c for c in child.children if c.type == "heredoc_content"] if child.children else [child]
+            for part in parts:
+                if "`" in _node_text(part):
                     # The grammar does not parse backquotes in a here-document; bash runs them.
                     self.concerns.append("a here-document runs backquoted commands")
                     return

@@ -60,14 +60,22 @@ class _Pattern:
         if not words:
             return cls(source, permission, whole, None, frozenset(), re.compile(""))
         name = posixpath.basename(words[0]) or words[0]
-        flags, rest = flag_form(name, words[1:])
+        args: list[str] = []
+        for word in words[1:]:
+            # `--force*` is the flag `--force` and then anything.
+            stem = word.rstrip("*")
+            if stem != word and stem and flag_form(name, [stem])[0]:
+                args.extend([stem, "*"])
+            else:
+                args.append(word)
+        flags, rest = flag_form(name, args)
         return cls(
             source,
             permission,
             whole,
             re.compile(fnmatch.translate(name), re.DOTALL),
             flags,
-            re.compile(fnmatch.translate(" ".join(rest)), re.DOTALL),
+            _rest_regex(rest),
         )
 
     def catches(self, form: tuple[str, ...]) -> bool:
@@ -85,6 +93,23 @@ class _Pattern:
     def allows(self, command: SimpleCommand) -> bool:
         """Whether an allow pattern matches a simple command as written (or as a harmless wrapper runs it)."""
         return any(self.whole.match(text) for text in command.allow_texts)
+
+
+def _glob(word: str) -> str:
+    # fnmatch.translate gives `(?s:...)\\Z`; the part inside is the word's regex.
+    translated = fnmatch.translate(word)
+    return translated[len("(?s:") : -len(")\\Z")]
+
+
+def _rest_regex(words: tuple[str, ...]) -> re.Pattern[str]:
+    """A regex for the words after the program and flags; a lone ``*`` also matches no words at all."""
+    parts: list[str] = []
+    for index, word in enumerate(words):
+        if word == "*":
+            parts.append("(?: .*)?" if index else ".*")
+        else:
+            parts.append((" " if index else "") + _glob(word))
+    return re.compile("".join(parts) + r"\Z", re.DOTALL)
 
 
 @attrs.frozen
@@ -163,20 +188,20 @@ def decide_shell(
     denied = _caught(table.deny, command, line)
     if denied is not None:
         pattern, text = denied
-        return ShellVerdict("deny", f"{_key(pattern)}, matching `{_excerpt(text)}`", line)
+        return ShellVerdict("deny", f'{_key(pattern)}, matching "{_excerpt(text)}"', line)
     asked = _caught(table.ask, command, line)
     if asked is not None:
         pattern, text = asked
-        return ShellVerdict("ask", f"{_key(pattern)}, matching `{_excerpt(text)}`", line)
+        return ShellVerdict("ask", f'{_key(pattern)}, matching "{_excerpt(text)}"', line)
     missing = [c for c in line.commands if not c.transparent and not any(p.allows(c) for p in table.allow)]
     if missing and default == "deny":
-        return ShellVerdict("deny", f"default for shell: no pattern allows `{_excerpt(missing[0].text)}`", line)
+        return ShellVerdict("deny", f'default for shell: no pattern allows "{_excerpt(missing[0].text)}"', line)
     if line.concerns:
         return ShellVerdict("ask", f"weald cannot check everything this runs: {'; '.join(line.concerns)}", line)
     if missing:
         if len(missing) == len(line.commands):
             return ShellVerdict(default, "default for shell (no pattern matched)", line)
-        return ShellVerdict(default, f"default for shell: no pattern allows `{_excerpt(missing[0].text)}`", line)
+        return ShellVerdict(default, f'default for shell: no pattern allows "{_excerpt(missing[0].text)}"', line)
     if not line.commands:
         return ShellVerdict(default, "default for shell (no command)", line)
     used = [p for p in table.allow if any(p.allows(c) for c in line.commands)]

@@ -1,7 +1,8 @@
 """The real tool runner, driven as an agent drives it: `RunTools` in, `ToolResults` out.
 
 `RunnerHarness` spawns a `ToolRunner` (with the built-in tools, every
-permission allowed so that only the sandbox can refuse) and a stand-in agent
+permission allowed so that only the sandbox can refuse, unless a test gives
+its own permissions) and a stand-in agent
 that collects the results; `call` runs one tool call through it and returns
 the `ToolResult` the model would read.
 """
@@ -28,9 +29,18 @@ class RunnerHarness:
 
     _batches = itertools.count(1)
 
-    def __init__(self, system: ActorSystem, project: Path, *, options: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        system: ActorSystem,
+        project: Path,
+        *,
+        options: dict[str, Any] | None = None,
+        permissions: dict[str, Any] | None = None,
+        permission_timeout: float = 300.0,
+    ) -> None:
         config = RunnerConfig(
-            permissions=ALLOW_ALL,
+            permissions=ALLOW_ALL if permissions is None else permissions,
+            permission_timeout=permission_timeout,
             tool_config=ToolConfig(options=options or {}),
             timeouts={"shell": 20.0, "grep": 20.0, "glob": 20.0},
         )
