@@ -38,7 +38,15 @@ from typing import Any, BinaryIO
 import attrs
 from weald.tools._contract import ToolContext, ToolError
 
-__all__ = ["WriteOutcome", "display_path", "open_read", "resolve_in_sandbox", "sandbox_roots", "write_atomic"]
+__all__ = [
+    "WriteOutcome",
+    "display_path",
+    "open_directory",
+    "open_read",
+    "resolve_in_sandbox",
+    "sandbox_roots",
+    "write_atomic",
+]
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer forever.
@@ -294,6 +302,23 @@ def open_read(ctx: ToolContext, path: str) -> tuple[BinaryIO, Path]:
     except BaseException:
         os.close(fd)
         raise
+
+
+def open_directory(ctx: ToolContext, path: str) -> int:
+    """Open a directory in the sandbox without following symlinks on the way; returns its descriptor.
+
+    For walking it with ``os.fwalk(dir_fd=...)`` (the caller closes the descriptor).
+
+    Raises:
+        ToolError: the path leads outside the sandbox, does not exist, or is
+            not a directory; or a directory on the way became a symlink.
+    """
+    real = resolve_in_sandbox(ctx, path, must_exist=True)
+    root, parts = _split(ctx, real)
+    try:
+        return _open_dir(ctx, root, parts, real, create=False)
+    except FileNotFoundError as exc:
+        raise _missing(ctx, path, real) from exc
 
 
 def _check_opened(ctx: ToolContext, path: str, real: Path, fd: int) -> None:

@@ -14,6 +14,15 @@ name. The model sees only names and descriptions (`describe_skills`, for the
 system prompt); ``use_skill(name)`` gives it the whole ``SKILL.md`` and the
 list of the folder's other files, which it reads as it needs them.
 
+Skill folders are read under the same rules as the file tools
+(`weald.tools._sandbox`): a project's skills directory must lie in the
+project, and a skill folder, its ``SKILL.md`` and the files listed with it
+must lie in the skills directory they were found in (the project, for the
+project's skills). A symlink that leads out (``.weald/skills/evil ->
+../outside``) is not followed: the skill is skipped with a note, for the
+catalog and for ``use_skill`` alike. Files are opened with ``O_NOFOLLOW``
+one directory at a time, so a link swapped in after the check is refused too.
+
 Front matter is read by a small parser of ``key: value`` lines (plain,
 quoted, and ``|``/``>`` block values), so no YAML library is needed. A
 ``SKILL.md`` that cannot be read, or lacks a ``name`` or ``description``, is
@@ -27,12 +36,14 @@ import json
 import logging
 import os
 import re
+import stat
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
 import attrs
 from weald.tools._contract import ToolContext, ToolError, ToolResult, tool
+from weald.tools._sandbox import open_directory, open_read
 
 __all__ = [
     "SKILL_FILE",
@@ -52,6 +63,7 @@ log = logging.getLogger("weald.tools")
 SKILL_FILE: Final = "SKILL.md"
 MAX_SKILL_BYTES: Final = 1024 * 1024
 MAX_LISTED_FILES: Final = 100
+MAX_COUNTED_FILES: Final = 10_000
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _KEY_LINE = re.compile(r"([A-Za-z_][A-Za-z0-9_.-]*)[ \t]*:(?:[ \t]+(.*)|[ \t]*)")
@@ -73,6 +85,8 @@ class Skill:
         path: the ``SKILL.md`` file.
         origin: the skills directory it was found in.
         fields: every front matter field, as text.
+        root: the directory its files must stay in (the project for a
+            project's skill, else the real skills directory); None: ``origin``.
     """
 
     name: str
@@ -80,6 +94,11 @@ class Skill:
     path: Path
     origin: Path
     fields: Mapping[str, str] = attrs.field(factory=dict, eq=False, repr=False)
+    root: Path | None = attrs.field(default=None, eq=False, repr=False)
+
+    def boundary(self) -> ToolContext:
+        """A context whose sandbox is the skill's root, for the file tools' no-follow helpers."""
+        return ToolContext(working_dir=self.root if self.root is not None else self.origin)
 
     @property
     def directory(self) -> Path:
@@ -206,19 +225,29 @@ def default_skill_dirs(
     return (Path(working_dir) / ".weald" / "skills", user_home / ".weald" / "skills")
 
 
-def _load_skill(skill_file: Path, origin: Path) -> Skill:
+def _read_skill_file(skill_file: Path, root: Path) -> str:
+    """The text of a ``SKILL.md``, opened without following links out of ``root``."""
     try:
-        size = skill_file.stat().st_size
-        if size > MAX_SKILL_BYTES:
-            msg = f"it is {size} bytes, more than {MAX_SKILL_BYTES}"
-            raise SkillFormatError(msg)
-        text = skill_file.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        msg = f"it is not UTF-8 text ({exc.reason} at byte {exc.start})"
-        raise SkillFormatError(msg) from exc
+        handle, _ = open_read(ToolContext(working_dir=root), str(skill_file))
+        with handle:
+            data = handle.read(MAX_SKILL_BYTES + 1)
+    except ToolError as exc:
+        raise SkillFormatError(str(exc)) from exc
     except OSError as exc:
         msg = f"it cannot be read ({exc.strerror or exc})"
         raise SkillFormatError(msg) from exc
+    if len(data) > MAX_SKILL_BYTES:
+        msg = f"it is more than {MAX_SKILL_BYTES} bytes"
+        raise SkillFormatError(msg)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        msg = f"it is not UTF-8 text ({exc.reason} at byte {exc.start})"
+        raise SkillFormatError(msg) from exc
+
+
+def _load_skill(skill_file: Path, origin: Path, root: Path) -> Skill:
+    text = _read_skill_file(skill_file, root)
     fields, _ = parse_front_matter(text)
     name = fields.get("name", "").strip()
     description = " ".join(fields.get("description", "").split())
@@ -231,10 +260,34 @@ def _load_skill(skill_file: Path, origin: Path) -> Skill:
     if not description:
         msg = "the front matter has no 'description' (the model needs it to choose the skill)"
         raise SkillFormatError(msg)
-    return Skill(name=name, description=description, path=skill_file, origin=origin, fields=fields)
+    return Skill(name=name, description=description, path=skill_file, origin=origin, fields=fields, root=root)
 
 
-def scan_skills(dirs: Iterable[str | os.PathLike[str]]) -> SkillScan:
+def _inside(path: Path, root: Path) -> bool:
+    return path == root or path.is_relative_to(root)
+
+
+def _skills_root(directory: Path, project: Path | None) -> tuple[Path, Path] | str:
+    """The root a skills directory's files must stay in and its real path, or why it is not used.
+
+    A directory inside the project (lexically) has the project as its root,
+    and must resolve inside it; any other (the user's) is its own root.
+    """
+    real = Path(os.path.realpath(directory))
+    if project is not None:
+        real_project = Path(os.path.realpath(project))
+        lexical = Path(os.path.normpath(project / directory))
+        if _inside(lexical, Path(os.path.normpath(project))) or _inside(lexical, real_project):
+            if not _inside(real, real_project):
+                return (
+                    f"{directory}: skipped, it leads outside the project through a symlink (to {real}); "
+                    "skills are not followed out of the project"
+                )
+            return real_project, real
+    return real, real
+
+
+def scan_skills(dirs: Iterable[str | os.PathLike[str]], *, project: str | os.PathLike[str] | None = None) -> SkillScan:
     """Find the skills in ``dirs`` (each a directory of skill folders); never raises for bad files.
 
     Args:
@@ -242,15 +295,26 @@ def scan_skills(dirs: Iterable[str | os.PathLike[str]]) -> SkillScan:
             skipped silently. A skill whose name an earlier directory already
             has is shadowed (not a problem: that is how a project overrides
             a user's skill).
+        project: the project directory. A skills directory inside it must
+            resolve inside it; a skill in any directory must resolve inside
+            its root (the project, or else the skills directory itself).
+            Whatever leads out through a symlink is skipped with a note.
     """
     found: dict[str, Skill] = {}
     skipped: list[str] = []
     seen_dirs: set[Path] = set()
+    project_path = Path(project) if project is not None else None
     for entry in dirs:
         directory = Path(entry).expanduser()
         try:
-            resolved = directory.resolve()
-            if resolved in seen_dirs or not directory.is_dir():
+            if not directory.is_dir():
+                continue
+            where = _skills_root(directory, project_path)
+            if isinstance(where, str):
+                skipped.append(where)
+                continue
+            root, resolved = where
+            if resolved in seen_dirs:
                 continue
             seen_dirs.add(resolved)
             folders = sorted(p for p in directory.iterdir() if p.is_dir() and not p.name.startswith("."))
@@ -259,11 +323,18 @@ def scan_skills(dirs: Iterable[str | os.PathLike[str]]) -> SkillScan:
             continue
         in_this_dir: dict[str, Path] = {}
         for folder in folders:
+            real_folder = Path(os.path.realpath(folder))
+            if not _inside(real_folder, root):
+                skipped.append(
+                    f"{folder}: skipped, it is a symlink to {real_folder}, outside {root}; "
+                    "skills are not followed out of their directory"
+                )
+                continue
             skill_file = folder / SKILL_FILE
-            if not skill_file.is_file():
+            if not os.path.lexists(skill_file):
                 continue
             try:
-                skill = _load_skill(skill_file, directory)
+                skill = _load_skill(skill_file, directory, root)
             except SkillFormatError as exc:
                 skipped.append(f"{skill_file}: skipped, {exc}")
                 continue
@@ -290,7 +361,8 @@ def skill_catalog(
         home: the user's home; `Path.home` if None.
         dirs: skill directories to use instead of `default_skill_dirs`, highest precedence first.
     """
-    return list(scan_skills(dirs if dirs is not None else default_skill_dirs(working_dir, home)).skills)
+    chosen = dirs if dirs is not None else default_skill_dirs(working_dir, home)
+    return list(scan_skills(chosen, project=working_dir).skills)
 
 
 def describe_skills(
@@ -326,19 +398,37 @@ def _dirs_for(ctx: ToolContext) -> tuple[Path, ...]:
     return default_skill_dirs(ctx.working_dir)
 
 
-def _other_files(directory: Path) -> tuple[list[str], int]:
+def _other_files(skill: Skill) -> tuple[list[str], int]:
+    """The skill folder's other files (at most `MAX_LISTED_FILES` named), walked without following links.
+
+    A symlink is listed only if it resolves inside the skill's root.
+    """
+    boundary = skill.boundary()
+    directory = skill.directory
     files: list[str] = []
     total = 0
-    for root, subdirs, names in os.walk(directory):
-        subdirs[:] = sorted(d for d in subdirs if not d.startswith(".") and d not in _SKIPPED_DIRS)
-        base = Path(root)
-        for name in sorted(names):
-            path = base / name
-            if name.startswith(".") or path == directory / SKILL_FILE:
-                continue
-            total += 1
-            if len(files) < MAX_LISTED_FILES:
-                files.append(path.relative_to(directory).as_posix())
+    fd = open_directory(boundary, str(directory))
+    try:
+        for top, subdirs, names, dir_fd in os.fwalk(".", dir_fd=fd, follow_symlinks=False):
+            subdirs[:] = sorted(d for d in subdirs if not d.startswith(".") and d not in _SKIPPED_DIRS)
+            # fwalk lists a symlink to a directory among the directories without entering it.
+            links = [d for d in subdirs if stat.S_ISLNK(os.stat(d, dir_fd=dir_fd, follow_symlinks=False).st_mode)]
+            subdirs[:] = [d for d in subdirs if d not in links]
+            for name in sorted([*names, *links]):
+                relative = os.path.normpath(os.path.join(top, name))
+                if name.startswith(".") or relative == SKILL_FILE:
+                    continue
+                if name in links or stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode):
+                    real = Path(os.path.realpath(directory / relative))
+                    if not _inside(real, boundary.working_dir):
+                        continue  # a link out of the skill's root is not shown
+                total += 1
+                if len(files) < MAX_LISTED_FILES:
+                    files.append(Path(relative).as_posix())
+                if total >= MAX_COUNTED_FILES:
+                    return files, total
+    finally:
+        os.close(fd)
     return files, total
 
 
@@ -361,7 +451,7 @@ def _other_files(directory: Path) -> tuple[list[str], int]:
 def use_skill(ctx: ToolContext, name: str) -> ToolResult:
     """Return a skill's ``SKILL.md`` and the list of its other files."""
     dirs = _dirs_for(ctx)
-    scan = scan_skills(dirs)
+    scan = scan_skills(dirs, project=ctx.working_dir)
     skill = scan.find(name)
     if skill is None:
         notes = [f"Skipped: {s}" for s in scan.skipped[:5]]
@@ -377,15 +467,16 @@ def use_skill(ctx: ToolContext, name: str) -> ToolResult:
             )
         raise ToolError("\n".join([message, *notes]))
     try:
-        text = skill.path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+        text = _read_skill_file(skill.path, skill.root if skill.root is not None else skill.origin)
+        files, total = _other_files(skill)
+    except (SkillFormatError, OSError) as exc:
         raise ToolError(
             f"skill {skill.name!r}: {skill.path} cannot be read now ({exc}); try again or pick another"
         ) from exc
-    files, total = _other_files(skill.directory)
     parts = [f"Skill {skill.name!r} from {skill.path}:", "", text.rstrip()]
     if files:
-        more = f" (first {len(files)} of {total})" if total > len(files) else ""
+        counted = f"{total}" if total < MAX_COUNTED_FILES else f"more than {MAX_COUNTED_FILES - 1}"
+        more = f" (first {len(files)} of {counted})" if total > len(files) else ""
         parts += ["", f"Other files in {skill.directory}{more}, relative to it (read them when the skill says to):"]
         parts += [f"- {f}" for f in files]
     data = {"name": skill.name, "path": str(skill.path), "directory": str(skill.directory), "files": files}

@@ -240,3 +240,118 @@ def test_the_runtime_can_name_other_skill_directories(proj: Path, tmp_path: Path
     ctx = ToolContext(working_dir=proj, session=SessionServices(output_dir=tmp_path / "o", runtime=runtime))
     assert load(ctx, name="extra-skill").ok
     assert [s.name for s in skill_catalog(proj, dirs=[extra / ".weald" / "skills"])] == ["extra-skill"]
+
+
+# -- symlinks: the file tools' rules -----------------------------------------------------------------
+
+
+@pytest.fixture
+def outside_skill(tmp_path: Path) -> Path:
+    """A skill folder outside the project and the home, with a secret beside its SKILL.md."""
+    folder = tmp_path / "outside" / "evil"
+    folder.mkdir(parents=True)
+    (folder / "SKILL.md").write_text("---\nname: evil\ndescription: Not yours.\n---\nOUTSIDE INSTRUCTIONS\n")
+    (folder / "secret.txt").write_text("OUTSIDE SECRET\n")
+    return folder
+
+
+def test_a_skill_folder_linked_out_of_the_project_is_refused_everywhere(
+    ctx: ToolContext, proj: Path, home: Path, outside_skill: Path
+) -> None:
+    write_skill(proj, "fine", "name: fine\ndescription: A real skill.")
+    link = proj / ".weald" / "skills" / "evil"
+    link.symlink_to(Path("..") / ".." / ".." / "outside" / "evil")
+    assert link.resolve() == outside_skill  # the link really leads out
+    scan = scan_skills(default_skill_dirs(proj, home), project=proj)
+    assert [s.name for s in scan.skills] == ["fine"]
+    (note,) = scan.skipped
+    assert note.startswith(f"{link}: skipped, it is a symlink to {outside_skill}, outside {proj.resolve()}")
+    # The system prompt's catalog, and the tool.
+    assert "evil" not in describe_skills(proj, home)
+    assert [s.name for s in skill_catalog(proj, home)] == ["fine"]
+    result = load(ctx, name="evil")
+    assert not result.ok
+    assert "no skill named 'evil'" in result.output
+    assert "OUTSIDE" not in result.output
+
+
+def test_a_skill_file_linked_out_of_the_project_is_refused(
+    ctx: ToolContext, proj: Path, home: Path, outside_skill: Path
+) -> None:
+    folder = proj / ".weald" / "skills" / "sneaky"
+    folder.mkdir(parents=True)
+    (folder / "SKILL.md").symlink_to(outside_skill / "SKILL.md")
+    scan = scan_skills(default_skill_dirs(proj, home), project=proj)
+    assert scan.skills == ()
+    (note,) = scan.skipped
+    assert "leads outside the sandbox through a symlink" in note
+    assert "OUTSIDE" not in load(ctx, name="evil").output
+
+
+def test_a_project_skills_directory_that_leads_out_is_not_read(
+    ctx: ToolContext, proj: Path, home: Path, outside_skill: Path
+) -> None:
+    (proj / ".weald").mkdir()
+    (proj / ".weald" / "skills").symlink_to(outside_skill.parent)
+    scan = scan_skills(default_skill_dirs(proj, home), project=proj)
+    assert scan.skills == ()
+    assert scan.skipped == (
+        f"{proj / '.weald' / 'skills'}: skipped, it leads outside the project through a symlink "
+        f"(to {outside_skill.parent}); skills are not followed out of the project",
+    )
+    assert "OUTSIDE" not in load(ctx, name="evil").output
+
+
+def test_links_inside_the_project_are_followed(ctx: ToolContext, proj: Path) -> None:
+    shared = proj / "docs" / "shared-skill"
+    shared.mkdir(parents=True)
+    (shared / "SKILL.md").write_text("---\nname: shared\ndescription: Kept in docs.\n---\nSHARED BODY\n")
+    (shared / "notes.md").write_text("notes\n")
+    skills = proj / ".weald" / "skills"
+    skills.mkdir(parents=True)
+    (skills / "shared").symlink_to(Path("..") / ".." / "docs" / "shared-skill")
+    result = load(ctx, name="shared")
+    assert result.ok, result.output
+    assert "SHARED BODY" in result.output
+    assert result.data["files"] == ["notes.md"]
+
+
+def test_the_files_listed_with_a_skill_leave_out_links_that_lead_out(
+    ctx: ToolContext, proj: Path, outside_skill: Path
+) -> None:
+    write_skill(proj, "tidy", "name: tidy\ndescription: Tidy up.")
+    folder = proj / ".weald" / "skills" / "tidy"
+    (folder / "script.sh").write_text("echo tidy\n")
+    (folder / "inside.md").symlink_to(folder / "script.sh")
+    (folder / "secret.txt").symlink_to(outside_skill / "secret.txt")
+    (folder / "elsewhere").symlink_to(outside_skill)  # a directory link out: neither listed nor entered
+    (folder / "refs").mkdir()
+    (folder / "refs" / "guide.md").write_text("guide\n")
+    result = load(ctx, name="tidy")
+    assert result.ok, result.output
+    assert result.data["files"] == ["inside.md", "script.sh", "refs/guide.md"]
+    assert "OUTSIDE" not in result.output
+    assert "elsewhere" not in result.output
+
+
+def test_a_users_skill_linked_out_of_the_users_skills_directory_is_refused(
+    ctx: ToolContext, proj: Path, home: Path, outside_skill: Path
+) -> None:
+    skills = home / ".weald" / "skills"
+    skills.mkdir(parents=True)
+    (skills / "evil").symlink_to(outside_skill)
+    scan = scan_skills(default_skill_dirs(proj, home), project=proj)
+    assert scan.skills == ()
+    assert "is a symlink to" in scan.skipped[0]
+    assert "OUTSIDE" not in load(ctx, name="evil").output
+
+
+def test_a_users_skills_directory_may_itself_be_a_link_to_where_the_user_keeps_it(
+    proj: Path, home: Path, tmp_path: Path
+) -> None:
+    dotfiles = tmp_path / "dotfiles" / "skills"
+    (dotfiles / "mine").mkdir(parents=True)
+    (dotfiles / "mine" / "SKILL.md").write_text("---\nname: mine\ndescription: The user's own.\n---\nbody\n")
+    (home / ".weald").mkdir()
+    (home / ".weald" / "skills").symlink_to(dotfiles)
+    assert [s.name for s in skill_catalog(proj, home)] == ["mine"]
