@@ -37,6 +37,7 @@ import attrs
 import jsonschema
 import trio
 from weald.runtime import WealdError
+from weald.tools._names import printable_result
 
 __all__ = [
     "AbortSignal",
@@ -737,11 +738,13 @@ def describe_exception(tool_name: str, exc: BaseException) -> ToolResult:
 
 
 async def invoke(tool_: Tool, ctx: ToolContext, arguments: Mapping[str, Any]) -> ToolResult:
-    """Validate ``arguments`` and run the tool; never raises for the tool's own errors.
+    r"""Validate ``arguments`` and run the tool; never raises for the tool's own errors.
 
     A plain function runs in a worker thread (abandoned if the caller is
     cancelled: it should poll ``ctx.abort``); an async function runs here.
     trio's ``Cancelled`` propagates, so the caller's timeout or abort works.
+    Text UTF-8 cannot encode (an undecodable byte of a file name) comes back
+    escaped as ``\xHH``.
     """
     problem = validate_arguments(tool_, arguments)
     if problem is not None:
@@ -758,5 +761,9 @@ async def invoke(tool_: Tool, ctx: ToolContext, arguments: Mapping[str, Any]) ->
     except trio.Cancelled:
         raise
     except Exception as exc:
-        return describe_exception(tool_.name, exc)
-    return _as_result(value, tool_.name)
+        result = describe_exception(tool_.name, exc)
+    else:
+        result = _as_result(value, tool_.name)
+    # A file name that is not UTF-8 (read with surrogateescape) must not reach
+    # the model, the events or the store as it is.
+    return printable_result(result)

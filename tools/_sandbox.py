@@ -37,6 +37,7 @@ from typing import Any, BinaryIO
 
 import attrs
 from weald.tools._contract import ToolContext, ToolError
+from weald.tools._names import show, unescape
 
 __all__ = [
     "WriteOutcome",
@@ -131,6 +132,7 @@ def resolve_in_sandbox(ctx: ToolContext, path: str, *, must_exist: bool = False)
     if "\x00" in path:
         raise ToolError(f"the path {path!r} contains a NUL character. Give a plain file path.")
     roots = sandbox_roots(ctx)
+    path = _as_named(roots[0], path)
     given = os.path.expanduser(path) if path.startswith("~") else path
     candidate = os.path.join(roots[0], given)
     real = Path(os.path.realpath(candidate))
@@ -153,6 +155,27 @@ def resolve_in_sandbox(ctx: ToolContext, path: str, *, must_exist: bool = False)
     return real
 
 
+def _as_named(base: Path, path: str) -> str:
+    r"""``path``, or the name its ``\xHH`` escapes stand for when that is what exists.
+
+    Tools show a name that is not UTF-8 with its undecodable bytes as
+    ``\xHH`` (`weald.tools._names.show`), and the model sends it back so. The
+    path as given wins if it exists (a name may really contain ``\xff``); else
+    the unescaped one is used if it, or its directory, exists.
+    """
+    named = unescape(path)
+    if named is path:
+        return path
+    literal, escaped = os.path.join(base, os.path.expanduser(path)), os.path.join(base, os.path.expanduser(named))
+    if os.path.lexists(literal):
+        return path
+    if os.path.lexists(escaped):
+        return named
+    if os.path.lexists(os.path.dirname(escaped)) and not os.path.lexists(os.path.dirname(literal)):
+        return named
+    return path
+
+
 def _missing(ctx: ToolContext, path: str, real: Path) -> ToolError:
     """The error for a file that does not exist, suggesting close names in its directory."""
     hint = ""
@@ -162,7 +185,7 @@ def _missing(ctx: ToolContext, path: str, real: Path) -> ToolError:
         if close:
             parent = display_path(ctx, real.parent)
             shown = [name if parent == "." else f"{parent}/{name}" for name in close]
-            hint = " Did you mean " + " or ".join(repr(s) for s in shown) + "?"
+            hint = " Did you mean " + " or ".join(f"'{show(s)}'" for s in shown) + "?"
     return ToolError(f"{path} does not exist.{hint} Use glob to find the file (e.g. pattern '**/{real.name}').")
 
 

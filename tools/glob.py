@@ -32,6 +32,7 @@ from pathlib import Path
 import attrs
 import trio
 from weald.tools._contract import ToolContext, ToolError, ToolResult, tool
+from weald.tools._names import show, unescape
 from weald.tools._process import RIPGREP_FILTERS, find_ripgrep, open_group_process
 from weald.tools._sandbox import display_path, pinned_directory, sandbox_roots
 
@@ -117,6 +118,8 @@ class PathPattern:
         last = glob.rpartition("/")[2]
         clean = "**" not in last and last.count("{") == last.count("}") and last.count("[") == last.count("]")
         name_glob = last if clean and ("/" not in glob or "{" not in glob.rpartition("/")[0]) else None
+        if name_glob is not None and show(name_glob) != name_glob:
+            name_glob = None  # ripgrep takes only UTF-8 globs; a name that is not is matched here
         return cls(pattern=pattern, regex=regex, anchored=anchored, name_glob=name_glob)
 
     def matches(self, relative_path: str) -> bool:
@@ -297,7 +300,8 @@ async def list_files(
 @tool(name="glob", description=_DESCRIPTION, parameters=_PARAMETERS, permission="allow", timeout=10.0, kind="read")
 async def glob(ctx: ToolContext, *, pattern: str, path: str = ".") -> ToolResult:
     """List files matching ``pattern`` under ``path``, newest first."""
-    root, relative = rebase(ctx, ctx.resolve_path(path, must_exist=True), pattern)
+    # A name shown with \xHH escapes (not UTF-8) may come back in a pattern.
+    root, relative = rebase(ctx, ctx.resolve_path(path, must_exist=True), unescape(pattern))
     compiled = PathPattern.compile(relative)
     if not root.is_dir():
         raise ToolError(

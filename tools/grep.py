@@ -33,6 +33,7 @@ import msgspec
 import trio
 from weald.tools._contract import ToolContext, ToolError, ToolResult, tool
 from weald.tools._hashline import line_hash, to_display
+from weald.tools._names import unescape
 from weald.tools._process import RIPGREP_FILTERS, find_ripgrep, open_group_process
 from weald.tools._sandbox import display_path, hardlinked, open_read, pinned_directory
 from weald.tools.glob import PathPattern, join_display, strip_dot
@@ -495,7 +496,7 @@ async def _grep(
         search.append("--multiline")
     path_filter = None
     if include is not None and operand == ".":
-        included = PathPattern.compile(include)
+        included = PathPattern.compile(unescape(include))  # a name shown with \xHH escapes, given back
         search += included.ripgrep_args()
         path_filter = None if included.by_name_only else included
     search += [*RIPGREP_FILTERS, "--regexp", pattern, "--", operand]
