@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
+import functools
 import itertools
 import re
 import time
@@ -34,6 +35,7 @@ from typing import Any, Literal, cast
 
 import attrs
 import trio
+from outcome import Outcome
 from pykka.messages import ProxyCall, _ActorStop
 from weald.runtime import Actor, ActorDeadError, Exit, Future, Ref, redact
 from weald.runtime._actor import _envelope
@@ -248,6 +250,15 @@ class _CallDone:
 @attrs.frozen
 class _PermissionTimeout:
     request_id: str
+
+
+@attrs.frozen
+class _Decided:
+    """A permission decided in a worker thread (`ToolRunner._decide_in_thread`)."""
+
+    batch_id: str
+    index: int
+    decision: Outcome[tuple[Permission, str]]
 
 
 class _Pending:
@@ -525,6 +536,8 @@ class ToolRunner(Actor):
             self._run(message)
         elif isinstance(message, _PermissionTimeout):
             self._permission_timed_out(message.request_id)
+        elif isinstance(message, _Decided):
+            self._decided(message)
 
     def _run(self, msg: RunTools) -> None:
         batch = _Batch(msg)
@@ -543,30 +556,86 @@ class ToolRunner(Actor):
                 self._complete(batch, index, problem)
                 continue
             assert tool is not None
+            arguments = call.arguments or {}
+            if self._decides_slowly(tool, arguments):
+                self._decide_in_thread(batch, pending, arguments)
+                continue
             perm, why = decide_permission(
                 tool,
-                call.arguments or {},
+                arguments,
                 self._config.permissions,
                 frozenset(self._allowed_always) if self._allowed_always else _NONE_ALLOWED,
                 scope=self._permission_scope,
             )
-            if perm == "deny":
-                self._complete(
-                    batch,
-                    index,
-                    ToolResult.error(
-                        f"{tool.name} is not allowed here ({why}). Do not retry this call; take another approach."
-                    ),
-                )
-            elif perm == "ask":
-                self._ask_permission(batch, pending, why)
-            else:
-                launches.append(self._prepare(batch, pending))
+            launch = self._act_on(batch, pending, perm, why)
+            if launch is not None:
+                launches.append(launch)
         if launches:
             self._launch(launches)
         batch.dispatching = False
         if not batch.pending:
             self._reply(batch)
+
+    def _act_on(self, batch: _Batch, pending: _Pending, perm: Permission, why: str) -> _Launch | None:
+        """Refuse, ask about, or prepare (returned, to launch) a call under its permission."""
+        tool = pending.tool
+        assert tool is not None
+        if perm == "deny":
+            self._complete(
+                batch,
+                pending.index,
+                ToolResult.error(
+                    f"{tool.name} is not allowed here ({why}). Do not retry this call; take another approach."
+                ),
+            )
+            return None
+        if perm == "ask":
+            self._ask_permission(batch, pending, why)
+            return None
+        return self._prepare(batch, pending)
+
+    def _decides_slowly(self, tool: Tool, arguments: Mapping[str, Any]) -> bool:
+        """Whether deciding this call's permission may take long (a long shell command line)."""
+        rule = self._config.permissions.get(tool.name)
+        if tool.match_patterns is None or tool.subject is None or rule is None or isinstance(rule, str):
+            return False
+        subject = tool.subject(arguments)
+        return subject is not None and len(subject) > _INLINE_DECISION_CHARS
+
+    def _decide_in_thread(self, batch: _Batch, pending: _Pending, arguments: Mapping[str, Any]) -> None:
+        """Decide in a worker thread, off the loop: parsing a long command line takes milliseconds.
+
+        The call stays pending meanwhile (an abort ends it as any other);
+        `_Decided` brings the decision back.
+        """
+        tool = pending.tool
+        assert tool is not None
+        rules = self._config.permissions
+        allowed = frozenset(self._allowed_always) if self._allowed_always else _NONE_ALLOWED
+        scope = self._permission_scope
+        batch_id, index = batch.msg.batch_id, pending.index
+
+        def decide() -> tuple[Permission, str]:
+            return decide_permission(tool, arguments, rules, allowed, scope=scope)
+
+        self.run_io(
+            functools.partial(trio.to_thread.run_sync, decide, abandon_on_cancel=True),
+            reply=lambda decided: _Decided(batch_id, index, decided),
+            name=f"permission check {pending.call.id}",
+        )
+
+    def _decided(self, message: _Decided) -> None:
+        batch = self._batches.get(message.batch_id)
+        pending = batch.pending.get(message.index) if batch is not None else None
+        if batch is None or pending is None or pending.execution is not None or pending.request_id is not None:
+            return  # aborted meanwhile
+        try:
+            perm, why = message.decision.unwrap()
+        except Exception as exc:  # decide_permission does not raise; if it ever does, a person decides
+            perm, why = "ask", f"the permission check failed ({type(exc).__name__}: {exc})"
+        launch = self._act_on(batch, pending, perm, why)
+        if launch is not None:
+            self._launch([launch])
 
     def _refuse(self, call: ToolCallRequest, tool: Tool | None, allowed: Mapping[str, Tool]) -> ToolResult | None:
         if call.error is not None or call.arguments is None:
@@ -823,6 +892,9 @@ class ToolRunner(Actor):
 
 
 _NONE_ALLOWED: frozenset[tuple[str, str | None]] = frozenset()
+# A subject longer than this (a shell command line) is decided in a worker
+# thread: parsing costs about 1-5 us a character for dense command lines.
+_INLINE_DECISION_CHARS = 1024
 _START_CHILD = ("start_child",)
 _START_CHILDREN = ("start_children",)
 

@@ -19,7 +19,8 @@ Words are read as bash reads them: quotes and backslashes are removed
 (``"r"m``, ``\\rm`` and ``$'\\x72m'`` are ``rm``), brace expansion is
 applied (``-{r,f}`` is ``-r -f``), and a backslash-newline joins lines
 before anything else. The parse is bounded (`MAX_COMMAND_BYTES`,
-`MAX_SIMPLE_COMMANDS`, `MAX_DEPTH`); past a bound the command line is a concern.
+`MAX_SYNTAX_NODES`, `MAX_SIMPLE_COMMANDS`, `MAX_DEPTH`); past a bound the
+command line is a concern.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ __all__ = [
     "MAX_COMMAND_BYTES",
     "MAX_DEPTH",
     "MAX_SIMPLE_COMMANDS",
+    "MAX_SYNTAX_NODES",
     "SHELLS",
     "CommandLine",
     "SimpleCommand",
@@ -52,6 +54,9 @@ MAX_COMMAND_BYTES = 64 * 1024
 
 MAX_SIMPLE_COMMANDS = 2000
 """More simple commands than this (nested scripts included) is a concern."""
+
+MAX_SYNTAX_NODES = 20_000
+"""A command line whose syntax tree has more nodes is not walked: it is a concern."""
 
 MAX_DEPTH = 8
 """How deep scripts inside scripts (``bash -c``, ``eval``, backquotes) are followed."""
@@ -685,6 +690,9 @@ class _Walker:
         if joined is not None:
             tree = parser.parse(joined)
         root = tree.root_node
+        if root.descendant_count > MAX_SYNTAX_NODES:
+            self.concerns.append(f"the command line is too long to check ({root.descendant_count:,} syntax nodes)")
+            return
         if root.has_error:
             self.concerns.append(f"bash's grammar does not parse {_excerpt(_error_text(root))}")
         self.walk(root, depth)

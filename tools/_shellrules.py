@@ -39,6 +39,19 @@ __all__ = ["ShellVerdict", "decide_shell", "match_shell_patterns"]
 _STRICTNESS: dict[str, int] = {"allow": 0, "ask": 1, "deny": 2}
 
 
+class _Form:
+    """One form of a simple command, split once for every pattern: text, program, flags, other words."""
+
+    __slots__ = ("flags", "name", "rest", "text")
+
+    def __init__(self, words: tuple[str, ...]) -> None:
+        self.text = " ".join(words)
+        self.name = posixpath.basename(words[0]) if words else ""
+        flags, rest = flag_form(self.name, words[1:])
+        self.flags = flags
+        self.rest = " ".join(rest)
+
+
 @attrs.frozen
 class _Pattern:
     """One compiled pattern: as a glob on text, and as program + flags + the other words."""
@@ -78,17 +91,13 @@ class _Pattern:
             _rest_regex(rest),
         )
 
-    def catches(self, form: tuple[str, ...]) -> bool:
+    def catches(self, form: _Form) -> bool:
         """Whether a deny/ask pattern matches one form of a simple command."""
-        if self.whole.match(" ".join(form)):
+        if self.whole.match(form.text):
             return True
-        if self.program is None or not form:
+        if self.program is None or not self.program.match(form.name):
             return False
-        name = posixpath.basename(form[0])
-        if not self.program.match(name):
-            return False
-        flags, rest = flag_form(name, form[1:])
-        return self.flags <= flags and self.rest.match(" ".join(rest)) is not None
+        return self.flags <= form.flags and self.rest.match(form.rest) is not None
 
     def allows(self, command: SimpleCommand) -> bool:
         """Whether an allow pattern matches a simple command as written (or as a harmless wrapper runs it)."""
@@ -148,12 +157,14 @@ def _key(pattern: _Pattern) -> str:
     return f'tools.permissions.shell "{pattern.source}" = {pattern.permission}'
 
 
-def _caught(patterns: tuple[_Pattern, ...], command: str, line: CommandLine) -> tuple[_Pattern, str] | None:
+def _caught(
+    patterns: tuple[_Pattern, ...], command: str, forms: list[tuple[SimpleCommand, list[_Form]]]
+) -> tuple[_Pattern, str] | None:
     for pattern in patterns:
         if pattern.whole.match(command):
             return pattern, command
-        for simple in line.commands:
-            if any(pattern.catches(form) for form in simple.forms):
+        for simple, split in forms:
+            if any(pattern.catches(form) for form in split):
                 return pattern, simple.text
     return None
 
@@ -185,11 +196,12 @@ def decide_shell(
     """
     table = _compile(tuple(patterns.items()))
     line = analyze(command, cwd=cwd, roots=roots)
-    denied = _caught(table.deny, command, line)
+    forms = [(c, [_Form(f) for f in c.forms]) for c in line.commands] if table.deny or table.ask else []
+    denied = _caught(table.deny, command, forms)
     if denied is not None:
         pattern, text = denied
         return ShellVerdict("deny", f'{_key(pattern)}, matching "{_excerpt(text)}"', line)
-    asked = _caught(table.ask, command, line)
+    asked = _caught(table.ask, command, forms)
     if asked is not None:
         pattern, text = asked
         return ShellVerdict("ask", f'{_key(pattern)}, matching "{_excerpt(text)}"', line)

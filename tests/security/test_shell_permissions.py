@@ -18,6 +18,7 @@ from daemon_harness import DaemonProcess, collect_until
 from sec_runner import RunnerHarness
 from weald.runtime import ActorSystem
 from weald.runtime.testing import wait_for_event
+from weald.runtime.tool_runner import _INLINE_DECISION_CHARS
 
 SMUGGLED = {
     "echo ok; touch PWNED": "echo ok*",
@@ -95,3 +96,25 @@ def test_a_real_daemon_asks_before_the_smuggled_command_and_a_denial_stops_it(tm
         assert daemon.terminate() == 0, daemon.log.read_text()
     finally:
         daemon.close()
+
+
+def test_a_long_command_line_is_decided_off_the_loop_with_the_same_rules(system: ActorSystem, project: Path) -> None:
+    # Past _INLINE_DECISION_CHARS the runner parses in a worker thread; the decision must not change.
+    allowed = "echo ok; " * 200
+    assert len(allowed) > _INLINE_DECISION_CHARS
+    (project / "victim").mkdir()
+    rules = {"shell": {"echo ok*": "allow", "rm -rf *": "deny"}}
+    runner = RunnerHarness(system, project, permissions=rules, permission_timeout=0.5)
+    result = runner.call("shell", command=allowed)
+    assert result.ok, result.text()
+    assert result.output.splitlines() == ["ok"] * 200
+    denied = runner.call("shell", command=allowed + "rm -rf victim")
+    assert 'not allowed here (tools.permissions.shell "rm -rf *" = deny, matching "rm -rf victim")' in denied.output
+    assert system.events.recent(topic="permission.requested") == []
+    smuggled = allowed + "touch PWNED; " + allowed
+    result = runner.call("shell", command=smuggled)
+    asked = wait_for_event(system.events, "permission.requested")
+    assert asked.data["reason"] == 'default for shell: no pattern allows "touch PWNED"'
+    assert "counts as denied" in result.output
+    assert not (project / "PWNED").exists()
+    assert (project / "victim").is_dir()

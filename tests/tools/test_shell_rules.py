@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from weald.runtime.daemon.config import parse_config
 from weald.runtime.tool_runner import RunnerConfig, decide_permission
 from weald.tools import PermissionScope
-from weald.tools._bash import MAX_COMMAND_BYTES, MAX_DEPTH, analyze
+from weald.tools._bash import MAX_COMMAND_BYTES, MAX_DEPTH, MAX_SYNTAX_NODES, analyze
 from weald.tools.shell import shell
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -361,6 +361,11 @@ def test_bounds_on_size_and_nesting_ask_instead_of_parsing_forever() -> None:
     decision, why = decide(huge)
     assert decision == "ask"
     assert "longer than" in why
+    dense = "echo ok; " * (MAX_SYNTAX_NODES // 5 + 1)
+    assert len(dense) < MAX_COMMAND_BYTES
+    decision, why = decide(dense)
+    assert decision == "ask"
+    assert "too long to check" in why
     nested = "eval " * (MAX_DEPTH + 2) + "echo ok"
     decision, why = decide(nested, ALLOW_EVERY_COMMAND)
     assert decision == "ask"
