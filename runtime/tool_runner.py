@@ -894,7 +894,7 @@ class ToolRunner(Actor):
 _NONE_ALLOWED: frozenset[tuple[str, str | None]] = frozenset()
 # A subject longer than this (a shell command line) is decided in a worker
 # thread: parsing costs about 1-5 us a character for dense command lines.
-_INLINE_DECISION_CHARS = 1024
+_INLINE_DECISION_CHARS = 512
 _START_CHILD = ("start_child",)
 _START_CHILDREN = ("start_children",)
 
