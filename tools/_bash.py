@@ -71,7 +71,7 @@ _SYSTEM_BIN = ("/bin/", "/usr/bin/", "/usr/local/bin/")
 _HARMLESS_TARGETS = ("/dev/null", "/dev/stdout", "/dev/stderr", "/dev/tty")
 _WRITE_OPERATORS = frozenset({">", ">>", ">|", "&>", "&>>", ">&", "<>", "&>|"})
 
-# Nodes a statement-level walk looks through; everything else is looked into generically.
+# Word nodes whose text is the word, backslash escapes aside.
 _LEAF_WORDS = frozenset({"word", "number"})
 _MAX_BRACE_WORDS = 256
 
@@ -742,9 +742,9 @@ class _Walker:
         return True
 
     def bare_assignment(self, node: tree_sitter.Node) -> None:
+        """``PATH=/tmp/x`` alone: a command of its own, which an allow pattern must name."""
         text = _node_text(node)
-        words = [text]
-        self.commands.append(SimpleCommand(text=text, allow_texts=(text,), forms=(tuple(words),)))
+        self.commands.append(SimpleCommand(text=text, allow_texts=(text,), forms=((text,),)))
 
     def command(self, node: tree_sitter.Node, depth: int) -> None:
         assignments: list[str] = []
@@ -784,17 +784,21 @@ class _Walker:
         forms.append((name, *(w.text for w in args)))
         allow_texts = [text]
         transparent = False
-        inner: list[_Word] | None = [_Word(name, "0" * len(name)), *args]
+        inner: list[_Word] | None = words
         harmless = not assignments
         seen = 0
+        # The program, then whatever each wrapper runs: `sudo env nice rm` is four.
         while inner is not None and seen < MAX_DEPTH:
             seen += 1
-            current = posixpath.basename(inner[0].text)
-            current_args = inner[1:]
-            if inner[0].dynamic:
-                if seen > 1:
-                    self.concerns.append(f"the program's name is computed when it runs ({_excerpt(inner[0].text)})")
+            head = inner[0]
+            if seen > 1 and head.dynamic:
+                self.concerns.append(f"the program's name is computed when it runs ({_excerpt(head.text)})")
+            if seen > 1 and not head.dynamic and head.unquoted_has("*?["):
+                self.concerns.append(f"the program's name is a glob pattern ({_excerpt(head.text)})")
+            if head.dynamic:
                 break
+            current = posixpath.basename(head.text)
+            current_args = inner[1:]
             if seen > 1:
                 forms.append((current, *(w.text for w in current_args)))
             if current == "git":

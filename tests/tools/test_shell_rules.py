@@ -159,6 +159,8 @@ def test_a_command_line_of_allowed_commands_is_allowed(command: str) -> None:
 
 NOT_ALLOWED_AS_WRITTEN = [
     "./git status",  # another program named git
+    "./bash -c 'ls'",  # not the system's shell: more than its script
+    "sudo bash -c 'ls'",
     "/tmp/git status",
     "FOO=1 git status",  # an assignment can change what the program does
     "PATH=/tmp git status",
