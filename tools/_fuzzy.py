@@ -1,23 +1,38 @@
-"""Finding ``old_string`` in a file: exact first, then a cascade of tolerant matchers.
+r"""Finding ``old_string`` in a file: exact first, then a cascade of tolerant matchers.
 
 Models copy text with small slips: indentation off by a level, trailing
-spaces lost, tabs for spaces, a line wrapped differently. After an exact
-search fails, `locate` tries matchers that forgive more and more, in order:
+spaces lost, tabs for spaces, a line wrapped differently, a blank line too
+many at the start, ASCII quotes for typographic ones, ``\n`` written as two
+characters. After an exact search fails, `locate` tries matchers that forgive
+more and more, in order:
 
 1. ``indentation``: whole lines, equal once the block's common indentation
    and trailing whitespace are set aside;
 2. ``trimmed``: whole lines, equal once each line is stripped;
-3. ``whitespace``: the same words with any run of whitespace between them.
+3. ``whitespace``: whole lines holding the same words, with any run of
+   whitespace (line breaks included) between them;
+4. ``punctuation``: whole lines, equal once stripped and once typographic
+   dashes, quotes and spaces are read as their ASCII forms (as Codex's
+   apply-patch does);
+5. ``escapes``: old_string with its backslash escapes (``\n``, ``\t``,
+   ``\"`` ...) read as the characters they stand for, through the cascade
+   above (as OpenCode does).
 
-The first matcher that finds anything decides. A tolerant matcher that finds
-more than one place never picks one: the caller refuses and says where they
-are. (The idea of a cascade comes from OpenCode's edit tool; this code is ours.)
+Only the exact search may match inside a line; every tolerant matcher
+matches whole lines. Blank lines at the start or end of old_string that the
+file does not have there are set aside (Aider's issue 25), and the same
+blank lines are taken off new_string. The first matcher that finds anything
+decides. A tolerant matcher that finds more than one place never picks one:
+the caller refuses and says where they are, unless replace_all asks for
+every place. (The idea of a cascade comes from OpenCode's edit tool; this
+code is ours.)
 
-After a line matcher, new_string is re-indented the way old_string was off:
-each matched pair of lines maps old_string's indentation to the file's, and a
-new_string line indented like some old_string line gets that line's file
-indentation; any other line starting with old_string's common indentation
-gets the file's common indentation in its place.
+After a line matcher, new_string is fitted to the file's indentation: if it
+already sits at the indentation of the matched lines (old_string was quoted
+at another), it is kept as written; otherwise each matched pair of lines maps
+old_string's indentation to the file's, a new_string line indented like some
+old_string line gets that line's file indentation, and any other line
+starting with old_string's common indentation gets the file's in its place.
 """
 
 from __future__ import annotations
@@ -32,23 +47,43 @@ from typing import Literal
 import attrs
 from weald.tools._hashline import to_display
 
-__all__ = ["STRATEGY_NOTES", "Located", "Match", "adapt_replacement", "closest_region", "locate"]
+__all__ = [
+    "STRATEGY_NOTES",
+    "BlockAnchor",
+    "Located",
+    "Match",
+    "adapt_replacement",
+    "block_anchor",
+    "closest_region",
+    "locate",
+    "scope_problem",
+    "unescapes_new",
+]
 
-Strategy = Literal["exact", "indentation", "trimmed", "whitespace"]
+Strategy = Literal["exact", "indentation", "trimmed", "whitespace", "punctuation", "escapes"]
 
 STRATEGY_NOTES: dict[str, str] = {
     "exact": "",
     "indentation": (
         "old_string did not match exactly; it matched after setting aside indentation and trailing "
-        "whitespace, and new_string was re-indented to the file's indentation. Check the result below."
+        "whitespace, and new_string was fitted to the file's indentation. Check the result below."
     ),
     "trimmed": (
         "old_string did not match exactly; it matched after stripping the whitespace around every line, "
-        "and new_string was re-indented to the file's indentation. Check the result below."
+        "and new_string was fitted to the file's indentation. Check the result below."
     ),
     "whitespace": (
-        "old_string did not match exactly; it matched after treating every run of whitespace (spaces, "
-        "tabs, line breaks) as equal. Check the result below."
+        "old_string did not match exactly; it matched whole lines after treating every run of whitespace "
+        "(spaces, tabs, line breaks) as equal, and new_string replaced those lines. Check the result below."
+    ),
+    "punctuation": (
+        "old_string did not match exactly; it matched after reading typographic dashes, quotes and spaces "
+        "(such as \u2013, \u2011, \u201c \u201d, \u2019, non-breaking spaces) as their ASCII forms. new_string "
+        "was written as given. Check the result below."
+    ),
+    "escapes": (
+        "old_string did not match as written; it matched after reading its backslash escapes (\\n, \\t, "
+        '\\", \\\\ ...) as the characters they stand for. Check the result below.'
     ),
 }
 
@@ -57,6 +92,24 @@ _CLOSE_ENOUGH = 0.5
 # How many blocks, best by shared words, are compared character by character.
 _CANDIDATE_BLOCKS = 16
 _WORD_RE = re.compile(r"\w+")
+
+# Typographic punctuation read as ASCII by the ``punctuation`` matcher (Codex's table).
+_FOLD = str.maketrans(
+    {
+        **dict.fromkeys("\u2010\u2011\u2012\u2013\u2014\u2015\u2212", "-"),
+        **dict.fromkeys("\u2018\u2019\u201a\u201b", "'"),
+        **dict.fromkeys("\u201c\u201d\u201e\u201f", '"'),
+        **dict.fromkeys("\u00a0\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u202f\u205f\u3000", " "),
+    },
+)
+
+# A backslash escape a model may have written where it meant the character (OpenCode's set).
+_ESCAPE_RE = re.compile(r"\\(n|t|r|'|\"|`|\\|\n|\$)")
+_UNESCAPED = {"n": "\n", "t": "\t", "r": "\r", "\n": "\n"}
+
+# The scope guard: a whitespace-tolerant match may be at most this much larger than old_string.
+_SCOPE_FACTOR = 2
+_SCOPE_SLACK = 64
 
 
 @attrs.frozen
@@ -71,15 +124,21 @@ class Match:
         base: ``(old_prefix, file_prefix)``: any other new_string line starting
             with ``old_prefix`` gets ``file_prefix`` instead; None leaves
             new_string as is.
-        trim: leading and trailing whitespace of old_string that lies outside the
-            match; removed from new_string's ends so it is not doubled.
+        file_indent: the common indentation of the matched lines; a new_string
+            already indented so is kept as written.
+        drop: blank lines at the start and end of old_string that the match
+            set aside; as many are taken off new_string's ends.
+        escapes: the escapes (``n``, ``t``, ``"`` ...) old_string was read
+            with; a new_string using only those is read the same way.
     """
 
     start: int
     end: int
     levels: tuple[tuple[str, str], ...] = ()
     base: tuple[str, str] | None = None
-    trim: tuple[str, str] = ("", "")
+    file_indent: str | None = None
+    drop: tuple[int, int] = (0, 0)
+    escapes: frozenset[str] = frozenset()
 
 
 @attrs.frozen
@@ -88,12 +147,55 @@ class Located:
 
     Attributes:
         strategy: the matcher that found it.
-        matches: every place it matched, in order (overlapping places included,
-            for the tolerant matchers: they make the match ambiguous).
+        matches: every place it matched, in order.
     """
 
     strategy: Strategy
     matches: tuple[Match, ...]
+
+    @property
+    def overlapping(self) -> bool:
+        """Some matches share text (only tolerant matchers report such)."""
+        return any(b.start < a.end for a, b in itertools.pairwise(self.matches))
+
+
+@attrs.frozen
+class _Lines:
+    """A file's lines as the line matchers see them."""
+
+    text: str
+    lines: list[str]
+    starts: list[int]
+    stripped: list[str]
+
+    @classmethod
+    def of(cls, text: str) -> _Lines:
+        lines = text.split("\n")
+        if text.endswith("\n"):
+            lines.pop()
+        starts = []
+        pos = 0
+        for line in lines:
+            starts.append(pos)
+            pos += len(line) + 1
+        return cls(text, lines, starts, [line.strip() for line in lines])
+
+    def span(self, first: int, count: int, with_newline: bool) -> tuple[int, int] | None:
+        """Offsets of lines ``first``..``first + count - 1``, with the newline after them if asked."""
+        last = first + count - 1
+        end = self.starts[last] + len(self.lines[last]) + (1 if with_newline else 0)
+        if end > len(self.text):
+            return None  # old_string ends with a newline the file's last line lacks
+        return self.starts[first], end
+
+
+@attrs.frozen
+class _Old:
+    """old_string as whole lines: its lines, whether a newline ends it, and blank lines set aside."""
+
+    lines: list[str]
+    with_newline: bool
+    drop: tuple[int, int] = (0, 0)
 
 
 def locate(text: str, old: str, *, check_abort: Callable[[], None] | None = None) -> Located | None:
@@ -110,48 +212,86 @@ def locate(text: str, old: str, *, check_abort: Callable[[], None] | None = None
     Returns:
         The matches, or None if no matcher found ``old``.
     """
+    found = _locate(text, old, check_abort)
+    if found is not None or "\\" not in old:
+        return found
+    unescaped = _ESCAPE_RE.sub(lambda m: _UNESCAPED.get(m[1], m[1]), old)
+    if unescaped == old:
+        return None
+    inner = _locate(text, unescaped, check_abort)
+    if inner is None:
+        return None
+    kinds = frozenset(m[1] for m in _ESCAPE_RE.finditer(old))
+    matches = tuple(
+        attrs.evolve(m, escapes=frozenset() if "\\" in text[m.start : m.end] else kinds) for m in inner.matches
+    )
+    return Located("escapes", matches)
+
+
+def _locate(text: str, old: str, check_abort: Callable[[], None] | None) -> Located | None:
     haystack = to_display(text) if "\ufffd" in old else text
     exact = _exact(haystack, old)
     if exact:
         return Located("exact", exact)
     if not old.strip():
         return None  # whitespace-only text would match loosely almost anywhere
-    lines, starts = _line_table(haystack)
-    stripped = [line.strip() for line in lines]
-    matchers: list[tuple[Strategy, Callable[[], tuple[Match, ...]]]] = [
-        ("indentation", lambda: _indentation(lines, starts, stripped, old, len(haystack))),
-        ("trimmed", lambda: _trimmed(lines, starts, stripped, old, len(haystack))),
-        ("whitespace", lambda: _whitespace(haystack, old)),
+    table = _Lines.of(haystack)
+    variants = _variants(old)
+    matchers: list[tuple[Strategy, Callable[[_Lines, _Old], tuple[Match, ...]]]] = [
+        ("indentation", _indentation),
+        ("trimmed", _trimmed),
+        ("whitespace", _whitespace),
     ]
+    if not (haystack.isascii() and old.isascii()):
+        matchers.append(("punctuation", _punctuation))
     for strategy, find in matchers:
         if check_abort is not None:
             check_abort()
-        found = find()
-        if found:
-            return Located(strategy, found)
+        for variant in variants:
+            found = find(table, variant)
+            if found:
+                return Located(strategy, found)
     return None
 
 
+def _variants(old: str) -> list[_Old]:
+    """old_string as whole lines; then, if it starts or ends with blank lines, without them."""
+    with_newline = old.endswith("\n")
+    lines = (old[:-1] if with_newline else old).split("\n")
+    variants = [_Old(lines, with_newline)]
+    blank = [not line.strip() for line in lines]
+    lead = blank.index(False)
+    trail = blank[::-1].index(False)
+    if lead or trail:
+        variants.append(_Old(lines[lead : len(lines) - trail], with_newline or trail > 0, (lead, trail)))
+    return variants
+
+
 def adapt_replacement(match: Match, new: str) -> str:
-    """``new`` fitted to how ``match`` matched: re-indented, or its ends trimmed."""
-    lead, trail = match.trim
-    if lead and new.startswith(lead):
-        new = new[len(lead) :]
-    if trail and new.endswith(trail):
-        new = new[: len(new) - len(trail)]
+    """``new`` fitted to how ``match`` matched: blank lines set aside, escapes read, re-indented."""
+    if unescapes_new(match, new):
+        new = _ESCAPE_RE.sub(lambda m: _UNESCAPED.get(m[1], m[1]), new)
+    lead, trail = match.drop
+    if lead or trail:
+        new = _drop_blank_lines(new, lead, trail)
     if match.base is None:
         return new
+    lines = new.split("\n")
     levels = dict(match.levels)
     old_prefix, file_prefix = match.base
     if old_prefix == file_prefix and all(k == v for k, v in levels.items()):
         return new
+    if match.file_indent is not None and old_prefix != match.file_indent:
+        written = _common_prefix([_leading(line) for line in lines if line.strip()])
+        if written == match.file_indent:
+            return new  # already at the file's indentation: old_string alone was quoted elsewhere
     out = []
-    for line in new.split("\n"):
-        lead = _leading(line)
+    for line in lines:
+        lead_ws = _leading(line)
         if not line.strip():
             out.append(line)
-        elif lead in levels:
-            out.append(levels[lead] + line[len(lead) :])
+        elif lead_ws in levels:
+            out.append(levels[lead_ws] + line[len(lead_ws) :])
         elif line.startswith(old_prefix):
             out.append(file_prefix + line[len(old_prefix) :])
         else:
@@ -159,7 +299,44 @@ def adapt_replacement(match: Match, new: str) -> str:
     return "\n".join(out)
 
 
-def _levels(old_lines: list[str], file_lines: list[str]) -> tuple[tuple[str, str], ...]:
+def unescapes_new(match: Match, new: str) -> bool:
+    """new_string is read with its escapes too: it uses escapes, and only those old_string was read with."""
+    if not match.escapes or "\\" not in new:
+        return False
+    kinds = {m[1] for m in _ESCAPE_RE.finditer(new)}
+    return bool(kinds) and kinds <= match.escapes
+
+
+def scope_problem(text: str, match: Match, old: str) -> str | None:
+    """Why a tolerant ``match`` covers far more than ``old`` (the edit-scope guard), or None.
+
+    A match may not span blank lines old_string does not have (they separate
+    blocks), nor be more than twice as long as old_string (plus some
+    indentation): either means the edit would reach past what the model quoted.
+    """
+    region = text[match.start : match.end]
+    blank_in_region = sum(1 for line in region.split("\n")[1:-1] if not line.strip())
+    blank_in_old = sum(1 for line in old.strip("\n").split("\n") if not line.strip())
+    if blank_in_region > blank_in_old:
+        return f"it spans {blank_in_region} blank line{'s' if blank_in_region != 1 else ''} old_string does not have"
+    if len(region) > _SCOPE_FACTOR * len(old.strip()) + _SCOPE_SLACK:
+        return f"it is {len(region)} characters long, old_string {len(old.strip())}"
+    return None
+
+
+def _drop_blank_lines(new: str, lead: int, trail: int) -> str:
+    with_newline = new.endswith("\n")
+    lines = (new[:-1] if with_newline else new).split("\n")
+    while lead and len(lines) > 1 and not lines[0].strip():
+        lines.pop(0)
+        lead -= 1
+    while trail and len(lines) > 1 and not lines[-1].strip():
+        lines.pop()
+        trail -= 1
+    return "\n".join(lines) + ("\n" if with_newline else "")
+
+
+def _levels(old_lines: Sequence[str], file_lines: Sequence[str]) -> tuple[tuple[str, str], ...]:
     """How each indentation in old_string maps to the file's, over matched lines.
 
     An old indentation seen with two different file indentations is left out:
@@ -185,25 +362,6 @@ def _exact(text: str, old: str) -> tuple[Match, ...]:
     return tuple(found)
 
 
-def _line_table(text: str) -> tuple[list[str], list[int]]:
-    """The text's lines (a final newline adds no empty line) and each line's start offset."""
-    lines = text.split("\n")
-    if text.endswith("\n"):
-        lines.pop()
-    starts = []
-    pos = 0
-    for line in lines:
-        starts.append(pos)
-        pos += len(line) + 1
-    return lines, starts
-
-
-def _old_block(old: str) -> tuple[list[str], bool]:
-    """old_string as whole lines, and whether it ends with a newline (which the match then includes)."""
-    with_newline = old.endswith("\n")
-    return (old[:-1] if with_newline else old).split("\n"), with_newline
-
-
 def _common_prefix(texts: list[str]) -> str:
     """The longest string every one of ``texts`` starts with (character by character)."""
     if not texts:
@@ -219,20 +377,8 @@ def _leading(line: str) -> str:
     return line[: len(line) - len(line.lstrip())]
 
 
-def _span(
-    *,
-    text_len: int,
-    lines: list[str],
-    starts: list[int],
-    first: int,
-    count: int,
-    with_newline: bool,
-) -> tuple[int, int] | None:
-    last = first + count - 1
-    end = starts[last] + len(lines[last]) + (1 if with_newline else 0)
-    if end > text_len:
-        return None  # old_string ends with a newline the file's last line lacks
-    return starts[first], end
+def _block_indent(lines: Sequence[str]) -> str:
+    return _common_prefix([_leading(line) for line in lines if line.strip()])
 
 
 def _candidates(stripped: list[str], key: str, offset: int, count: int) -> list[int]:
@@ -241,66 +387,128 @@ def _candidates(stripped: list[str], key: str, offset: int, count: int) -> list[
     return [i - offset for i, s in enumerate(stripped) if s == key and 0 <= i - offset <= last_first]
 
 
-def _indentation(
-    lines: list[str],
-    starts: list[int],
-    stripped: list[str],
-    old: str,
-    text_len: int,
-) -> tuple[Match, ...]:
-    old_lines, with_newline = _old_block(old)
-    nonblank = [line for line in old_lines if line.strip()]
-    old_prefix = _common_prefix([_leading(line) for line in nonblank])
-    relative = [line[len(old_prefix) :].rstrip() if line.strip() else "" for line in old_lines]
-    j = next(i for i, line in enumerate(old_lines) if line.strip())
+def _line_match(table: _Lines, old: _Old, first: int, anchor: int) -> Match | None:
+    """A match of ``old`` at file lines ``first``.., re-indenting by old line ``anchor``."""
+    count = len(old.lines)
+    span = table.span(first, count, old.with_newline)
+    if span is None:
+        return None
+    matched = table.lines[first : first + count]
+    return Match(
+        span[0],
+        span[1],
+        levels=_levels(old.lines, matched),
+        base=(_leading(old.lines[anchor]), _leading(matched[anchor])),
+        file_indent=_block_indent(matched),
+        drop=old.drop,
+    )
+
+
+def _indentation(table: _Lines, old: _Old) -> tuple[Match, ...]:
+    old_prefix = _block_indent(old.lines)
+    relative = [line[len(old_prefix) :].rstrip() if line.strip() else "" for line in old.lines]
+    j = next(i for i, line in enumerate(old.lines) if line.strip())
     found = []
-    for i in _candidates(stripped, old_lines[j].strip(), j, len(old_lines)):
-        anchor = lines[i + j].rstrip()
+    for i in _candidates(table.stripped, old.lines[j].strip(), j, len(old.lines)):
+        anchor = table.lines[i + j].rstrip()
         file_prefix = anchor[: len(anchor) - len(relative[j])]
         if not anchor.endswith(relative[j]) or file_prefix.strip():
             continue
         if all(
-            (not stripped[i + m]) if not rel else lines[i + m].rstrip() == file_prefix + rel
+            (not table.stripped[i + m]) if not rel else table.lines[i + m].rstrip() == file_prefix + rel
             for m, rel in enumerate(relative)
         ):
-            span = _span(
-                text_len=text_len, lines=lines, starts=starts, first=i, count=len(old_lines), with_newline=with_newline
-            )
-            if span is not None:
-                levels = _levels(old_lines, lines[i : i + len(old_lines)])
-                found.append(Match(span[0], span[1], levels=levels, base=(old_prefix, file_prefix)))
+            match = _line_match(table, old, i, j)
+            if match is not None:
+                found.append(attrs.evolve(match, base=(old_prefix, file_prefix)))
     return tuple(found)
 
 
-def _trimmed(
-    lines: list[str],
-    starts: list[int],
-    stripped: list[str],
-    old: str,
-    text_len: int,
-) -> tuple[Match, ...]:
-    old_lines, with_newline = _old_block(old)
-    keys = [line.strip() for line in old_lines]
+def _trimmed(table: _Lines, old: _Old, stripped: list[str] | None = None, fold: bool = False) -> tuple[Match, ...]:
+    keys = [line.strip().translate(_FOLD) if fold else line.strip() for line in old.lines]
+    haystack = table.stripped if stripped is None else stripped
     j = next(i for i, key in enumerate(keys) if key)
     found = []
-    for i in _candidates(stripped, keys[j], j, len(keys)):
-        if stripped[i : i + len(keys)] == keys:
-            span = _span(
-                text_len=text_len, lines=lines, starts=starts, first=i, count=len(keys), with_newline=with_newline
-            )
-            if span is not None:
-                levels = _levels(old_lines, lines[i : i + len(keys)])
-                base = (_leading(old_lines[j]), _leading(lines[i + j]))
-                found.append(Match(span[0], span[1], levels=levels, base=base))
+    for i in _candidates(haystack, keys[j], j, len(keys)):
+        if haystack[i : i + len(keys)] == keys:
+            match = _line_match(table, old, i, j)
+            if match is not None:
+                found.append(match)
     return tuple(found)
 
 
-def _whitespace(text: str, old: str) -> tuple[Match, ...]:
-    words = old.split()
+def _punctuation(table: _Lines, old: _Old) -> tuple[Match, ...]:
+    folded = [line.translate(_FOLD).strip() for line in table.stripped]
+    return _trimmed(table, old, folded, fold=True)
+
+
+def _whitespace(table: _Lines, old: _Old) -> tuple[Match, ...]:
+    words = " ".join(old.lines).split()
     # Words hold no whitespace, so each \s+ has one way to match: no backtracking blow-up.
-    pattern = re.compile(r"\s+".join(re.escape(w) for w in words))
-    trim = (_leading(old), old[len(old.rstrip()) :])
-    return tuple(Match(m.start(), m.end(), trim=trim) for m in pattern.finditer(text))
+    # The match runs from a line's start to a line's end: never inside a line.
+    pattern = re.compile(r"^[ \t]*" + r"\s+".join(re.escape(w) for w in words) + r"[ \t]*$", re.MULTILINE)
+    text = table.text
+    found = []
+    first_old = next(line for line in old.lines if line.strip())
+    for m in pattern.finditer(text):
+        start, end = m.start(), m.end()
+        if old.with_newline:
+            if end >= len(text):
+                continue  # old_string ends with a newline the file's last line lacks
+            end += 1
+        block = text[start : m.end()].split("\n")
+        same_shape = len(block) == len(old.lines)
+        found.append(
+            Match(
+                start,
+                end,
+                levels=_levels(old.lines, block) if same_shape else (),
+                base=(_leading(first_old), _leading(block[0])),
+                file_indent=_block_indent(block),
+                drop=old.drop,
+            ),
+        )
+    return tuple(found)
+
+
+@attrs.frozen
+class BlockAnchor:
+    """A block whose first and last lines match old_string's while the lines between differ.
+
+    Attributes:
+        first: its first line (0-based).
+        stop: one past its last line.
+    """
+
+    first: int
+    stop: int
+
+
+def block_anchor(lines: Sequence[str], old: str) -> BlockAnchor | None:
+    """The one block whose first and last lines are old_string's (stripped), for a "did you mean".
+
+    OpenCode replaces such a block when the middle is similar enough; weald
+    does not guess, but names the block so the model can edit it by anchor.
+    Needs old_string to have at least three non-blank lines; the block may
+    be half to twice as long. Returns None unless exactly one block fits.
+    """
+    keys = [line.strip() for line in old.strip("\n").split("\n") if line.strip()]
+    if len(keys) < 3:
+        return None
+    size = len(old.strip("\n").split("\n"))
+    shortest, longest = max(size // 2, 3), size * 2
+    found: list[BlockAnchor] = []
+    stripped = [line.strip() for line in lines]
+    for i, line in enumerate(stripped):
+        if line != keys[0]:
+            continue
+        for j in range(i + shortest - 1, min(i + longest, len(lines))):
+            if stripped[j] == keys[-1]:
+                found.append(BlockAnchor(i, j + 1))
+                break
+        if len(found) > 1:
+            return None
+    return found[0] if found else None
 
 
 def closest_region(

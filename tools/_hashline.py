@@ -2,14 +2,18 @@ r"""Hashline tags (``N:hh|content``) and the decoded view of a text file.
 
 read_file shows every line as ``12:3f|    return x``: the 1-based line
 number, a colon, two hex digits hashing the line, a bar, then the line. A
-model edits by anchor (``start="12:3f"``); the hash proves the line is still
-the one the model saw, so an edit never lands on a line that moved or changed.
+model edits by anchor (``start="12:3f"``). The tag alone cannot prove the
+line is the one the model saw (two lines share a tag one time in 256, and
+equal lines always do), so edit_file also consults the session's ledger of
+the versions of the file the model was shown (`weald.tools._ledger`): an
+anchor is applied only where line number, tag and that history agree.
 
-The hash is the low byte of zlib's CRC-32 of the line's UTF-8 bytes after
-``str.strip()`` (leading and trailing whitespace removed), as two lowercase
-hex digits. CRC-32 is stable across processes, platforms and Python versions
-(unlike ``hash()``), runs in C in one pass, and ignoring the surrounding
-whitespace makes the tag blind to re-indentation and to CRLF versus LF.
+The hash is the low byte of zlib's CRC-32 of the whole line's UTF-8 bytes,
+indentation and trailing whitespace included (the line ending is not part of
+the line), as two lowercase hex digits. CRC-32 is stable across processes,
+platforms and Python versions (unlike ``hash()``) and runs in C in one pass.
+``}`` and ``  }`` get different tags, so an anchor cannot slide onto a line
+that differs from it only in indentation.
 
 `TextFile` is the one decoding every file tool shares, so read_file and
 edit_file agree on what a line is:
@@ -26,7 +30,6 @@ edit_file agree on what a line is:
 from __future__ import annotations
 
 import bisect
-import itertools
 import re
 import zlib
 from collections.abc import Iterable, Sequence
@@ -36,13 +39,16 @@ from weald.tools._contract import ToolError
 
 __all__ = [
     "UTF8_BOM",
+    "Hunk",
     "TextFile",
     "binary_reason",
+    "echoed_from",
     "format_line",
     "format_lines",
     "line_hash",
     "parse_anchor",
     "strip_echoed_tags",
+    "tag_prefixed",
     "to_display",
 ]
 
@@ -56,6 +62,10 @@ _ESCAPED_RE = re.compile("[\udc80-\udcff]")
 
 # A tag a model echoes back at the start of a line: ``12:3f|``.
 _TAG_RE = re.compile(r"(\d+):([0-9a-f]{2})\|")
+
+# A change to a file's lines: old lines ``a`` to ``b - 1`` (0-based) became
+# ``c`` new lines starting at ``a``; ``a == b`` inserts before old line ``a``.
+Hunk = tuple[int, int, int]
 
 # An anchor argument: ``12:3f``, tolerating spaces, upper case and an echoed ``|content``.
 _ANCHOR_RE = re.compile(r"\s*(\d+)\s*:\s*([0-9a-fA-F]{2})\s*(?:\|.*)?", re.DOTALL)
@@ -71,13 +81,13 @@ def line_hash(content: str) -> str:
     """The two-hex-digit tag of one line (without its line ending).
 
     Args:
-        content: the line; leading and trailing whitespace do not count.
+        content: the whole line, indentation and trailing whitespace included.
 
     Returns:
-        The low byte of CRC-32 of the stripped line's UTF-8 bytes, e.g. ``"3f"``.
+        The low byte of CRC-32 of the line's UTF-8 bytes, e.g. ``"3f"``.
         Undecodable bytes (lone surrogates) hash as their ``surrogatepass`` encoding.
     """
-    return _HEX[zlib.crc32(content.strip().encode("utf-8", "surrogatepass")) & 0xFF]
+    return _HEX[zlib.crc32(content.encode("utf-8", "surrogatepass")) & 0xFF]
 
 
 def to_display(text: str) -> str:
@@ -104,8 +114,7 @@ def format_lines(lines: Iterable[str], first: int = 1, *, escaped: bool = True) 
     hex_ = _HEX
     crc = zlib.crc32
     out = [
-        f"{n}:{hex_[crc(line.strip().encode('utf-8', 'surrogatepass')) & 0xFF]}|{line}"
-        for n, line in enumerate(lines, first)
+        f"{n}:{hex_[crc(line.encode('utf-8', 'surrogatepass')) & 0xFF]}|{line}" for n, line in enumerate(lines, first)
     ]
     if escaped:
         out = [to_display(t) for t in out]
@@ -132,53 +141,61 @@ def parse_anchor(value: str, *, argument: str = "start") -> tuple[int, str]:
     return int(m[1]), m[2].lower()
 
 
-def strip_echoed_tags(text: str, *, near: tuple[int, int] | None = None) -> str:
-    """Remove ``N:hh|`` prefixes a model copied from read_file output into its text.
+def echoed_from(text: str) -> int | None:
+    """Where ``text`` was copied from read_file output, tags and all, if it was.
 
-    Legitimate content can look like a tag (``10:30|standup`` in a table), so
-    prefixes are stripped only on evidence that they are echoes:
-
-    - every non-empty line carries one, and either at least two tags number
-      consecutive lines, or some tag's hash matches its line, or some tag's
-      number lies in ``near``; or
-    - the first non-empty line carries one, the tagged lines number
-      consecutively (the model added untagged lines among echoed ones), and
-      some tag's hash matches its line or its number lies in ``near``.
-
-    Args:
-        text: what the model sent (``new_string`` or ``old_string``).
-        near: the line range (inclusive) the edit is about, if known; a tag
-            numbered within two lines of it counts as evidence.
+    Legitimate content can look like a tag (``09:00|standup`` in a table), so
+    text counts as echoed only when every line carries a tag (a final newline
+    ends the last line), the tags number consecutive lines, and each tag's
+    hash is the one weald gives the text after it.
 
     Returns:
-        ``text`` with the prefixes removed, or ``text`` unchanged.
+        The number of the first tag, or None when ``text`` is not an echo.
     """
     if "|" not in text:
-        return text
+        return None
     lines = text.split("\n")
-    tagged: list[tuple[int, re.Match[str]]] = []
-    nonempty: list[int] = []
+    if lines[-1] == "" and len(lines) > 1:
+        lines.pop()
+    first: int | None = None
     for i, line in enumerate(lines):
-        if line.strip():
-            nonempty.append(i)
         m = _TAG_RE.match(line)
-        if m is not None:
-            tagged.append((i, m))
-    if not tagged:
+        if m is None or line_hash(line[m.end() :]) != m[2]:
+            return None
+        number = int(m[1])
+        if first is None:
+            first = number
+        elif number != first + i:
+            return None
+    return first
+
+
+def tag_prefixed(text: str) -> bool:
+    """Every line of ``text`` (a final newline ends the last) starts like a tag, ``N:hh|``, whatever its hash."""
+    if "|" not in text:
+        return False
+    lines = text.split("\n")
+    if lines[-1] == "" and len(lines) > 1:
+        lines.pop()
+    return all(_TAG_RE.match(line) for line in lines)
+
+
+def strip_echoed_tags(text: str, *, first: int | None = None) -> str:
+    """``text`` without the ``N:hh|`` prefixes a model copied into it, or ``text`` unchanged.
+
+    The prefixes go only when `echoed_from` finds every line tagged as weald
+    would tag it and, if ``first`` is given, numbered from ``first``: the tag
+    weald itself would give each line at the number it will have. Anything
+    else is kept as written, so content that merely looks tagged is never cut.
+
+    Args:
+        text: what the model sent (``new_string``, ``old_string`` or a file's content).
+        first: the line number the text's first line will have, if known.
+    """
+    start = echoed_from(text)
+    if start is None or (first is not None and start != first):
         return text
-    numbers = [int(m[1]) for _, m in tagged]
-    consecutive = all(b == a + 1 for a, b in itertools.pairwise(numbers))
-    verified = any(line_hash(lines[i][m.end() :]) == m[2] for i, m in tagged)
-    in_range = near is not None and any(near[0] - 2 <= n <= near[1] + 2 for n in numbers)
-    all_tagged = len(tagged) == len(nonempty)  # a tagged line is never empty
-    first_tagged = bool(nonempty) and tagged[0][0] == nonempty[0]
-    echoed_everywhere = all_tagged and ((consecutive and len(tagged) >= 2) or verified or in_range)
-    echoed_among_new_lines = first_tagged and consecutive and (verified or in_range)
-    if not (echoed_everywhere or echoed_among_new_lines):
-        return text
-    for i, m in tagged:
-        lines[i] = lines[i][m.end() :]
-    return "\n".join(lines)
+    return "\n".join(line[line.index("|") + 1 :] if line else line for line in text.split("\n"))
 
 
 def binary_reason(data: bytes) -> str | None:
@@ -296,6 +313,62 @@ class TextFile:
             pos = raw_end
         pieces.append(self.raw[pos:])
         return "".join(pieces)
+
+    def line_hunks(self, edits: Sequence[tuple[int, int, str]]) -> tuple[Hunk, ...]:
+        """Which of the file's lines ``edits`` (as `replace` takes them) change, as hunks.
+
+        A line is unchanged when the edits touch neither its text nor its line
+        ending and it still begins and ends a line afterwards; every other line
+        they reach is changed (replaced), however similar its new text. Edits
+        whose changed lines meet, or that touch each other, make one hunk.
+
+        Returns:
+            Hunks ``(a, b, c)`` in ascending order, in this file's line numbers (0-based).
+        """
+        text = self.text
+        total = len(self.lines())
+        ordered = sorted(edits, key=lambda e: e[0])
+        merged: list[tuple[int, int, str]] = []
+        for start, end, new in ordered:
+            if merged and start == merged[-1][1]:  # edits that touch act as one
+                first, _, text_before = merged[-1]
+                merged[-1] = (first, end, text_before + new)
+            else:
+                merged.append((start, end, new))
+        groups: list[list[int]] = []  # [a, b, change in line count]
+        for start, end, new in merged:
+            a, b = self._touched_lines(start, end, new, total)
+            delta = new.count("\n") - text.count("\n", start, end)
+            if groups and a < groups[-1][1]:
+                group = groups[-1]
+                group[0] = min(group[0], a)
+                group[1] = max(group[1], b)
+                group[2] += delta
+            else:
+                groups.append([a, b, delta])
+        if groups and groups[-1][1] == total:
+            # A last line without a newline counts as a line too: the new text may gain or lose one.
+            start, end, new = merged[-1]
+            last = text[-1:] if end < len(text) else new[-1:] or text[start - 1 : start]
+            groups[-1][2] += (last not in ("", "\n")) - (text[-1:] not in ("", "\n"))
+        return tuple((a, b, b - a + delta) for a, b, delta in groups)
+
+    def _touched_lines(self, start: int, end: int, new: str, total: int) -> tuple[int, int]:
+        """The lines ``a`` to ``b - 1`` that one edit changes (see `line_hunks`)."""
+        text = self.text
+        a = text.count("\n", 0, start)  # lines whose newline lies before the edit
+        if a < total and (start == len(text) or text[start] == "\n"):
+            # The edit starts where line `a` ends: the line is untouched if it still
+            # ends there afterwards (at the end of the text only if it is not empty).
+            follows = new[:1] or text[end : end + 1]
+            if follows == "\n" or (not follows and start > 0 and text[start - 1] != "\n"):
+                a += 1
+        b = text.count("\n", 0, end)
+        if b >= total:
+            b = total
+        elif not (end == 0 or text[end - 1] == "\n") or (new[-1:] or text[start - 1 : start] or "\n") != "\n":
+            b += 1  # the edit reaches into line `b`, or that line no longer starts a line afterwards
+        return min(a, b), max(a, b)
 
     def _crlf_positions(self) -> list[int]:
         """Offsets in `text` of each LF that is a CRLF in `raw`, ascending.

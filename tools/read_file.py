@@ -49,8 +49,9 @@ _PARAMETERS: Mapping[str, Any] = {
 
 _DESCRIPTION = (
     "Read a text file. Every line is shown as 'N:hh|content': N is the line number, hh a two-character "
-    "hash of the line, then a bar and the line itself. Pass 'N:hh' to edit_file (start/through) to edit "
-    "by line; never copy the 'N:hh|' prefix into old_string, new_string or write_file content. "
+    "hash of the whole line (indentation included), then a bar and the line itself. Pass 'N:hh' to "
+    "edit_file (start/through) to edit by line; never copy the 'N:hh|' prefix into old_string, new_string "
+    "or write_file content. "
     f"Shows at most {DEFAULT_LIMIT} lines or 50 KB per call; when more remains, a hint gives the offset "
     "to continue from. Binary files are refused; use glob to find files and grep to search them."
 )
@@ -142,20 +143,23 @@ def read_file(ctx: ToolContext, path: str, offset: int = 1, limit: int = DEFAULT
     real, shown, data, st = read_text(ctx, path)
     doc = TextFile.decode(data)
     ledger = session_ledger(ctx)
-    if ledger is not None:
-        ledger.record(real, data, st)
     lines = doc.lines()
     total = len(lines)
     info: dict[str, Any] = {"path": shown, "total_lines": total, "start": offset, "end": offset - 1}
-    if total == 0:
-        return ToolResult.success("", data=info, hints=[f"{shown} is empty (0 lines)."])
-    if offset > total:
+    if total == 0 or offset > total:
+        if ledger is not None:
+            ledger.record_read(real, data, st)
+        if total == 0:
+            return ToolResult.success("", data=info, hints=[f"{shown} is empty (0 lines)."])
         raise ToolError(
             f"offset {offset} is past the end of {shown}, which has {total} lines. Use an offset from 1 to {total}.",
         )
     max_lines = min(limit, ctx.config.max_output_lines)
     window = lines[offset - 1 : offset - 1 + max_lines]
     tagged, long_lines = _render(window, offset, escaped=doc.invalid_bytes > 0, max_bytes=ctx.config.max_output_bytes)
+    if ledger is not None:
+        # The tags shown are the anchors the model will use: the ledger keeps them.
+        ledger.record_read(real, data, st, first=offset, shown=window[: len(tagged)])
     end = offset + len(tagged) - 1
     info["end"] = end
     hints: list[str] = []

@@ -7,8 +7,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from weald.tools._contract import ToolContext, ToolError, ToolResult, tool
-from weald.tools._hashline import UTF8_BOM, TextFile, strip_echoed_tags
-from weald.tools._ledger import session_ledger
+from weald.tools._hashline import UTF8_BOM, TextFile, strip_echoed_tags, tag_prefixed
+from weald.tools._ledger import digest, session_ledger
 from weald.tools._sandbox import display_path, path_subject, refuse_read_only, resolve_in_sandbox, write_atomic
 from weald.tools.read_file import read_text
 
@@ -70,19 +70,30 @@ def write_file(ctx: ToolContext, path: str, content: str) -> ToolResult:
     real = resolve_in_sandbox(ctx, path)
     shown = display_path(ctx, real)
     ledger = session_ledger(ctx)
-    text = strip_echoed_tags(content.replace("\r\n", "\n"))
+    written = content.replace("\r\n", "\n")
+    # Tags go only if every line carries the one read_file would show for it in the new file.
+    text = strip_echoed_tags(written, first=1)
     expect: os.stat_result | None = None
     old_size = 0
+    old_lines = 0
+    base: bytes | None = None
     notes: list[str] = []
-    if text != content.replace("\r\n", "\n"):
+    if text != written:
         notes.append("The 'N:hh|' prefixes copied from read_file output were removed from the content.")
+    elif tag_prefixed(written):
+        notes.append(
+            "The content's lines start like 'N:hh|' tags, but not the tags read_file would give them, so they "
+            "were written as given. If they are prefixes copied from read_file, write the file again without them.",
+        )
     if os.path.lexists(real):
         _, _, old_data, expect = read_text(ctx, path, purpose="write_file replaces")
         refuse_read_only(ctx, real, expect)
         if ledger is not None:
-            ledger.check_fresh(real, data=old_data, st=expect, name=shown)
+            base = digest(old_data)
+            ledger.check_fresh(real, data=old_data, st=expect, name=shown, sha256=base)
         old = TextFile.decode(old_data)
         old_size = len(old_data)
+        old_lines = len(old.lines())
         data = _encode_like(old, text)
         kept = [what for what, flag in (("CRLF line endings", old.eol == "\r\n"), ("UTF-8 BOM", old.bom)) if flag]
         if kept:
@@ -96,9 +107,11 @@ def write_file(ctx: ToolContext, path: str, content: str) -> ToolResult:
         data = _encode_like(None, text)
     ctx.abort.raise_if_set()
     outcome = write_atomic(ctx, str(real), data, expect=expect, exclusive=expect is None)
-    if ledger is not None:
-        ledger.record(real, data, outcome.stat)
     lines = TextFile.decode(data).lines()
+    if ledger is not None:
+        # Every line of the old version is replaced: no anchor into it carries over.
+        hunks = [(0, old_lines, len(lines))] if base is not None else None
+        ledger.record_change(real, data, outcome.stat, base=base, hunks=hunks)
     size = f"{len(data)} bytes, {len(lines)} line{'' if len(lines) == 1 else 's'}"
     if outcome.created:
         summary = f"Created {shown} ({size})."

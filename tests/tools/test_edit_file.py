@@ -217,7 +217,8 @@ def test_a_stale_through_is_refused(call: Call, write_and_read: Callable[[str, b
 
 def test_echoed_tags_in_new_string_are_stripped(call: Call, write_and_read: Callable[[str, bytes], Path]) -> None:
     path = write_and_read("f.py", CODE)
-    new = f"{tag(2, '    a = 1')}\n    a += 5\n{tag(3, '    b = 2')}"
+    # Lines 2-3 become three lines, echoed with the tags they will have at lines 2-4.
+    new = "\n".join([tag(2, "    a = 1"), tag(3, "    a += 5"), tag(4, "    b = 2")])
     result = call(
         edit_file,
         path="f.py",
@@ -227,17 +228,37 @@ def test_echoed_tags_in_new_string_are_stripped(call: Call, write_and_read: Call
     )
     assert result.ok, result.output
     assert path.read_bytes() == b"def f():\n    a = 1\n    a += 5\n    b = 2\n    return a + b\n"
+    assert "The 'N:hh|' prefixes copied from read_file output were removed from new_string." in result.output
 
 
-def test_a_modified_echoed_line_at_the_anchor_is_stripped(
+def test_tags_among_untagged_new_lines_are_kept_as_written_with_a_note(
+    call: Call,
+    write_and_read: Callable[[str, bytes], Path],
+) -> None:
+    path = write_and_read("f.py", CODE)
+    new = f"{tag(2, '    a = 1')}\n    a += 5\n{tag(3, '    b = 2')}"
+    result = call(
+        edit_file,
+        path="f.py",
+        start=anchor(2, "    a = 1"),
+        through=anchor(3, "    b = 2"),
+        new_string=new,
+    )
+    assert result.ok, result.output
+    assert path.read_bytes() == ("def f():\n" + new + "\n    return a + b\n").encode()
+    assert "so they were written as given" in result.output
+
+
+def test_a_modified_echoed_line_is_written_as_given_with_a_note(
     call: Call,
     write_and_read: Callable[[str, bytes], Path],
 ) -> None:
     path = write_and_read("f.py", CODE)
     new = f"2:{line_hash('    a = 1')}|    a = 100"  # the model edited the content after the tag
-    assert call(edit_file, path="f.py", start=anchor(2, "    a = 1"), new_string=new).ok
-    assert b"    a = 100\n" in path.read_bytes()
-    assert b"|" not in path.read_bytes()
+    result = call(edit_file, path="f.py", start=anchor(2, "    a = 1"), new_string=new)
+    assert result.ok, result.output
+    assert path.read_bytes() == f"def f():\n{new}\n    b = 2\n    return a + b\n".encode()
+    assert "so they were written as given" in result.output
 
 
 def test_anchoring_in_an_empty_file_points_to_write_file(
@@ -406,31 +427,43 @@ def test_trailing_whitespace_differences_match(call: Call, write_and_read: Calla
 
 
 def test_runs_of_whitespace_match_any_whitespace(call: Call, write_and_read: Callable[[str, bytes], Path]) -> None:
-    path = write_and_read("a.py", b"x = call(a,   b,\n         c)\n")
-    result = call(edit_file, path="a.py", old_string="call(a, b, c)", new_string="call(a, b, c, d)")
+    path = write_and_read("a.py", b"x = call(a,   b,\n         c)\ny = 2\n")
+    result = call(edit_file, path="a.py", old_string="x = call(a, b, c)", new_string="x = call(a, b, c, d)")
     assert result.ok, result.output
-    assert path.read_bytes() == b"x = call(a, b, c, d)\n"
+    assert path.read_bytes() == b"x = call(a, b, c, d)\ny = 2\n"
     assert "treating every run of whitespace" in result.output
 
 
 def test_an_ambiguous_tolerant_match_is_refused(call: Call, write_and_read: Callable[[str, bytes], Path]) -> None:
     data = b"if a:\n    go()\nif b:\n  go()\n"
     path = write_and_read("a.py", data)
-    result = call(edit_file, path="a.py", old_string="go()  ", new_string="stop()", replace_all=True)
+    result = call(edit_file, path="a.py", old_string="go()  ", new_string="stop()")
     assert result.output == (
         "old_string does not occur exactly in a.py, and it matches 2 places approximately (lines 2, 4), so the "
         "edit was refused rather than guess. Copy old_string exactly from read_file output (without the 'N:hh|' "
-        "prefixes) and include enough lines to make it unique, or edit by anchor with start='N:hh'."
+        "prefixes) and include enough lines to make it unique, set replace_all=true if every one of those places "
+        "should change, or edit by anchor with start='N:hh'."
     )
     assert path.read_bytes() == data
+
+
+def test_replace_all_changes_every_tolerant_match_at_its_own_indentation(
+    call: Call,
+    write_and_read: Callable[[str, bytes], Path],
+) -> None:
+    path = write_and_read("a.py", b"if a:\n    go()\nif b:\n  go()\n")
+    result = call(edit_file, path="a.py", old_string="go()  ", new_string="stop()", replace_all=True)
+    assert result.ok, result.output
+    assert path.read_bytes() == b"if a:\n    stop()\nif b:\n  stop()\n"
+    assert "replaced 2 occurrences (lines 2, 4)" in result.output
 
 
 def test_no_match_shows_the_closest_region(call: Call, write_and_read: Callable[[str, bytes], Path]) -> None:
     write_and_read("f.py", CODE)
     result = call(edit_file, path="f.py", old_string="    b = 3\n    return a - b", new_string="x")
     assert result.output == (
-        "old_string was not found in f.py, not even when ignoring differences in indentation and whitespace. "
-        "The most similar region is lines 3-4 (89% similar):\n"
+        "old_string was not found in f.py, not even when ignoring differences in indentation, whitespace, "
+        "typographic punctuation and backslash escapes. The most similar region is lines 3-4 (89% similar):\n"
         f"{tag(3, '    b = 2')}\n{tag(4, '    return a + b')}\n"
         "If that is the place, copy old_string exactly from it (without the 'N:hh|' prefixes), or edit it by "
         f"anchor with start='{anchor(3, '    b = 2')}' through='{anchor(4, '    return a + b')}'."
@@ -441,8 +474,8 @@ def test_no_match_without_any_similar_region(call: Call, write_and_read: Callabl
     write_and_read("f.py", CODE)
     result = call(edit_file, path="f.py", old_string="completely unrelated words", new_string="x")
     assert result.output == (
-        "old_string was not found in f.py, not even when ignoring differences in indentation and whitespace. "
-        "Read the file again with read_file: it may not contain what you expect, or have changed."
+        "old_string was not found in f.py, not even when ignoring differences in indentation, whitespace, "
+        "typographic punctuation and backslash escapes. Read the file again with read_file: it may not contain what you expect, or have changed."
     )
 
 

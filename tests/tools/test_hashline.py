@@ -11,25 +11,31 @@ from weald.tools import ToolError
 from weald.tools._hashline import (
     TextFile,
     binary_reason,
+    echoed_from,
     format_line,
     format_lines,
     line_hash,
     parse_anchor,
     strip_echoed_tags,
+    tag_prefixed,
     to_display,
 )
 
 # --- line_hash ---------------------------------------------------------------
 
 
-def test_line_hash_is_the_low_byte_of_crc32_of_the_stripped_line() -> None:
-    assert line_hash("    return x  ") == f"{zlib.crc32(b'return x') & 0xFF:02x}"
+def test_line_hash_is_the_low_byte_of_crc32_of_the_whole_line() -> None:
+    assert line_hash("    return x  ") == f"{zlib.crc32(b'    return x  ') & 0xFF:02x}"
     # A golden value: changing the algorithm invalidates every tag a model holds.
     assert line_hash("def main():") == "cd"
 
 
-def test_line_hash_ignores_surrounding_whitespace_and_carriage_returns() -> None:
-    assert line_hash("x = 1") == line_hash("\t  x = 1 \r")
+def test_line_hash_sees_indentation_and_trailing_whitespace() -> None:
+    # The issue's case: "}", "  }" and "    }" must not share a tag, nor "" and "    ".
+    assert len({line_hash("}"), line_hash("  }"), line_hash("    }")}) == 3
+    assert line_hash("") != line_hash("    ")
+    assert line_hash("x = 1") != line_hash("x = 1 ")
+    assert line_hash("x = 1") != line_hash("\tx = 1")
 
 
 def test_line_hash_is_two_lowercase_hex_digits() -> None:
@@ -56,7 +62,7 @@ def test_line_hash_is_the_same_in_another_process() -> None:
 
 
 def test_format_line_is_number_colon_hash_bar_content() -> None:
-    assert format_line(12, "    return x") == f"12:{line_hash('return x')}|    return x"
+    assert format_line(12, "    return x") == f"12:{line_hash('    return x')}|    return x"
 
 
 def test_format_lines_numbers_from_first() -> None:
@@ -98,56 +104,60 @@ def tag(n: int, content: str) -> str:
     return f"{n}:{line_hash(content)}|{content}"
 
 
-def test_strip_removes_tags_from_every_line_when_they_number_consecutive_lines() -> None:
-    text = "12:00|def f():\n13:00|    return 2\n"
+def test_strip_removes_tags_when_every_line_carries_the_tag_read_file_gives_it() -> None:
+    text = tag(12, "def f():") + "\n" + tag(13, "    return 2") + "\n"
+    assert echoed_from(text) == 12
     assert strip_echoed_tags(text) == "def f():\n    return 2\n"
+    assert strip_echoed_tags(text, first=12) == "def f():\n    return 2\n"
+
+
+def test_strip_keeps_tags_numbered_for_another_place() -> None:
+    text = tag(12, "def f():") + "\n" + tag(13, "    return 2")
+    assert strip_echoed_tags(text, first=40) == text
 
 
 def test_strip_removes_a_single_tag_whose_hash_matches_its_line() -> None:
     assert strip_echoed_tags(tag(40, "x = 1")) == "x = 1"
 
 
-def test_strip_keeps_a_single_unverified_tag_like_line() -> None:
-    text = "10:30|standup"
-    assert line_hash("standup") != "30"
+def test_pipe_delimited_content_that_looks_tagged_is_kept() -> None:
+    # The issue's data-loss case: a schedule whose first column looks like a tag.
+    text = "09:00|standup\n10:00|review\n"
+    assert tag_prefixed(text)
+    assert echoed_from(text) is None
+    assert strip_echoed_tags(text) == text
+    assert strip_echoed_tags(text, first=9) == text
+
+
+def test_strip_keeps_text_with_one_unverified_tag() -> None:
+    # Two good echoes and one line whose hash is not the one its text has.
+    text = "\n".join([tag(5, "a"), tag(6, "b"), "7:00|c"])
+    assert line_hash("c") != "00"
     assert strip_echoed_tags(text) == text
 
 
-def test_strip_removes_a_single_unverified_tag_numbered_at_the_edited_line() -> None:
-    assert strip_echoed_tags("10:30|standup", near=(10, 10)) == "standup"
-    assert strip_echoed_tags("10:30|standup", near=(50, 60)) == "10:30|standup"
-
-
-def test_strip_keeps_tag_like_lines_that_do_not_number_consecutive_lines() -> None:
-    text = "10:30|standup\n14:45|review"
+def test_strip_keeps_tags_that_do_not_number_consecutive_lines() -> None:
+    text = tag(10, "standup") + "\n" + tag(14, "review")
     assert strip_echoed_tags(text) == text
 
 
-def test_strip_removes_echoed_tags_among_untagged_new_lines() -> None:
+def test_strip_keeps_echoed_tags_among_untagged_lines() -> None:
+    # A model inserted a line among echoed ones: not every line carries a tag, so nothing is cut.
     text = "\n".join([tag(5, "def f():"), "    new_line()", tag(6, "    return 1")])
-    assert strip_echoed_tags(text) == "def f():\n    new_line()\n    return 1"
-
-
-def test_strip_keeps_tags_among_untagged_lines_without_evidence() -> None:
-    text = "5:00|not really\nplain\n6:00|either"
-    assert line_hash("not really") != "00"
-    assert line_hash("either") != "00"
     assert strip_echoed_tags(text) == text
 
 
-def test_strip_keeps_text_whose_first_line_is_untagged() -> None:
-    text = "plain first\n" + tag(2, "x") + "\n" + tag(3, "y")
-    assert strip_echoed_tags(text) == text
-
-
-def test_strip_keeps_blank_lines() -> None:
-    text = tag(1, "a") + "\n\n" + tag(3, "b") + "\n"
-    assert strip_echoed_tags(text) == "a\n\nb\n"
+def test_strip_needs_blank_lines_tagged_too() -> None:
+    tagged = tag(1, "a") + "\n" + tag(2, "") + "\n" + tag(3, "b") + "\n"
+    assert strip_echoed_tags(tagged) == "a\n\nb\n"
+    untagged_blank = tag(1, "a") + "\n\n" + tag(3, "b") + "\n"
+    assert strip_echoed_tags(untagged_blank) == untagged_blank
 
 
 def test_strip_leaves_text_without_tags_alone() -> None:
-    for text in ["", "plain", "a | b", "x = {1: 2}|y"]:
+    for text in ["", "plain", "a | b", "x = {1: 2}|y", "\n"]:
         assert strip_echoed_tags(text) == text
+        assert not tag_prefixed(text)
 
 
 # --- binary_reason -----------------------------------------------------------
