@@ -171,13 +171,8 @@ def echoed_from(text: str) -> int | None:
 
 
 def tag_prefixed(text: str) -> bool:
-    """Every line of ``text`` (a final newline ends the last) starts like a tag, ``N:hh|``, whatever its hash."""
-    if "|" not in text:
-        return False
-    lines = text.split("\n")
-    if lines[-1] == "" and len(lines) > 1:
-        lines.pop()
-    return all(_TAG_RE.match(line) for line in lines)
+    """Some line of ``text`` starts like a tag, ``N:hh|``, whatever its hash (a hint worth a note)."""
+    return "|" in text and any(_TAG_RE.match(line) for line in text.split("\n"))
 
 
 def strip_echoed_tags(text: str, *, first: int | None = None) -> str:

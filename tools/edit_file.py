@@ -540,9 +540,9 @@ def _plan_anchored(
 
 
 _KEPT_TAGS = (
-    "new_string's lines start like 'N:hh|' tags, but not the tags read_file gives those lines at the numbers "
-    "they now have, so they were written as given. If they are prefixes copied from read_file, edit the "
-    "lines again without them."
+    "Some of new_string's lines start like 'N:hh|' tags, but not every line carries the tag read_file gives it "
+    "at the number it now has, so they were written as given. If they are prefixes copied from read_file, edit "
+    "those lines again without them."
 )
 
 

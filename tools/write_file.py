@@ -82,8 +82,9 @@ def write_file(ctx: ToolContext, path: str, content: str) -> ToolResult:
         notes.append("The 'N:hh|' prefixes copied from read_file output were removed from the content.")
     elif tag_prefixed(written):
         notes.append(
-            "The content's lines start like 'N:hh|' tags, but not the tags read_file would give them, so they "
-            "were written as given. If they are prefixes copied from read_file, write the file again without them.",
+            "Some of the content's lines start like 'N:hh|' tags, but not every line carries the tag read_file "
+            "would give it, so they were written as given. If they are prefixes copied from read_file, write the "
+            "file again without them.",
         )
     if os.path.lexists(real):
         _, _, old_data, expect = read_text(ctx, path, purpose="write_file replaces")

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import itertools
 import subprocess
 import sys
 import zlib
@@ -257,3 +258,47 @@ def test_replace_keeps_every_byte_outside_the_edit(pieces: list[str], data: st.D
     assert raw.endswith(after)
     assert before.replace("\r\n", "\n") == doc.text[:start]
     assert after.replace("\r\n", "\n") == doc.text[end:]
+
+
+# --- line_hunks ----------------------------------------------------------------------
+
+
+def test_line_hunks_of_a_replaced_line_and_an_insertion() -> None:
+    doc = TextFile.decode(b"a\nb\nc\n")
+    b = doc.text.index("b")
+    assert doc.line_hunks([(b, b + 1, "B")]) == ((1, 2, 1),)
+    assert doc.line_hunks([(b, b, "x\n")]) == ((1, 1, 1),)  # a whole line before "b": "b" is untouched
+    assert doc.line_hunks([(b, b + 2, "")]) == ((1, 2, 0),)  # "b\n" deleted
+    assert doc.line_hunks([(0, 1, "A"), (4, 5, "C")]) == ((0, 1, 1), (2, 3, 1))
+
+
+def test_line_hunks_at_the_end_of_a_file_without_a_final_newline() -> None:
+    doc = TextFile.decode(b"a\nb")
+    assert doc.line_hunks([(3, 3, "\nc")]) == ((2, 2, 1),)  # "b" gains a newline, its text is untouched
+    assert doc.line_hunks([(1, 3, "")]) == ((1, 2, 0),)  # "\nb" removed: "a" is the last line now
+
+
+@given(
+    st.lists(st.sampled_from(["a", "", "b\n", "\n", "\n\n", "cc", "\nd"]), max_size=10),
+    st.data(),
+)
+def test_line_hunks_account_for_every_line(pieces: list[str], data: st.DataObject) -> None:
+    # Lines outside the hunks keep their text at their shifted number, and the counts add up.
+    text = "".join(pieces)
+    doc = TextFile.decode(text.encode())
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(text)), max_size=6)))
+    edits = [
+        (cuts[i], cuts[i + 1], data.draw(st.sampled_from(["", "\n", "x", "x\n", "\nx", "\n\n", "y\nz"])))
+        for i in range(0, len(cuts) - 1, 2)
+    ]
+    old = doc.lines()
+    new = TextFile.decode(doc.replace(edits).encode()).lines()
+    hunks = doc.line_hunks(edits)
+    assert all(b1 <= a2 for (_, b1, _), (a2, _, _) in itertools.pairwise(hunks))
+    assert len(new) == len(old) + sum(c - (b - a) for a, b, c in hunks)
+    shift = previous = 0
+    for a, b, c in [*hunks, (len(old), len(old), 0)]:
+        for x in range(previous, a):
+            assert old[x] == new[x + shift]
+        shift += c - (b - a)
+        previous = b
