@@ -10,6 +10,9 @@ Each line found is shown as ``path:N:hh|line``, context lines as
 ``path-N-hh|line``: ``N:hh`` is the anchor read_file shows for that line, so
 an edit can follow a search directly. With ``multiline`` a match may span
 lines (its pattern matches a line end); each of its lines is shown as a match.
+A line longer than 500 characters is shown cut: its first 500 characters, or,
+when the match starts further in, 500 characters from a little before the
+match, between ellipses, with the match's column.
 
 Once ``max_results`` matching lines are collected, the rest of ripgrep's
 output is no longer decoded, only its closing summary, which gives the
@@ -40,8 +43,10 @@ from weald.tools.glob import PathPattern, join_display, strip_dot
 
 __all__ = ["grep"]
 
-# Lines longer than this are shown cut (the anchor still hashes the whole line).
+# Lines longer than this are shown cut (the anchor still hashes the whole line);
+# a match further in is shown in a window of this size, starting a little before it.
 MAX_LINE_CHARS = 500
+_BEFORE_MATCH = 100
 
 _READ_SIZE = 256 * 1024
 # How much of ripgrep's stderr is kept.
@@ -137,10 +142,15 @@ class _PathData(msgspec.Struct):
     path: _Data
 
 
+class _Submatch(msgspec.Struct):
+    start: int  # a byte offset into the message's lines
+
+
 class _LineData(msgspec.Struct):
     path: _Data
     lines: _Data
     line_number: int | None = None
+    submatches: list[_Submatch] = []
 
 
 class _EndData(msgspec.Struct):
@@ -185,7 +195,8 @@ class _File:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self.lines: list[tuple[bool, int, str]] = []  # (is_match, number, text)
+        # (is_match, number, text, column of the first match in it, 0-based, or None)
+        self.lines: list[tuple[bool, int, str, int | None]] = []
         self.matches = 0
         self.binary = False
 
@@ -272,15 +283,16 @@ class _Collector:
                 return
             self.shown += len(lines)
             file.matches += len(lines)
+            column = _first_column(message.data, lines[0]) if message.data.submatches else None
             for offset, line in enumerate(lines):
-                file.lines.append((True, number + offset, line))
+                file.lines.append((True, number + offset, line, column if offset == 0 else None))
             self._last_match = number + len(lines) - 1
             self.files[file.path] = file
             return
         # A context line: once the limit is reached, only the after-context of the last match shown.
         if file is None or (self.shown >= self.limit and number > self._last_match + self.context):
             return
-        file.lines.append((False, number, message.data.lines.decode()))
+        file.lines.append((False, number, message.data.lines.decode(), None))
 
     @property
     def needs_count(self) -> bool:
@@ -308,14 +320,33 @@ def _path_text(data: _Data) -> str:
 # -- formatting -------------------------------------------------------------------------
 
 
-def _line_text(text: str, number: int) -> tuple[str, str]:
-    """The line without its ending, and its anchor hash."""
+def _first_column(data: _LineData, first_line: str) -> int | None:
+    """The character column (0-based) in ``first_line`` where the message's first submatch starts."""
+    start = data.submatches[0].start
+    if data.lines.text is not None:
+        encoded = first_line.encode("utf-8", "surrogatepass")
+        if start > len(encoded):
+            return None
+        return len(encoded[:start].decode("utf-8", "ignore"))
+    raw = base64.b64decode(data.lines.bytes or "")
+    return len(raw[:start].decode("utf-8", "surrogateescape")) if start <= len(raw) else None
+
+
+def _line_text(text: str, number: int, column: int | None = None) -> tuple[str, str]:
+    """The line as shown (cut if long: around the match, if it lies further in) and its anchor hash."""
     text = text.removesuffix("\n").removesuffix("\r")
-    if number == 1:
-        text = text.removeprefix("\ufeff")  # read_file sets a BOM aside
+    if number == 1 and text.startswith("\ufeff"):
+        text = text[1:]  # read_file sets a BOM aside
+        column = None if column is None else max(column - 1, 0)
     shown = to_display(text)
     if len(shown) > MAX_LINE_CHARS:
-        shown = f"{shown[:MAX_LINE_CHARS]}… [{len(shown) - MAX_LINE_CHARS} more characters]"
+        if column is not None and column >= MAX_LINE_CHARS - _BEFORE_MATCH:
+            start = min(column - _BEFORE_MATCH, len(shown) - MAX_LINE_CHARS)
+            end = start + MAX_LINE_CHARS
+            after = "…" if end < len(shown) else ""
+            shown = f"…{shown[start:end]}{after} [match at column {column + 1} of {len(shown)}]"
+        else:
+            shown = f"{shown[:MAX_LINE_CHARS]}… [{len(shown) - MAX_LINE_CHARS} more characters]"
     return shown, line_hash(text)
 
 
@@ -352,12 +383,12 @@ def _format(collector: _Collector, prefix: str, rename: dict[str, str] | None = 
         previous: int | None = None
         if separate and out:
             out.append("--")
-        for is_match, number, text in sorted(file.lines, key=lambda t: t[1]):
+        for is_match, number, text, column in sorted(file.lines, key=lambda t: t[1]):
             if number == previous:
                 continue
             if separate and previous is not None and number > previous + 1:
                 out.append("--")
-            line, digest = _line_text(text, number)
+            line, digest = _line_text(text, number, column)
             sep = ":" if is_match else "-"
             out.append(f"{shown_path}{sep}{number}{sep}{digest}|{line}")
             previous = number

@@ -288,6 +288,30 @@ async def test_very_long_lines_are_cut_but_hashed_whole(ctx: ToolContext, tree: 
 
 
 @pytest.mark.trio
+async def test_a_match_far_into_a_long_line_is_shown_in_a_window_with_its_column(ctx: ToolContext, tree: Path) -> None:
+    # The case: a match at column 10,000 used to be cut away with the rest of the line.
+    line = "x" * 9_999 + "needle" + "y" * 9_995
+    (tree / "long.txt").write_text("short needle\n" + line + "\n")
+    result = await search(ctx, pattern="needle", path="long.txt")
+    shown = result.output.splitlines()[2]
+    prefix = f"long.txt:2:{line_hash(line)}|…"
+    assert shown.startswith(prefix)
+    window = shown[len(prefix) :].split("…")[0]
+    assert window == "x" * 100 + "needle" + "y" * 394
+    assert shown.endswith("… [match at column 10000 of 20000]")
+    assert result.output.splitlines()[1] == f"long.txt:1:{line_hash('short needle')}|short needle"
+
+
+@pytest.mark.trio
+async def test_a_match_at_the_end_of_a_long_line_shows_the_lines_end(ctx: ToolContext, tree: Path) -> None:
+    line = "é" * 3_000 + "needle"  # columns count characters, not UTF-8 bytes
+    (tree / "long.txt").write_text(line + "\n")
+    result = await search(ctx, pattern="needle", path="long.txt")
+    shown = result.output.splitlines()[1]
+    assert shown == f"long.txt:1:{line_hash(line)}|…{'é' * 494}needle [match at column 3001 of 3006]"
+
+
+@pytest.mark.trio
 async def test_a_cancelled_search_kills_ripgrep(
     ctx: ToolContext, tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
