@@ -354,11 +354,12 @@ def _levels(old_lines: Sequence[str], file_lines: Sequence[str]) -> tuple[tuple[
 
 
 def _exact(text: str, old: str) -> tuple[Match, ...]:
+    """Every place ``old`` occurs, overlapping ones too (two closing braces occur twice in three)."""
     found = []
     i = text.find(old)
     while i >= 0:
         found.append(Match(i, i + len(old)))
-        i = text.find(old, i + len(old))
+        i = text.find(old, i + 1)
     return tuple(found)
 
 

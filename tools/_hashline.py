@@ -309,7 +309,7 @@ class TextFile:
         pieces.append(self.raw[pos:])
         return "".join(pieces)
 
-    def line_hunks(self, edits: Sequence[tuple[int, int, str]]) -> tuple[Hunk, ...]:
+    def line_hunks(self, edits: Sequence[tuple[int, int, str]], *, total: int | None = None) -> tuple[Hunk, ...]:
         """Which of the file's lines ``edits`` (as `replace` takes them) change, as hunks.
 
         A line is unchanged when the edits touch neither its text nor its line
@@ -317,11 +317,16 @@ class TextFile:
         they reach is changed (replaced), however similar its new text. Edits
         whose changed lines meet, or that touch each other, make one hunk.
 
+        Args:
+            edits: ``(start, end, replacement)`` in `text` coordinates, not overlapping.
+            total: ``len(self.lines())``, if the caller has it.
+
         Returns:
             Hunks ``(a, b, c)`` in ascending order, in this file's line numbers (0-based).
         """
         text = self.text
-        total = len(self.lines())
+        if total is None:
+            total = text.count("\n") + (1 if text and not text.endswith("\n") else 0)
         ordered = sorted(edits, key=lambda e: e[0])
         merged: list[tuple[int, int, str]] = []
         for start, end, new in ordered:
@@ -351,14 +356,14 @@ class TextFile:
     def _touched_lines(self, start: int, end: int, new: str, total: int) -> tuple[int, int]:
         """The lines ``a`` to ``b - 1`` that one edit changes (see `line_hunks`)."""
         text = self.text
-        a = text.count("\n", 0, start)  # lines whose newline lies before the edit
+        a = before = text.count("\n", 0, start)  # lines whose newline lies before the edit
         if a < total and (start == len(text) or text[start] == "\n"):
             # The edit starts where line `a` ends: the line is untouched if it still
             # ends there afterwards (at the end of the text only if it is not empty).
             follows = new[:1] or text[end : end + 1]
             if follows == "\n" or (not follows and start > 0 and text[start - 1] != "\n"):
                 a += 1
-        b = text.count("\n", 0, end)
+        b = before + text.count("\n", start, end)
         if b >= total:
             b = total
         elif not (end == 0 or text[end - 1] == "\n") or (new[-1:] or text[start - 1 : start] or "\n") != "\n":

@@ -25,7 +25,9 @@ share one). So the ledger keeps, per file, a short history:
 the anchor's tag and follows each through the hunks to today's file. The
 anchor is applied only when all of them lead to one current line; if they
 disagree, or the line was replaced by a later edit, or changed on disk, the
-edit is refused. An anchor no view explains is accepted only if it matches
+edit is refused. (One disagreement is no doubt: when an edit put back the
+very text line ``N`` had, at the same number, line ``N`` now is the line the
+model saw either way.) An anchor no view explains is accepted only if it matches
 the current line and that line has kept its number (nothing above it was
 inserted or deleted, and it was not itself replaced) since the session first
 read the file.
@@ -148,6 +150,7 @@ class AnchorFate:
         candidates: current lines it might mean, for ``ambiguous``.
         near: for ``gone`` and ``outdated``, the current line nearest to where
             the line was.
+        lost: for ``ambiguous``, one of the lines it might mean is gone or outdated.
     """
 
     kind: Literal["current", "moved", "gone", "outdated", "ambiguous", "unconfirmed", "mismatch"]
@@ -155,6 +158,7 @@ class AnchorFate:
     origin: int = 0
     candidates: tuple[int, ...] = ()
     near: int | None = None
+    lost: bool = False
 
     @property
     def accepted(self) -> bool:
@@ -189,14 +193,29 @@ class FileHistory:
             outcomes = {i: self._forward(i, number - 1) for i in explained}
             distinct = set(outcomes.values())
             live = sorted(o for o in distinct if isinstance(o, int))
+            if live == [number - 1] and distinct <= {number - 1, "gone"}:
+                # Lines an edit replaced by the same text at the same number: whichever the
+                # model meant, line N now is the line it saw.
+                seen = {self.versions[i].shown(number) for i in explained}
+                if seen == {lines[number - 1]}:
+                    distinct = {number - 1}
             if len(distinct) == 1 and live:
                 current = live[0] + 1
                 newest = explained[-1]
+                if current > len(lines) or lines[current - 1] != self.versions[newest].shown(number):
+                    # A line carried through weald's own edits keeps its text; if it has not,
+                    # the file is not the version the ledger knows (changed within one clock tick).
+                    return AnchorFate("mismatch", near=min(number, len(lines)))
                 fresh = newest == len(self.versions) - 1 or current == number
                 return AnchorFate("current" if fresh else "moved", line=current, origin=newest)
             if live:
-                near = live[0] + 1
-                return AnchorFate("ambiguous", origin=explained[-1], candidates=tuple(x + 1 for x in live), near=near)
+                return AnchorFate(
+                    "ambiguous",
+                    origin=explained[-1],
+                    candidates=tuple(x + 1 for x in live),
+                    near=live[0] + 1,
+                    lost=len(distinct) > len(live),
+                )
             kind: _Outcome = "outdated" if "outdated" in distinct else "gone"
             return AnchorFate(kind, origin=explained[-1], near=self._near(explained[-1], number - 1, len(lines)))
         if number <= len(lines) and line_hash(lines[number - 1]) == tag:
@@ -529,9 +548,11 @@ class ReadLedger:
     ) -> FileState:
         """Confirm the session read ``path`` and it has not changed since.
 
-        With the current ``data`` the content hash decides (a ``touch`` changes
-        nothing the model saw; a rewrite in the same clock tick, same size, is
-        still caught); without it, the size and mtime do.
+        The size and mtime decide when they match. When they do not and the
+        current ``data`` is given, an unchanged content hash still counts as
+        fresh (a ``touch`` changes nothing the model saw); the entry is updated.
+        (A rewrite to the same size within one clock tick passes; an anchor
+        into it is still checked against the lines the model was shown.)
 
         Args:
             path: the resolved path.
@@ -561,15 +582,13 @@ class ReadLedger:
                     f"{shown} no longer exists: it was deleted or moved after you read it. "
                     "Use glob to find it, or create it with write_file.",
                 ) from exc
-        if data is not None:
-            if st.st_size == state.size and (sha256 or digest(data)) == state.digest:
-                if (st.st_mtime_ns, st.st_size) != (state.mtime_ns, state.size):
-                    with self._lock:
-                        entry = self._entries.get(path)
-                        if entry is not None:
-                            entry.state = state = attrs.evolve(state, mtime_ns=st.st_mtime_ns)
-                return state
-        elif (st.st_mtime_ns, st.st_size) == (state.mtime_ns, state.size):
+        if (st.st_mtime_ns, st.st_size) == (state.mtime_ns, state.size):
+            return state
+        if data is not None and st.st_size == state.size and (sha256 or digest(data)) == state.digest:
+            with self._lock:
+                entry = self._entries.get(path)
+                if entry is not None:
+                    entry.state = state = attrs.evolve(state, mtime_ns=st.st_mtime_ns)
             return state
         detail = (
             f"it is now {st.st_size} bytes, was {state.size}"

@@ -23,6 +23,8 @@ for anyone) is refused, though a rename as root would replace it.
 from __future__ import annotations
 
 import difflib
+import itertools
+import operator
 import re
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -51,7 +53,7 @@ from weald.tools._hashline import (
     tag_prefixed,
     to_display,
 )
-from weald.tools._ledger import AnchorFate, FileHistory, digest, session_ledger
+from weald.tools._ledger import AnchorFate, FileHistory, session_ledger
 from weald.tools._sandbox import path_subject, refuse_read_only, write_atomic
 from weald.tools.read_file import read_text
 
@@ -158,7 +160,7 @@ class _Shown:
     know it was shown them (see `weald.tools._ledger`).
     """
 
-    def __init__(self, lines: Sequence[str]) -> None:
+    def __init__(self, lines: list[str]) -> None:
         self.lines = lines
         self.ranges: list[tuple[int, int]] = []
 
@@ -246,8 +248,7 @@ def edit_file(
     sha256: bytes | None = None
     history: FileHistory | None = None
     if ledger is not None:
-        sha256 = digest(data)
-        ledger.check_fresh(real, data=data, st=st, name=shown, sha256=sha256)
+        sha256 = ledger.check_fresh(real, data=data, st=st, name=shown).digest
         history = ledger.history(real, sha256)
     doc = TextFile.decode(data)
     display = _Shown(doc.lines())
@@ -284,7 +285,7 @@ def edit_file(
         raise ToolError(f"the edit would leave {shown} exactly as it is, so nothing was written. Check new_string.")
     ctx.abort.raise_if_set()
     outcome = write_atomic(ctx, str(real), new_data, expect=st)
-    result, views = _report(shown, doc, TextFile.decode(new_data), plan)
+    result, views = _report(shown, display.lines, TextFile.decode(new_data), plan)
     if ledger is not None:
         ledger.record_change(real, new_data, outcome.stat, base=sha256, hunks=plan.hunks, views=views)
     return result
@@ -340,12 +341,9 @@ def _check_arguments(
 
 
 def _line_starts(lines: Sequence[str]) -> list[int]:
-    starts = []
-    pos = 0
-    for line in lines:
-        starts.append(pos)
-        pos += len(line) + 1
-    return starts
+    """The offset where each line starts in the text the lines came from (lines joined by newlines)."""
+    # In C: the running sum of the lengths, plus one newline per line before.
+    return list(map(operator.add, itertools.accumulate(map(len, lines), initial=0), range(len(lines))))
 
 
 def _new_lines(text: str) -> list[str]:
@@ -413,11 +411,13 @@ def _resolve(
             f"weald cannot tell where that line is now. {now}Anchor to a line shown here, or read the file again.",
         )
     if fate.kind == "ambiguous":
-        where = ", ".join(str(n) for n in fate.candidates)
+        where = " or ".join(f"line {n}" for n in fate.candidates)
+        if fate.lost:
+            where += ", or a line your edits have replaced since"
         raise ToolError(
             f"{named} is ambiguous: you were shown line {number} with this tag both before and after your edits "
-            f"to {shown}, and those are now different lines ({where}), so the edit was refused rather than guess. "
-            f"{now}Retry with the tag of the line you mean as shown here.",
+            f"to {shown}, and those are not the same line now (it could mean {where}), so the edit was refused "
+            f"rather than guess. {now}Retry with the tag of the line you mean as shown here.",
         )
     raise ToolError(  # unconfirmed
         f"{named} matches line {number} of {shown} now, but you were not shown that line since lines around it "
@@ -607,9 +607,10 @@ def _plan_text(
             "set replace_all=true if every one of those places should change, or edit by anchor with start='N:hh'.",
         )
     if located.overlapping:
+        how = "" if exact else " approximately"
         raise ToolError(
-            f"old_string matches {shown} approximately at places that overlap (lines {_listing(numbers)}), so "
-            "replace_all cannot change each of them. Quote old_string exactly, or edit by anchor.",
+            f"old_string matches {shown}{how} at places that overlap (lines {_listing(numbers)}), so replace_all "
+            "cannot change each of them. Include more surrounding text to tell them apart, or edit by anchor.",
         )
     if located.strategy == "whitespace":
         for match, number in zip(matches, numbers, strict=True):
@@ -642,7 +643,8 @@ def _plan_text(
         summary = f"replaced 1 occurrence at line {numbers[0]}"
     else:
         summary = f"replaced {len(matches)} occurrences (lines {_listing(numbers)})"
-    return _Plan(edits=edits, hunks=doc.line_hunks(edits), summary=summary, notes=tuple(notes))
+    hunks = doc.line_hunks(edits, total=len(display.lines))
+    return _Plan(edits=edits, hunks=hunks, summary=summary, notes=tuple(notes))
 
 
 def _echoed_old(
@@ -736,13 +738,13 @@ def _unified_diff(shown: str, old: list[str], new: list[str]) -> str:
 
 def _report(
     shown: str,
-    before: TextFile,
+    before: list[str],
     after: TextFile,
     plan: _Plan,
 ) -> tuple[ToolResult, list[tuple[int, list[str]]]]:
     """The result, and the tagged lines of the new version it shows (for the ledger)."""
     new_lines = after.lines()
-    diff = _unified_diff(shown, before.lines(), new_lines)
+    diff = _unified_diff(shown, before, new_lines)
     body = diff.split("\n")[2:]
     added = sum(1 for line in body if line.startswith("+"))
     removed = sum(1 for line in body if line.startswith("-"))

@@ -8,7 +8,7 @@ from typing import Any
 
 from weald.tools._contract import ToolContext, ToolError, ToolResult, tool
 from weald.tools._hashline import UTF8_BOM, TextFile, strip_echoed_tags, tag_prefixed
-from weald.tools._ledger import digest, session_ledger
+from weald.tools._ledger import session_ledger
 from weald.tools._sandbox import display_path, path_subject, refuse_read_only, resolve_in_sandbox, write_atomic
 from weald.tools.read_file import read_text
 
@@ -90,8 +90,7 @@ def write_file(ctx: ToolContext, path: str, content: str) -> ToolResult:
         _, _, old_data, expect = read_text(ctx, path, purpose="write_file replaces")
         refuse_read_only(ctx, real, expect)
         if ledger is not None:
-            base = digest(old_data)
-            ledger.check_fresh(real, data=old_data, st=expect, name=shown, sha256=base)
+            base = ledger.check_fresh(real, data=old_data, st=expect, name=shown).digest
         old = TextFile.decode(old_data)
         old_size = len(old_data)
         old_lines = len(old.lines())

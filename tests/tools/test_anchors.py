@@ -85,7 +85,8 @@ def test_an_old_anchor_that_a_tag_check_alone_would_accept_is_refused(call: Call
     assert not result.ok
     assert result.output.startswith(
         "start='5:d1' is ambiguous: you were shown line 5 with this tag both before and after your edits to "
-        "outer.js, and those are now different lines (4, 5), so the edit was refused rather than guess. "
+        "outer.js, and those are not the same line now (it could mean line 4 or line 5), so the edit was refused "
+        "rather than guess. "
         "Lines 2-6 of outer.js now are (these tags are current):\n",
     )
     assert tag(4, "  }") in result.output
@@ -110,6 +111,16 @@ def test_an_anchor_to_a_line_an_edit_replaced_is_refused_with_the_lines_now(
     )
     assert tag(2, "TWO") in result.output
     assert path.read_text() == "one\nTWO\nthree\nfour\n"
+
+
+def test_a_line_edited_back_to_its_old_text_is_anchored_by_its_tag_again(call: Call, put: Callable[..., Path]) -> None:
+    # The same line number and text were shown before and after the edits: line 2 is the line seen either way.
+    path = put("a.txt", ["one", "two", "three"])
+    assert call(edit_file, path="a.txt", start=anchor(2, "two"), new_string="2").ok
+    assert call(edit_file, path="a.txt", start=anchor(2, "2"), new_string="two").ok
+    result = call(edit_file, path="a.txt", start=anchor(2, "two"), new_string="TWO")
+    assert result.ok, result.output
+    assert path.read_text() == "one\nTWO\nthree\n"
 
 
 def test_a_line_deleted_by_an_edit_cannot_be_anchored(call: Call, put: Callable[..., Path]) -> None:
@@ -184,6 +195,17 @@ def test_an_anchor_from_before_a_change_on_disk_is_refused(
     # From the lines that refusal showed, the model can anchor at once.
     assert call(edit_file, path="a.txt", start=anchor(51, "line 50"), new_string="fifty").ok
     assert "fifty" in path.read_text().splitlines()[50]
+
+
+def test_a_rewrite_that_keeps_size_and_mtime_is_caught_by_the_anchor(call: Call, put: Callable[..., Path]) -> None:
+    # Within one clock tick a same-size rewrite passes the freshness check; the anchor must not.
+    path = put("a.txt", ["alpha", "beta", "gamma"])
+    st = path.stat()
+    path.write_text("alpha\nBETA\ngamma\n")
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    result = call(edit_file, path="a.txt", start=anchor(2, "beta"), new_string="b")
+    assert result.output.startswith(f"start='{anchor(2, 'beta')}' is stale: line 2 of a.txt now has tag")
+    assert path.read_text() == "alpha\nBETA\ngamma\n"
 
 
 def test_an_anchor_found_by_grep_works_until_lines_move(call: Call, put: Callable[..., Path], project: Path) -> None:
@@ -396,8 +418,9 @@ def _text_step(data: st.DataObject, ctx: ToolContext, model: _Model, path: Path)
     last = data.draw(st.integers(first, min(first + 2, len(model.lines) - 1)))
     old = "".join(c + "\n" for _, c in model.lines[first : last + 1])
     text = model.text()
-    starts_line = first == 0 or text[: text.index(old)].endswith("\n")
-    if not old.strip() or text.count(old) != 1 or not starts_line:
+    at = text.find(old)
+    unique = text.find(old, at + 1) < 0  # overlapping occurrences count too
+    if not old.strip() or not unique or not (at == 0 or text[at - 1] == "\n"):
         return
     new = [f"t{model.next_id + i}" for i in range(data.draw(st.integers(0, 2)))]
     result = _run(ctx, edit_file, path="f.txt", old_string=old, new_string="".join(c + "\n" for c in new))

@@ -296,6 +296,17 @@ def test_several_matches_without_replace_all_are_refused_with_their_lines(
     assert path.read_bytes() == b"x = 1\ny = 2\nx = 1\nz\nx = 1\n"
 
 
+def test_overlapping_occurrences_count_as_several(call: Call, write_and_read: Callable[[str, bytes], Path]) -> None:
+    # "}\n}\n" is in "}\n}\n}\n" twice: the first is not simply taken.
+    data = b"if a {\n}\n}\n}\nend\n"
+    path = write_and_read("a.txt", data)
+    result = call(edit_file, path="a.txt", old_string="}\n}\n", new_string="}\n")
+    assert result.output.startswith("old_string occurs 2 times in a.txt (at lines 2, 3).")
+    result = call(edit_file, path="a.txt", old_string="}\n}\n", new_string="}\n", replace_all=True)
+    assert result.output.startswith("old_string matches a.txt at places that overlap (lines 2, 3)")
+    assert path.read_bytes() == data
+
+
 def test_replace_all_changes_every_occurrence(call: Call, write_and_read: Callable[[str, bytes], Path]) -> None:
     path = write_and_read("a.txt", b"x = 1\ny = 2\nx = 1\nz\nx = 1\n")
     result = call(edit_file, path="a.txt", old_string="x = 1", new_string="x = 9", replace_all=True)
