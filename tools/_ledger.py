@@ -142,8 +142,9 @@ class AnchorFate:
             was shown line ``N`` with this tag in versions whose lines are now
             different, ``candidates``); ``"unconfirmed"`` (no view explains it,
             and line ``N`` has moved or changed since the file was first read);
-            ``"mismatch"`` (line ``N`` does not carry that tag, and no view
-            explains it).
+            ``"mismatch"`` (line ``N`` does not carry that tag and no view
+            explains it, or the line a view explains no longer holds the
+            text that was shown).
         line: the current line (1-based) the anchor names, for ``current`` and ``moved``.
         origin: index into the history's versions of the newest version the
             anchor is explained by (0 when no view explains it).
