@@ -22,6 +22,7 @@ from weald.runtime._errors import (
     StoreCodecError,
     StoreCorruptError,
     StoreError,
+    StoreFullError,
     WealdError,
 )
 from weald.runtime._events import Event, EventBus, Subscription
@@ -79,6 +80,7 @@ __all__ = [
     "StoreCodecError",
     "StoreCorruptError",
     "StoreError",
+    "StoreFullError",
     "StoreSnapshot",
     "Subscription",
     "SystemStatistics",

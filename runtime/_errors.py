@@ -12,6 +12,7 @@ The tree::
     └── StoreError
         ├── StoreCorruptError     the database file is unreadable or not a database
         ├── StoreClosedError      the store was closed (stopped, not broken)
+        ├── StoreFullError        no space left on the device holding the store
         └── StoreCodecError       a value could not be encoded or decoded
 
 pykka's own `ActorDeadError` (the actor is not running) and `Timeout` (a
@@ -32,6 +33,7 @@ __all__ = [
     "StoreCodecError",
     "StoreCorruptError",
     "StoreError",
+    "StoreFullError",
     "WealdError",
 ]
 
@@ -75,6 +77,14 @@ class StoreError(WealdError):
 
 class StoreCorruptError(StoreError):
     """The store's database file is unreadable, corrupt, or not a database."""
+
+
+class StoreFullError(StoreError):
+    """A write failed because the device holding the store has no space left.
+
+    Nothing acknowledged is lost: the write was not acknowledged. Queued
+    writes that failed this way are kept and committed once space returns.
+    """
 
 
 class StoreClosedError(StoreError):

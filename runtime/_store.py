@@ -13,6 +13,10 @@ histories and memory live here and survive a crash of the daemon.
   process (kill -9), ``durability="power"`` also fsyncs every commit.
 - An unreadable, corrupt or foreign file is reported with its name
   (`StoreCorruptError`) and never replaced.
+- A write that fails because the disk is full is a `StoreFullError` naming
+  the directory (``no space left on the device holding <dir>``); the file
+  stays intact (each write is one transaction, rolled back whole) and writes
+  succeed again as soon as space returns.
 
 Methods block the calling thread; trio code uses the ``a``-prefixed variants,
 which run the same operation in a worker thread.
@@ -35,11 +39,29 @@ turn's 15 writes in 3 namespaces, against 80-150 us here, hand-offs to the
 committer and back included (benchmarks/bench_store.py). A group is
 therefore also atomic: after a crash either all of it is in the file or
 none of it.
+
+A group that fails (the disk is full, the file is locked too long) is
+neither dropped nor allowed to stop later writes: every flush waiting on it
+fails with the cause, and the group is kept and committed together with the
+next one, which is tried at once when more work comes and every
+`RETRY_INTERVAL` seconds meanwhile. So writes succeed again, with nothing
+lost, as soon as the cause is gone; and a flush succeeds only once every
+write enqueued before it is in the file, whichever group carried it. While
+more than ``max_retained_bytes`` of writes wait this way, `enqueue_nowait`
+refuses new ones with the cause.
+
+Synchronous writes (`put`, `write_batch`...) also run on a connection of
+the store's own, never through sqlitedict: sqlitedict's worker thread ends
+for good when a COMMIT fails (leaving its caller waiting forever), and its
+reads are the only thing it is trusted with here, besides creating tables.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import logging
+import os
 import queue
 import re
 import sqlite3
@@ -51,12 +73,27 @@ from typing import Any, Literal, TypeVar, overload
 import msgspec
 import trio
 from sqlitedict import SqliteDict
-from weald.runtime._errors import StoreClosedError, StoreCodecError, StoreCorruptError, StoreError
+from weald.runtime._errors import (
+    StoreClosedError,
+    StoreCodecError,
+    StoreCorruptError,
+    StoreError,
+    StoreFullError,
+)
 from weald.runtime._future import Future
 
-__all__ = ["Store"]
+__all__ = ["RETRY_INTERVAL", "Store"]
+
+logger = logging.getLogger("weald.runtime")
 
 T = TypeVar("T")
+
+RETRY_INTERVAL = 0.5
+"""Seconds between attempts to commit queued writes that failed, while nothing else comes."""
+
+_SQLITE_FULL = 13
+_SQLITE_IOERR = 10
+_SQLITE_CANTOPEN = 14
 
 _NAMESPACE = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 _MISSING: Any = object()
@@ -73,26 +110,43 @@ class Store:
         path: the database file; its directory is created if missing.
         durability: ``"process"`` survives a process crash; ``"power"``
             also survives power loss, at the cost of an fsync per write.
+        max_retained_bytes: how much of queued writes that failed to commit
+            may wait for another attempt before new ones are refused.
 
     Raises:
         StoreCorruptError: the file exists but is not a readable database.
         StoreError: the file cannot be created or opened.
     """
 
-    def __init__(self, path: str | Path, *, durability: Literal["process", "power"] = "process") -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        durability: Literal["process", "power"] = "process",
+        max_retained_bytes: int = 64 * 1024 * 1024,
+    ) -> None:
         self.path = Path(path).expanduser()
         self.durability = durability
+        self.max_retained_bytes = max_retained_bytes
         self._lock = threading.RLock()
         self._tables: dict[str, SqliteDict] = {}
         self._closed = False
         self.writes = 0
         self.reads = 0
         self.commits = 0
+        self.failed_commits = 0
         self._queue: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self._committer: threading.Thread | None = None
         self._committer_lock = threading.Lock()
-        self._write_error: BaseException | None = None
+        # Queued writes whose commit failed, kept for the next attempt
+        # (namespace -> key -> value), and why it failed. Invariant: the
+        # error is set exactly while writes are retained. Only the committer
+        # thread changes them.
+        self._retained: dict[str, dict[str, bytes]] = {}
+        self._retained_bytes = 0
+        self._retained_error: StoreError | None = None
         self._writer: sqlite3.Connection | None = None  # the committer's connection
+        self._sync_writer: sqlite3.Connection | None = None  # synchronous writes', under _lock
         self._closing = False
         self._check_file()
 
@@ -150,6 +204,11 @@ class Store:
         if not _NAMESPACE.match(namespace):
             msg = f"bad namespace {namespace!r}: use lowercase letters, digits and _, starting with a letter"
             raise StoreError(msg)
+        # Created here, where a failed COMMIT is an error, not in sqlitedict's
+        # thread (see the module docstring); sqlitedict's own CREATE TABLE IF
+        # NOT EXISTS then writes nothing. The schema is sqlitedict's.
+        sql = f'CREATE TABLE IF NOT EXISTS "{namespace}" (key TEXT PRIMARY KEY, value BLOB)'
+        self._write_sync(lambda conn: conn.execute(sql), f"the new namespace {namespace!r}")
         try:
             table = SqliteDict(
                 str(self.path),
@@ -327,28 +386,72 @@ class Store:
 
         Returns:
             How many of the keys to delete existed.
+
+        Raises:
+            StoreFullError: the disk is full; nothing was written.
+            StoreError: the transaction failed otherwise; nothing was written.
         """
         wanted = list(deletes)
+        # `_table` checked the namespace against _NAMESPACE, so it is safe in SQL.
+        replace = f'REPLACE INTO "{namespace}" (key, value) VALUES (?,?)'  # noqa: S608
+        delete = f'DELETE FROM "{namespace}" WHERE key = ?'  # noqa: S608
 
-        def op(table: SqliteDict) -> int:
-            removed = 0
-            try:
-                for key, raw in puts.items():
-                    table[key] = raw
-                for key in wanted:
-                    if key in table:
-                        del table[key]
-                        removed += 1
-                table.commit(blocking=True)
-            except Exception:
-                _rollback(table)
-                raise
-            return removed
+        def op(conn: sqlite3.Connection) -> int:
+            conn.executemany(replace, puts.items())
+            return sum(conn.execute(delete, (key,)).rowcount for key in wanted)
 
-        removed = self._run(namespace, op)
+        with self._lock:
+            self._check_open()
+            self._table(namespace)
+            removed = self._write_sync(op, f"a write to namespace {namespace!r}")
         self.writes += len(puts) + removed
         self.commits += 1
         return removed
+
+    def _check_open(self) -> None:
+        if self._closed:
+            msg = f"store {self.path} is closed"
+            raise StoreClosedError(msg)
+
+    def _write_sync(self, op: Callable[[sqlite3.Connection], T], what: str) -> T:
+        """Run ``op`` in one immediate transaction on the synchronous writer; committed or rolled back whole."""
+        with self._lock:
+            conn = self._sync_writer
+            try:
+                if conn is None:
+                    conn = self._sync_writer = self._connect_writer(check_same_thread=False)
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    result = op(conn)
+                    conn.execute("COMMIT")
+                except BaseException:
+                    with contextlib.suppress(sqlite3.Error):
+                        conn.execute("ROLLBACK")
+                    raise
+            except sqlite3.Error as exc:
+                raise self._write_failure(exc, what) from exc
+            return result
+
+    def _connect_writer(self, *, check_same_thread: bool = True) -> sqlite3.Connection:
+        """A connection for writing, in autocommit mode (transactions are explicit), synced per durability."""
+        conn = sqlite3.connect(str(self.path), timeout=30, isolation_level=None, check_same_thread=check_same_thread)
+        sync = "FULL" if self.durability == "power" else "NORMAL"
+        conn.execute(f"PRAGMA synchronous={sync}")
+        return conn
+
+    def _write_failure(self, exc: BaseException, what: str) -> StoreError:
+        """The error a failed write is reported as: `StoreFullError` when the disk is full."""
+        if isinstance(exc, StoreError):
+            return exc
+        if _no_space(exc, self.path.parent):
+            error: StoreError = StoreFullError(
+                f"no space left on the device holding {self.path.parent}: store {self.path} "
+                f"could not commit {what}; free space there and try again"
+            )
+        else:
+            error = StoreError(f"store {self.path} could not commit {what}: {exc}")
+        error.__cause__ = exc
+        return error
 
     # -- write-behind ------------------------------------------------------------------
 
@@ -367,9 +470,13 @@ class Store:
         if self._closing:
             msg = f"store {self.path} is closed"
             raise StoreClosedError(msg)
-        if self._write_error is not None:
-            msg = f"store {self.path} could not commit queued writes: {self._write_error}"
-            raise StoreError(msg) from self._write_error
+        failure = self._retained_error
+        if failure is not None and self._retained_bytes > self.max_retained_bytes:
+            msg = (
+                f"store {self.path} refuses new writes: {self._retained_bytes:,} bytes of earlier ones "
+                f"wait to be committed ({failure})"
+            )
+            raise type(failure)(msg) from failure
         raw = self._encode(namespace, key, value)
         self._queue.put(("put", namespace, key, raw))
         self._ensure_committer()
@@ -377,8 +484,10 @@ class Store:
     def flush(self) -> Future[None]:
         """A future resolved once every write enqueued before this call is committed.
 
-        It fails with `StoreError` if those writes could not be committed.
-        Await it from trio, or ``.get()`` it from a thread.
+        It fails with `StoreError` (`StoreFullError` when the disk is full)
+        if those writes could not be committed yet; they are kept and
+        committed later (see the module docstring), so a later flush may
+        succeed. Await it from trio, or ``.get()`` it from a thread.
         """
         future: Future[None] = Future()
         if self._closing and self._committer is None:
@@ -407,50 +516,73 @@ class Store:
             if conn is not None:
                 conn.close()
 
+    @property
+    def write_failure(self) -> StoreError | None:
+        """Why queued writes are waiting to be committed again, or None when every queued write landed.
+
+        Non-blocking: agents look at it between steps, to stop a turn whose
+        writes cannot be committed rather than pile up more of them.
+        """
+        return self._retained_error
+
     def _commit_rounds(self) -> None:
         q = self._queue
         while True:
-            items = [q.get()]
+            try:
+                # With writes retained, wake up to try them again on our own.
+                items = [q.get(timeout=RETRY_INTERVAL if self._retained else None)]
+            except queue.Empty:
+                items = []
             while len(items) < 1024:
                 try:
                     items.append(q.get_nowait())
                 except queue.Empty:
                     break
             stop = False
-            puts: dict[str, dict[str, bytes]] = {}
+            # Retained writes go first; a newer value of the same key replaces its older one.
+            group = self._retained
             flushes: list[Future[None]] = []
             for item in items:
                 if item[0] == "put":
-                    puts.setdefault(item[1], {})[item[2]] = item[3]
+                    group.setdefault(item[1], {})[item[2]] = item[3]
                 elif item[0] == "flush":
                     flushes.append(item[1])
                 else:
                     stop = True
-            error = self._commit_group(puts)
+            error = self._commit_group(group)
+            if error is None:
+                self._retained, self._retained_bytes, self._retained_error = {}, 0, None
+            else:
+                self._retained = group
+                self._retained_bytes = sum(len(raw) for values in group.values() for raw in values.values())
+                self._retained_error = error
             for future in flushes:
                 if error is None:
                     future.set(None)
                 else:
-                    exc = StoreError(f"store {self.path} could not commit queued writes: {error}")
-                    exc.__cause__ = error
-                    future.set_exception((StoreError, exc, None))
+                    future.set_exception((type(error), error, None))
             if stop:
+                if error is not None:
+                    count = sum(len(values) for values in group.values())
+                    logger.error("store %s closed; %d queued writes were not committed: %s", self.path, count, error)
                 return
 
-    def _commit_group(self, puts: dict[str, dict[str, bytes]]) -> BaseException | None:
-        """Commit one group in one transaction; retried a few times, then the store refuses writes."""
+    def _commit_group(self, puts: dict[str, dict[str, bytes]]) -> StoreError | None:
+        """Commit one group in one transaction; returns why it failed, or None.
+
+        A full disk fails at once; another error is tried a few times first
+        (a lock held too long, a transient I/O error).
+        """
         if not puts:
             return None
-        for attempt in range(5):
+        for attempt in range(3):
             try:
                 self._write_group(puts)
-            except StoreClosedError as exc:
-                self._write_error = exc
-                return exc
-            except Exception as exc:
-                if attempt == 4:
-                    self._write_error = exc
-                    return exc
+            except Exception as exc:  # the committer reports every failure to the flushes
+                error = self._write_failure(exc, "queued writes")
+                if isinstance(error, StoreFullError | StoreClosedError) or attempt == 2:
+                    self.failed_commits += 1
+                    return error
                 threading.Event().wait(0.05 * 2**attempt)
             else:
                 return None
@@ -459,20 +591,15 @@ class Store:
     def _write_group(self, puts: dict[str, dict[str, bytes]]) -> None:
         with self._lock:
             for namespace in puts:
-                self._table(namespace)  # sqlitedict creates the table; raises once the store is closed
+                self._table(namespace)  # creates the table; raises once the store is closed
         conn = self._writer
         if conn is None:
-            # The committer's own connection (this thread only); the file is in
-            # WAL mode already, set by sqlitedict when it opened a table.
-            conn = sqlite3.connect(str(self.path), timeout=30, isolation_level=None)
-            sync = "FULL" if self.durability == "power" else "NORMAL"
-            conn.execute(f"PRAGMA synchronous={sync}")
-            self._writer = conn
+            # The committer's own connection (this thread only).
+            conn = self._writer = self._connect_writer()
         conn.execute("BEGIN IMMEDIATE")
         try:
             for namespace, values in puts.items():
-                # The statement sqlitedict's __setitem__ runs, for every value at
-                # once; `_table` checked the namespace against _NAMESPACE above.
+                # `_table` checked the namespace against _NAMESPACE above.
                 sql = f'REPLACE INTO "{namespace}" (key, value) VALUES (?,?)'  # noqa: S608
                 conn.executemany(sql, values.items())
             conn.execute("COMMIT")
@@ -503,8 +630,11 @@ class Store:
             self._closed = True
             tables = list(self._tables.values())
             self._tables.clear()
+            sync_writer, self._sync_writer = self._sync_writer, None
         for table in tables:
             table.close()
+        if sync_writer is not None:
+            sync_writer.close()
 
     def statistics(self) -> dict[str, Any]:
         """Counts for introspection: file, size, namespaces open, reads and writes."""
@@ -519,7 +649,10 @@ class Store:
             "reads": self.reads,
             "writes": self.writes,
             "commits": self.commits,
+            "failed_commits": self.failed_commits,
             "queued": self._queue.qsize(),
+            "retained": sum(len(values) for values in self._retained.values()),
+            "write_failure": str(self._retained_error) if self._retained_error is not None else None,
             "closed": self._closed,
         }
 
@@ -552,9 +685,21 @@ class Store:
         await trio.to_thread.run_sync(lambda: self.write_batch(namespace, puts, deletes))
 
 
-def _rollback(table: SqliteDict) -> None:
-    try:
-        table.conn.execute("ROLLBACK")
-        table.conn.commit(blocking=True)
-    except Exception:  # noqa: S110 - nothing was pending to roll back
-        pass
+def _no_space(exc: BaseException, directory: Path) -> bool:
+    """Whether a failed write failed for lack of space on the device holding ``directory``."""
+    if isinstance(exc, OSError):
+        return exc.errno in (errno.ENOSPC, errno.EDQUOT)
+    code = getattr(exc, "sqlite_errorcode", None)
+    if not isinstance(code, int):
+        return False
+    if code & 0xFF == _SQLITE_FULL:
+        return True
+    # SQLite reports some failed writes (a journal it cannot create or
+    # extend) as I/O errors: they are for lack of space if there is none.
+    if code & 0xFF in (_SQLITE_IOERR, _SQLITE_CANTOPEN):
+        try:
+            stats = os.statvfs(directory)
+        except OSError:
+            return False
+        return stats.f_bavail == 0 or stats.f_favail == 0
+    return False

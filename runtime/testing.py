@@ -6,6 +6,7 @@ them too.
 
 from __future__ import annotations
 
+import errno
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +21,7 @@ __all__ = [
     "ResultCollector",
     "WaitTimeout",
     "await_until",
+    "fill_disk",
     "live_members",
     "process_alive",
     "wait_for_event",
@@ -163,3 +165,22 @@ def live_members(pgid: int) -> list[int]:
         if fields is not None and fields[0] not in (b"Z", b"X") and pgid in (int(fields[2]), int(fields[3])):
             found.append(int(entry.name))
     return found
+
+
+def fill_disk(directory: Path) -> Path:
+    """Write a file in ``directory`` until its device is full (ENOSPC); returns the file.
+
+    For tests of what happens when the disk fills up: use a small filesystem
+    of the test's own (a tmpfs), never a shared one.
+    """
+    filler = directory / "weald-filler"
+    with filler.open("wb", buffering=0) as f:
+        for size in (1 << 20, 65536, 4096, 512, 1):
+            chunk = b"\0" * size
+            try:
+                while True:
+                    f.write(chunk)
+            except OSError as exc:
+                if exc.errno != errno.ENOSPC:
+                    raise
+    return filler

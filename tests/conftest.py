@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 from weald.runtime import ActorSystem
@@ -39,3 +41,32 @@ def sleepers() -> Iterator[list[int]]:
     for pid in pids:
         if process_alive(pid):
             os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def tmpfs(tmp_path: Path) -> Iterator[Callable[[str], Path]]:
+    """``tmpfs("3m")`` mounts a real tmpfs of that size in tmp_path and returns it; unmounted at teardown.
+
+    Mounting needs root (CAP_SYS_ADMIN): where it is refused the test fails
+    saying so, it is not skipped.
+    """
+    mounts: list[Path] = []
+
+    def mount(size: str) -> Path:
+        where = tmp_path / f"tmpfs{len(mounts)}"
+        where.mkdir()
+        done = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(where)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if done.returncode != 0:
+            pytest.fail(f"this test needs a real tmpfs (run as root): mount failed: {done.stderr.strip()}")
+        mounts.append(where)
+        return where
+
+    yield mount
+    for where in reversed(mounts):
+        # lazy: a process of a failed test may still hold a file open there
+        subprocess.run(["umount", "--lazy", str(where)], check=True)

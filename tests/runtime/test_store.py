@@ -27,8 +27,9 @@ from weald.runtime import (
     StoreCodecError,
     StoreCorruptError,
     StoreError,
+    StoreFullError,
 )
-from weald.runtime.testing import wait_until
+from weald.runtime.testing import fill_disk, wait_until
 
 
 @attrs.frozen
@@ -268,10 +269,10 @@ def test_enqueued_writes_are_committed_in_groups_and_flush_waits_for_them(store:
 def test_a_queued_group_is_one_transaction_across_namespaces(tmp_path: Path) -> None:
     path = tmp_path / "group.db"
     s = Store(path)
+    other = sqlite3.connect(path, isolation_level=None)
     try:
         s.put("turns", "seed", 0)
-        s.put("broken", "seed", 0)  # sqlitedict creates both tables
-        other = sqlite3.connect(path, isolation_level=None)
+        s.put("broken", "seed", 0)  # creates both tables
         other.execute("CREATE TRIGGER refuse BEFORE INSERT ON \"broken\" BEGIN SELECT RAISE(ABORT, 'refused'); END")
         other.execute("BEGIN IMMEDIATE")  # holds the write lock: the committer's next group waits
         s.enqueue_nowait("history", "first", 1)
@@ -284,10 +285,78 @@ def test_a_queued_group_is_one_transaction_across_namespaces(tmp_path: Path) -> 
             flushed.get(timeout=20)
         assert s.get("history", "first") == 1
         assert s.get("turns", "t") is None  # rolled back with the failed write, not half-committed
-        with pytest.raises(StoreError, match="could not commit queued writes"):
-            s.enqueue_nowait("turns", "later", 1)  # the store says so rather than lose writes quietly
-        other.close()
     finally:
+        other.close()
+        s.close()
+
+
+def test_a_failed_group_is_kept_and_fails_every_flush_until_its_cause_is_gone(tmp_path: Path) -> None:
+    path = tmp_path / "kept.db"
+    s = Store(path)
+    other = sqlite3.connect(path, isolation_level=None)
+    try:
+        s.put("broken", "seed", 0)
+        other.execute("CREATE TRIGGER refuse BEFORE INSERT ON \"broken\" BEGIN SELECT RAISE(ABORT, 'refused'); END")
+        s.enqueue_nowait("broken", "b", 1)
+        with pytest.raises(StoreError, match="could not commit queued writes: refused"):
+            s.flush().get(timeout=20)
+        assert isinstance(s.write_failure, StoreError)
+        # A later flush with nothing new queued still waits on the failed write: it is not acknowledged.
+        with pytest.raises(StoreError, match="refused"):
+            s.flush().get(timeout=20)
+        s.enqueue_nowait("turns", "later", 2)  # accepted, not refused for good
+        with pytest.raises(StoreError, match="refused"):
+            s.flush().get(timeout=20)
+        assert s.get("turns", "later") is None  # one group with the failed write: nothing half-committed
+        other.execute("DROP TRIGGER refuse")
+        s.flush().get(timeout=20)  # no restart: the kept writes and the new one land
+        assert s.get("broken", "b") == 1
+        assert s.get("turns", "later") == 2
+        assert s.write_failure is None
+        assert s.statistics()["retained"] == 0
+    finally:
+        other.close()
+        s.close()
+
+
+def test_kept_writes_are_retried_on_their_own_once_the_cause_is_gone(tmp_path: Path) -> None:
+    path = tmp_path / "retry.db"
+    s = Store(path)
+    other = sqlite3.connect(path, isolation_level=None)
+    try:
+        s.put("broken", "seed", 0)
+        other.execute("CREATE TRIGGER refuse BEFORE INSERT ON \"broken\" BEGIN SELECT RAISE(ABORT, 'refused'); END")
+        s.enqueue_nowait("broken", "b", 1)
+        with pytest.raises(StoreError):
+            s.flush().get(timeout=20)
+        other.execute("DROP TRIGGER refuse")
+        # Nobody writes or flushes: the committer tries again by itself.
+        wait_until(lambda: other.execute("SELECT count(*) FROM broken WHERE key = 'b'").fetchone()[0] == 1, timeout=20)
+        assert s.write_failure is None
+    finally:
+        other.close()
+        s.close()
+
+
+def test_new_writes_are_refused_while_too_much_waits_to_be_committed(tmp_path: Path) -> None:
+    path = tmp_path / "bound.db"
+    s = Store(path, max_retained_bytes=1000)
+    other = sqlite3.connect(path, isolation_level=None)
+    try:
+        s.put("broken", "seed", 0)
+        other.execute("CREATE TRIGGER refuse BEFORE INSERT ON \"broken\" BEGIN SELECT RAISE(ABORT, 'refused'); END")
+        s.enqueue_nowait("broken", "big", "x" * 2000)
+        with pytest.raises(StoreError):
+            s.flush().get(timeout=20)
+        with pytest.raises(StoreError, match=r"refuses new writes: 2,002 bytes of earlier ones wait .*refused"):
+            s.enqueue_nowait("turns", "t", 1)
+        other.execute("DROP TRIGGER refuse")
+        wait_until(lambda: s.write_failure is None, timeout=20)
+        s.enqueue_nowait("turns", "t", 1)
+        s.flush().get(timeout=20)
+        assert s.get("turns", "t") == 1
+    finally:
+        other.close()
         s.close()
 
 
@@ -315,3 +384,46 @@ async def test_flush_is_awaitable_from_trio(store: Store) -> None:
     store.enqueue_nowait("history", "x", 1)
     await store.flush()
     assert store.get("history", "x") == 1
+
+
+def _integrity(path: Path) -> list[tuple[str]]:
+    conn = sqlite3.connect(path)
+    try:
+        return conn.execute("PRAGMA integrity_check").fetchall()
+    finally:
+        conn.close()
+
+
+def test_a_full_disk_fails_writes_by_name_keeps_the_file_intact_and_passes_once_space_returns(tmpfs) -> None:
+    state = tmpfs("3m")
+    s = Store(state / "store.db")
+    try:
+        s.put("tasks", "before", {"n": 0})
+        s.enqueue_nowait("history", "s/0", {"n": 0})
+        s.flush().get(timeout=10)
+        filler = fill_disk(state)
+        big = {"text": "x" * 200_000}  # more than the WAL's free pages: it must grow
+        with pytest.raises(StoreFullError, match=f"no space left on the device holding {state}"):
+            s.put("tasks", "during", big)
+        for i in range(1, 4):
+            s.enqueue_nowait("history", f"s/{i}", big)
+        with pytest.raises(StoreFullError, match=f"no space left on the device holding {state}"):
+            s.flush().get(timeout=10)
+        assert isinstance(s.write_failure, StoreFullError)
+        assert _integrity(state / "store.db") == [("ok",)]
+        assert s.get("tasks", "before") == {"n": 0}  # reads go on
+        filler.unlink()
+        # No reopening: the refused put works now, and the kept queued writes land.
+        s.put("tasks", "during", big)
+        s.flush().get(timeout=10)
+        assert s.write_failure is None
+        assert s.keys("history") == ["s/0", "s/1", "s/2", "s/3"]
+        assert _integrity(state / "store.db") == [("ok",)]
+    finally:
+        s.close()
+    reopened = Store(state / "store.db")
+    try:
+        assert reopened.get("tasks", "during") == big
+        assert reopened.count("history") == 4
+    finally:
+        reopened.close()
