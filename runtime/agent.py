@@ -16,7 +16,11 @@ state.
 
 Every message is written to the store as it completes. A turn's result is
 acknowledged (the prompt's future resolved) only after everything the turn
-wrote is committed. An agent that crashes is restarted by its session
+wrote is committed. When the store cannot commit (the disk is full), the
+turn ends with an error naming the cause instead, never ``ok``; the agent
+keeps running, and its writes, kept by the store, land once it can write
+again (a turn that has not started its model call does not start it, and a
+running one stops at its next step). An agent that crashes is restarted by its session
 supervisor and reloads its history: an interrupted turn is marked
 ``interrupted`` in the store and reported (``agent.recovered``), and tool
 calls it left unanswered get ``[interrupted]`` results so the history stays
@@ -283,6 +287,7 @@ class _Flushed:
 
 @attrs.frozen
 class _WriterFailed:
+    token: int
     error: BaseException
 
 
@@ -391,7 +396,8 @@ class Agent(Actor):
         # (their futures, their result). Answered on acknowledgement, or, if
         # this actor ends first, once the store confirms (the store outlives it).
         self._unacknowledged: list[tuple[list[Future[TurnResult]], TurnResult]] = []
-        self._flush_waiters: dict[int, Callable[[], None]] = {}
+        # token -> (what to run once committed, what to run with the store's error instead)
+        self._flush_waiters: dict[int, tuple[Callable[[], None], Callable[[BaseException], None]]] = {}
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -482,11 +488,14 @@ class Agent(Actor):
         if self._record is not None:
             self._record.status = "stopped"
             self._persist_record()
-        await self._drain_writes()
+        failure = await self._drain_writes()
         # The receive loop has ended, so flush acknowledgements cannot arrive
-        # as messages any more: everything is committed now, run them here.
-        for done in list(self._flush_waiters.values()):
-            done()
+        # as messages any more: run them here, with the store's verdict.
+        for done, failed in list(self._flush_waiters.values()):
+            if failure is None:
+                done()
+            else:
+                failed(failure)
         self._flush_waiters.clear()
         if self._provider is not None:
             with trio.move_on_after(2):
@@ -506,16 +515,25 @@ class Agent(Actor):
         self._unacknowledged.clear()
         if ended:
 
-            def answer(_: object) -> None:
-                for futures, result in ended:
+            def answer(flushed: Future[None]) -> None:
+                # Acknowledged as they ended only if their writes are in the store.
+                try:
+                    flushed.get()
+                except BaseException as exc:  # the store's error: no result is given as ok
+                    results = [(futures, _unsaved(result, exc)) for futures, result in ended]
+                else:
+                    results = ended
+                for futures, result in results:
                     for future in futures:
                         with contextlib.suppress(Exception):
                             future.set(result)
 
             try:
                 self.system.store.flush()._on_done(answer)
-            except StoreError:
-                answer(None)
+            except StoreError as exc:  # no store to ask (it is restarting): not known to be committed
+                unknown: Future[None] = Future()
+                unknown.set_exception((type(exc), exc, None))
+                answer(unknown)
         for future in self._pending_futures():
             with contextlib.suppress(Exception):
                 future.set(
@@ -621,12 +639,13 @@ class Agent(Actor):
         elif isinstance(message, ToolResults):
             self._on_tool_results(message)
         elif isinstance(message, _Flushed):
-            done = self._flush_waiters.pop(message.token, None)
-            if done is not None:
-                done()
+            waiter = self._flush_waiters.pop(message.token, None)
+            if waiter is not None:
+                waiter[0]()
         elif isinstance(message, _WriterFailed):
-            msg = f"{self.path} could not write its history: {message.error}"
-            raise StoreError(msg) from message.error
+            waiter = self._flush_waiters.pop(message.token, None)
+            if waiter is not None:
+                waiter[1](message.error)
         elif isinstance(message, AskUser):
             self._on_ask(message)
         elif isinstance(message, AnswerQuestion):
@@ -676,6 +695,11 @@ class Agent(Actor):
                 error=f"the turn stopped after {self._config.max_steps} model calls (agent.max_steps)",
             )
             return
+        failure = self.system.store.write_failure
+        if not first and failure is not None:
+            # The store cannot commit: stop here rather than pile up writes it cannot keep.
+            self._end_turn(ok=False, error=_unsaved_error(failure))
+            return
         turn.steps += 1
         position = getattr(self._provider, "position", None)
         if isinstance(position, int) and self._record is not None:
@@ -688,7 +712,10 @@ class Agent(Actor):
             # even a kill -9, always leaves a turn to report. Later steps' writes
             # are queued in the store, which outlives this actor; one commit per
             # turn start and one per turn end is what a turn costs.
-            self._flush(lambda: self._call_model(turn) if self._turn is turn else None)
+            self._flush(
+                lambda: self._call_model(turn) if self._turn is turn else None,
+                lambda exc: self._end_turn(ok=False, error=_unsaved_error(exc)) if self._turn is turn else None,
+            )
         else:
             self._call_model(turn)
 
@@ -854,26 +881,36 @@ class Agent(Actor):
         self._unacknowledged.append(entry)
         self._set_state("idle")
 
-        def acknowledge() -> None:
+        def acknowledge(final: TurnResult = result) -> None:
             # Everything the turn wrote is committed: now the result may be seen.
             with contextlib.suppress(ValueError):
                 self._unacknowledged.remove(entry)
             for future in futures:
                 with contextlib.suppress(Exception):
-                    future.set(result)
+                    future.set(final)
             self._publish(
                 "agent.turn_end",
                 {
                     "turn_id": turn.id,
-                    "ok": ok,
-                    "status": status,
+                    "ok": final.ok,
+                    "status": status if final is result else "error",
                     "steps": turn.steps,
-                    "error": error,
+                    "error": final.error,
                     "usage": msgspec.to_builtins(turn.usage),
                 },
             )
 
-        self._flush(acknowledge)
+        def unsaved(exc: BaseException) -> None:
+            # Not committed: the turn is not acknowledged as it ended, but as
+            # failed, naming the cause; its record says so once it lands.
+            final = _unsaved(result, exc)
+            if status != "error" or error != final.error:
+                with contextlib.suppress(StoreError):
+                    self._write_turn(turn, "error", error=final.error)
+            self._publish("agent.error", {"turn_id": turn.id, "error": final.error, "kind": type(exc).__name__})
+            acknowledge(final)
+
+        self._flush(acknowledge, unsaved)
         if self._queue and not aborted:
             self._start_turn()
 
@@ -1002,10 +1039,13 @@ class Agent(Actor):
         # The store's committer commits it in a group; the queue outlives this actor.
         self.system.store.enqueue_nowait(namespace, key, value)
 
-    def _flush(self, then: Callable[[], None]) -> None:
-        """Run ``then`` in this actor's context once everything queued so far is committed."""
+    def _flush(self, then: Callable[[], None], failed: Callable[[BaseException], None]) -> None:
+        """Run ``then`` in this actor's context once everything queued so far is committed.
+
+        If the store cannot commit it (yet), ``failed`` runs instead, with the store's error.
+        """
         token = next(self._flush_tokens)
-        self._flush_waiters[token] = then
+        self._flush_waiters[token] = (then, failed)
         ref = self.actor_ref
 
         # Runs on the store's committer thread (or here, if it is done
@@ -1014,8 +1054,8 @@ class Agent(Actor):
         def landed(future: Future[None]) -> None:
             try:
                 future.get()
-            except BaseException as exc:  # the store's error, for this actor to raise in its own context
-                message: Any = _WriterFailed(exc)
+            except BaseException as exc:  # the store's error, for this actor to handle in its own context
+                message: Any = _WriterFailed(token, exc)
             else:
                 message = _Flushed(token)
             with contextlib.suppress(ActorDeadError):  # it ended meanwhile: its waiters are answered
@@ -1023,10 +1063,17 @@ class Agent(Actor):
 
         self.system.store.flush()._on_done(landed)
 
-    async def _drain_writes(self) -> None:
-        """Wait until every write this agent queued is committed (bounded: the store may be gone)."""
-        with trio.move_on_after(10), contextlib.suppress(StoreError):
-            await self.system.store.flush()
+    async def _drain_writes(self) -> BaseException | None:
+        """Wait until every write this agent queued is committed; returns why not, if not.
+
+        Bounded: the store may be gone, or unable to commit for longer.
+        """
+        try:
+            with trio.fail_after(10):
+                await self.system.store.flush()
+        except (StoreError, trio.TooSlowError) as exc:
+            return exc
+        return None
 
     # -- events ----------------------------------------------------------------------------------
 
@@ -1041,6 +1088,22 @@ class Agent(Actor):
         self.system.events.publish(
             topic, self.path, {"session_id": self._session_id, "agent_id": self._agent_id, **data}
         )
+
+
+def _unsaved_error(exc: BaseException) -> str:
+    """A turn's error when its writes could not be committed: the store's reason, and what happens next."""
+    return (
+        f"the turn's messages could not be saved: {exc}. The agent keeps them and saves them "
+        "as soon as the store can write again; prompt again then"
+    )
+
+
+def _unsaved(result: TurnResult, exc: BaseException) -> TurnResult:
+    """``result`` as failed because its writes were not committed."""
+    error = _unsaved_error(exc)
+    if result.error and result.error != error:
+        error = f"{result.error}; and {error}"
+    return attrs.evolve(result, ok=False, error=error)
 
 
 def provider_spec_of(model: str) -> tuple[str, str]:
