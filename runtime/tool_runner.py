@@ -47,6 +47,8 @@ from weald.tools import (
     PermissionScope,
     ReadLedger,
     SessionServices,
+    SpillBudget,
+    SpillLimits,
     Tool,
     ToolConfig,
     ToolContext,
@@ -55,6 +57,7 @@ from weald.tools import (
     default_registry,
     invoke,
     limit_output,
+    within_limits,
 )
 
 __all__ = [
@@ -93,6 +96,7 @@ class RunnerConfig:
             time limit (shell, fetch: tools with a ``max_timeout``) before it
             cancels it from outside, so the tool can stop its subprocesses
             and report its own timeout first.
+        spill: the bounds on output saved to spill files (``[spill]``).
     """
 
     timeouts: Mapping[str, float] = attrs.field(factory=dict)
@@ -100,6 +104,7 @@ class RunnerConfig:
     permission_timeout: float = 300.0
     tool_config: ToolConfig = attrs.field(factory=ToolConfig)
     grace: float = 5.0
+    spill: SpillLimits = attrs.field(factory=SpillLimits)
 
 
 @attrs.frozen
@@ -292,6 +297,40 @@ class _Batch:
 _Launch = tuple[ChildSpec, Callable[["Ref[Any] | BaseException"], None]]
 
 
+class _OutputLimit:
+    """Cuts one call's result to the model's limits, saving the whole to a spill file.
+
+    Saving writes a file: the execution calls it in a worker thread, and
+    only when `needed` says the result is too long.
+    """
+
+    __slots__ = ("call_id", "config", "keep", "save_dir", "spill")
+
+    def __init__(
+        self, keep: Literal["head", "tail"], config: ToolConfig, *, save_dir: Path, call_id: str, spill: SpillBudget
+    ) -> None:
+        self.keep = keep
+        self.config = config
+        self.save_dir = save_dir
+        self.call_id = call_id
+        self.spill = spill
+
+    def needed(self, result: ToolResult) -> bool:
+        """Whether ``result`` is too long for the model (cheap; writes nothing)."""
+        return not within_limits(result, max_lines=self.config.max_output_lines, max_bytes=self.config.max_output_bytes)
+
+    def __call__(self, result: ToolResult) -> ToolResult:
+        return limit_output(
+            result,
+            keep=self.keep,
+            max_lines=self.config.max_output_lines,
+            max_bytes=self.config.max_output_bytes,
+            save_dir=self.save_dir,
+            call_id=self.call_id,
+            spill=self.spill,
+        )
+
+
 # -- the execution child -------------------------------------------------------------------
 
 
@@ -308,6 +347,9 @@ class ToolExecution(Actor):
     ``deadline`` is how many seconds the call gets before the execution
     cancels it; a timeout reported from here names the call's limit,
     ``ctx.timeout``, which is what the model and the config know.
+
+    ``limit`` cuts an outcome too long for the model, saving it whole to a
+    spill file, in a worker thread (never on the loop); None leaves it as it is.
     """
 
     def __init__(
@@ -317,6 +359,8 @@ class ToolExecution(Actor):
         ctx: ToolContext,
         deadline: float,
         result: Future[ToolResult],
+        *,
+        limit: _OutputLimit | None = None,
     ) -> None:
         super().__init__()
         self._tool = tool
@@ -324,6 +368,7 @@ class ToolExecution(Actor):
         self._ctx = ctx
         self._deadline = deadline
         self._result = result
+        self._limit = limit
 
     def on_start(self) -> None:
         """Queue the call, then the stop, so the start completes at once and the call runs next."""
@@ -350,6 +395,8 @@ class ToolExecution(Actor):
             )
         if scope.cancelled_caught:
             value = self._timeout_result()
+        if self._limit is not None and self._limit.needed(value):
+            value = await trio.to_thread.run_sync(self._limit, value)
         self._result.set(value)
 
     def _timeout_result(self) -> ToolResult:
@@ -402,6 +449,7 @@ class ToolRunner(Actor):
         self._registry = registry if registry is not None else default_registry
         out = Path(output_dir) if output_dir else self.system.store_path.parent / "weald-outputs" / session_id
         self._output_dir = out
+        self._spill = SpillBudget(out, self._config.spill)
         # Saved full outputs must stay readable by read_file: they are in the sandbox.
         self._allowed_dirs = (*(Path(d).resolve() for d in allowed_dirs), out.resolve())
         self._permission_scope = PermissionScope(self._working_dir, self._allowed_dirs)
@@ -420,9 +468,9 @@ class ToolRunner(Actor):
     def on_start(self) -> None:
         """Start the ``calls`` supervisor and the session services (on the runner's task)."""
         self._calls = self.spawn_child(DynamicSupervisor, kwargs={"max_restarts": 1_000_000}, name="calls")
-        jobs = JobTable(self._spawn_job, output_dir=self._output_dir / "jobs")
+        jobs = JobTable(self._spawn_job, output_dir=self._output_dir / "jobs", spill=self._spill)
         self._services = SessionServices(
-            output_dir=self._output_dir, ledger=ReadLedger(), jobs=jobs, runtime=self._runtime
+            output_dir=self._output_dir, ledger=ReadLedger(), jobs=jobs, runtime=self._runtime, spill=self._spill
         )
 
     def on_stop(self) -> Any:
@@ -704,6 +752,15 @@ class ToolRunner(Actor):
             _child_name(child_id),
             ToolExecution,
             args=(tool, call.arguments or {}, ctx, deadline, result),
+            kwargs={
+                "limit": _OutputLimit(
+                    tool.truncate,
+                    self._config.tool_config,
+                    save_dir=self._output_dir,
+                    call_id=f"{call.id}-{pending.index}",
+                    spill=self._spill,
+                )
+            },
             restart="temporary",
             shutdown=1.0,
             progress=False,  # tool.started / tool.finished report each call
@@ -837,16 +894,6 @@ class ToolRunner(Actor):
             return
         if pending.request_id is not None:
             self._permissions.pop(pending.request_id, None)
-        tool = pending.tool
-        if tool is not None:
-            result = limit_output(
-                result,
-                keep=tool.truncate,
-                max_lines=self._config.tool_config.max_output_lines,
-                max_bytes=self._config.tool_config.max_output_bytes,
-                save_dir=self._output_dir,
-                call_id=f"{pending.call.id}-{pending.index}",
-            )
         duration = time.monotonic() - pending.started
         call = pending.call
         batch.results[index] = CallOutcome(call.id, call.name, result, duration)

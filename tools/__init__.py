@@ -41,8 +41,9 @@ from weald.tools._contract import (
 )
 from weald.tools._jobs import JobInfo, JobOutput, JobTable, nursery_spawner
 from weald.tools._ledger import ReadLedger
-from weald.tools._limits import limit_output
+from weald.tools._limits import limit_output, within_limits
 from weald.tools._session import SessionServices
+from weald.tools._spill import SpillBudget, SpillLimits, remove_spill_dir, sweep_spill_dirs
 
 __all__ = [
     "AbortSignal",
@@ -54,6 +55,8 @@ __all__ = [
     "PermissionScope",
     "ReadLedger",
     "SessionServices",
+    "SpillBudget",
+    "SpillLimits",
     "Tool",
     "ToolConfig",
     "ToolContext",
@@ -65,8 +68,11 @@ __all__ = [
     "invoke",
     "limit_output",
     "nursery_spawner",
+    "remove_spill_dir",
+    "sweep_spill_dirs",
     "tool",
     "validate_arguments",
+    "within_limits",
 ]
 
 _logging.getLogger(__name__).addHandler(_logging.NullHandler())

@@ -46,6 +46,7 @@ from weald.tools._process import (
     signal_group,
     terminate_groups_blocking,
 )
+from weald.tools._spill import SpillBudget
 
 __all__ = ["CancelHandle", "JobInfo", "JobOutput", "JobStatus", "JobTable", "Spawn", "nursery_spawner"]
 
@@ -90,6 +91,8 @@ class JobInfo:
         unread_bytes: bytes of output not yet returned by a read.
         output_path: the file with its whole output, once it outgrew memory.
         error: why it failed to start, or what went wrong watching it.
+        output_cut: where and why ``output_path`` ends before the output
+            does (the session's `SpillBudget`), if it does.
     """
 
     id: str
@@ -104,6 +107,7 @@ class JobInfo:
     unread_bytes: int
     output_path: str | None
     error: str | None = None
+    output_cut: str | None = None
 
     @property
     def running(self) -> bool:
@@ -212,6 +216,7 @@ class _Job:
             unread_bytes=self.capture.unread,
             output_path=str(spool) if spool is not None else None,
             error=self.error,
+            output_cut=self.capture.spool_cut,
         )
 
 
@@ -261,6 +266,7 @@ class JobTable:
             supervising coroutine on the trio loop the table is used from,
             in a task that outlives the tool call.
         output_dir: where spool files go (None: the system's temp directory).
+        spill: the session's bounds on spool files (None: default bounds per job).
         max_running: how many jobs may run at once.
         tail_bytes: output kept in memory per job (the rest is spooled).
         kill_grace: seconds between SIGTERM and SIGKILL when a job is stopped.
@@ -272,6 +278,7 @@ class JobTable:
         spawn: Spawn,
         *,
         output_dir: Path | None = None,
+        spill: SpillBudget | None = None,
         max_running: int = 8,
         tail_bytes: int = 64 * 1024,
         kill_grace: float = DEFAULT_KILL_GRACE,
@@ -279,6 +286,7 @@ class JobTable:
     ) -> None:
         self._spawn = spawn
         self._output_dir = output_dir
+        self._spill = spill
         self._max_running = max_running
         self._tail_bytes = tail_bytes
         self._kill_grace = kill_grace
@@ -333,7 +341,9 @@ class JobTable:
                     "Kill one (action='kill') or wait for one to end (action='wait') before starting another.",
                 )
             job_id = f"job{next(self._ids)}"
-            capture = OutputCapture(tail_bytes=self._tail_bytes, spool_dir=spool_dir, spool_prefix=f"{job_id}-")
+            capture = OutputCapture(
+                tail_bytes=self._tail_bytes, spool_dir=spool_dir, spool_prefix=f"{job_id}-", spill=self._spill
+            )
             job = _Job(job_id, argv, command=command, cwd=cwd, env=env, capture=capture)
             job.pass_fds = tuple(pass_fds)
             job.run_in = run_in if run_in is not None else cwd

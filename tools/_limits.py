@@ -4,8 +4,12 @@ The tool runner passes every result through `limit_output`. Output within
 the limits is untouched. Longer output keeps its head (or, for tools whose
 end matters, like a build log, its tail) cut on a line boundary, so that
 what the model reads, the notice and the hints included, is within both the
-line and the byte limit; the full output is saved to a file the model can
-read or search, and the notice says how much was cut and where it is.
+line and the byte limit; the full output is saved to a spill file the model
+can read or search, and the notice says how much was cut and where it is.
+The spill file is bounded by the session's `SpillBudget`: when it could
+hold only the start of the output, or nothing, the notice says so and why.
+
+Saving writes a file: call `limit_output` from a worker thread, not the trio loop.
 """
 
 from __future__ import annotations
@@ -16,8 +20,9 @@ from typing import Literal
 
 import attrs
 from weald.tools._contract import ToolResult
+from weald.tools._spill import SpillBudget
 
-__all__ = ["DEFAULT_MAX_BYTES", "DEFAULT_MAX_LINES", "limit_output"]
+__all__ = ["DEFAULT_MAX_BYTES", "DEFAULT_MAX_LINES", "limit_output", "within_limits"]
 
 DEFAULT_MAX_LINES = 2000
 DEFAULT_MAX_BYTES = 50 * 1024
@@ -97,36 +102,64 @@ def _keep_tail(text: str, max_lines: int, max_bytes: int) -> tuple[str, int, boo
     return b"".join(kept).decode("utf-8", "surrogatepass") + ending, len(kept), False
 
 
-def _save(save_dir: Path, call_id: str, text: str) -> Path:
-    save_dir.mkdir(parents=True, exist_ok=True)
+@attrs.frozen
+class _Saved:
+    """Where a cut output was saved: the file (None if nothing could be), how much of it, and why not all."""
+
+    path: Path | None
+    size: int
+    why: str | None
+
+    def sentence(self, what: str, read: str) -> str:
+        """Tell the model where ``what`` (the full output, sized) is, and how to ``read`` it."""
+        if self.path is None:
+            return f"The full output ({what}) was not saved: {self.why}."
+        if self.why is None:
+            return f"The full output ({what}) is saved at {self.path}: {read}."
+        return f"The output ({what}) is saved at {self.path} up to byte {self.size} only, as {self.why}: {read}."
+
+
+def _save(save_dir: Path, call_id: str, text: str, spill: SpillBudget) -> _Saved:
     name = _UNSAFE_NAME.sub("_", call_id).lstrip(".") or "output"
     path = save_dir / f"{name[:200]}.txt"
     try:
         data = text.encode("utf-8", "surrogateescape")  # undecodable bytes go back to what they were
     except UnicodeEncodeError:
         data = _utf8(text)
-    path.write_bytes(data)
-    return path
+    granted, why = spill.grant(len(data), 0)
+    if granted == 0:
+        return _Saved(None, 0, why)
+    try:
+        save_dir.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data[:granted])
+    except OSError as exc:
+        spill.give_back(granted)
+        return _Saved(None, 0, f"writing {path} failed ({exc.strerror or exc})")
+    return _Saved(path, granted, why)
 
 
-def _head_notice(n: int, partial: bool, total_lines: int, size: str, saved: Path) -> str:
+def _head_notice(n: int, partial: bool, total_lines: int, size: str, saved: _Saved) -> str:
     what = f"the first {n} of {total_lines} lines" if not partial else "only the start of line 1, which is too long"
-    return (
-        f"[output cut: showing {what}. The full output ({size}) is saved at {saved}: "
-        f"read on with read_file(path={str(saved)!r}, offset={n + 1}) or search it with grep.]"
-    )
+    read = f"read on with read_file(path={str(saved.path)!r}, offset={n + 1}) or search it with grep"
+    return f"[output cut: showing {what}. {saved.sentence(size, read)}]"
 
 
-def _tail_notice(n: int, partial: bool, total_lines: int, size: str, saved: Path) -> str:
+def _tail_notice(n: int, partial: bool, total_lines: int, size: str, saved: _Saved) -> str:
     what = (
         f"the last {n} of {total_lines} lines; the first {total_lines - n} were cut"
         if not partial
         else f"only the end of line {total_lines}, which is too long"
     )
-    return (
-        f"[output cut: showing {what}. The full output ({size}) is saved at {saved}: "
-        f"read it with read_file(path={str(saved)!r}) or search it with grep.]"
-    )
+    read = f"read it with read_file(path={str(saved.path)!r}) or search it with grep"
+    return f"[output cut: showing {what}. {saved.sentence(size, read)}]"
+
+
+def within_limits(
+    result: ToolResult, *, max_lines: int = DEFAULT_MAX_LINES, max_bytes: int = DEFAULT_MAX_BYTES
+) -> bool:
+    """Whether `limit_output` would leave ``result`` as it is (cheap; writes nothing)."""
+    seen = result.text()  # the output and its hints, as the model reads them
+    return len(seen) <= max_bytes and _count_lines(seen) <= max_lines and len(_utf8(seen)) <= max_bytes
 
 
 def limit_output(
@@ -137,8 +170,9 @@ def limit_output(
     max_bytes: int = DEFAULT_MAX_BYTES,
     save_dir: Path,
     call_id: str,
+    spill: SpillBudget | None = None,
 ) -> ToolResult:
-    """Cut a result's output to the limits, saving the full output to a file.
+    """Cut a result's output to the limits, saving the full output to a spill file.
 
     The limits hold for everything the model sees (`ToolResult.text`), the
     notice and the result's hints included: a cut result reads as at most
@@ -152,16 +186,18 @@ def limit_output(
         max_bytes: most bytes (UTF-8) the model sees.
         save_dir: where the full output goes (created if missing).
         call_id: names the file: ``save_dir/<call_id>.txt`` (unsafe characters replaced).
+        spill: the session's bounds on saved output; None: the default
+            bounds, with nothing else counted against them.
 
     Returns:
         ``result`` itself when within the limits; else a copy with the output
         cut, a notice line added (after the head, or before the tail) and
-        ``full_output_path`` set.
+        ``full_output_path`` set when a file holds (the start of) the output.
     """
-    text = result.output
-    seen = result.text()  # the output and its hints, as the model reads them
-    if len(seen) <= max_bytes and _count_lines(seen) <= max_lines and len(_utf8(seen)) <= max_bytes:
+    if within_limits(result, max_lines=max_lines, max_bytes=max_bytes):
         return result
+    text = result.output
+    seen = result.text()
     if result.hints:  # hints are never cut: they take their share of the limits first
         # A cut output ends with the notice (head) or with the text's own end
         # (tail); after a final newline the hints' separator makes a blank line.
@@ -169,7 +205,7 @@ def limit_output(
         max_lines -= len(result.hints) + blank
         max_bytes -= len(_utf8(seen)) - len(_utf8(text))
     total_lines = _count_lines(text)
-    saved = _save(save_dir, call_id, text)
+    saved = _save(save_dir, call_id, text, spill if spill is not None else SpillBudget(save_dir))
     size = f"{total_lines} lines, {len(_utf8(text))} bytes"
     notice_for = _head_notice if keep == "head" else _tail_notice
     # The notice takes one line and, with its newline, at most `reserve`
@@ -188,4 +224,4 @@ def limit_output(
     else:
         shown, n, partial = _keep_tail(text, lines_left, bytes_left)
         output = notice_for(n, partial, total_lines, size, saved) + "\n" + shown
-    return attrs.evolve(result, output=output, full_output_path=str(saved))
+    return attrs.evolve(result, output=output, full_output_path=str(saved.path) if saved.path else None)

@@ -51,6 +51,7 @@ from typing import IO, Any
 import attrs
 import trio
 from weald.tools._contract import ToolError
+from weald.tools._spill import SpillBudget
 
 __all__ = [
     "DEFAULT_KILL_GRACE",
@@ -449,6 +450,10 @@ class OutputCapture:
     first byte) is written to a spool file in ``spool_dir``, in batches, on
     a worker thread.
 
+    The spool file is bounded by ``spill`` (a `SpillBudget`; default
+    bounds when None): once it may grow no further, it ends there and
+    `spool_cut` says where and why; the tail in memory goes on.
+
     Events: ``emit("output", {"stream": ..., "text": ...})``, at most one per
     stream every ``emit_interval`` seconds while `run_emitter` runs, each
     with at most ``emit_max`` characters: the newest ones. When a burst was
@@ -469,6 +474,7 @@ class OutputCapture:
         emit: Callable[[str, Mapping[str, Any]], None] | None = None,
         emit_interval: float = 0.05,
         emit_max: int = 4096,
+        spill: SpillBudget | None = None,
     ) -> None:
         self._lock = threading.Lock()
         self._tail = bytearray()
@@ -482,6 +488,9 @@ class OutputCapture:
         self._spool_path: Path | None = None
         self._spool_file: IO[bytes] | None = None
         self._spool_error: str | None = None
+        self._spill = spill if spill is not None or spool_dir is None else SpillBudget(spool_dir)
+        self._spooled = 0  # bytes in the spool file
+        self._spool_cut: str | None = None
         self._pending = bytearray()
         self._flush_lock = trio.Lock()
         self._arrived = trio.Event()
@@ -510,7 +519,7 @@ class OutputCapture:
         with self._lock:
             self._total += len(data)
             if self._spooling:
-                if self._spool_error is None:
+                if self._spool_error is None and self._spool_cut is None:
                     self._pending += data
             elif self._total > self._tail_limit and self._spool_dir is not None:
                 # Nothing was dropped yet, so the tail still holds everything.
@@ -536,6 +545,13 @@ class OutputCapture:
                 await trio.to_thread.run_sync(self._write_spool_sync, bytes(data))
 
     def _write_spool_sync(self, data: bytes) -> None:
+        assert self._spill is not None
+        granted, why = self._spill.grant(len(data), self._spooled)
+        if why is not None:
+            # The file ends here; the command goes on and its result says so.
+            self._spool_cut = why
+        if not granted:
+            return
         try:
             if self._spool_file is None:
                 assert self._spool_dir is not None
@@ -543,9 +559,11 @@ class OutputCapture:
                 fd, name = tempfile.mkstemp(prefix=self._spool_prefix, suffix=".log", dir=self._spool_dir)
                 self._spool_file = os.fdopen(fd, "wb")
                 self._spool_path = Path(name)
-            self._spool_file.write(data)
+            self._spool_file.write(data[:granted])
+            self._spooled += granted
         except OSError as exc:
             # The command goes on; its result says the full output was lost.
+            self._spill.give_back(granted)
             self._spool_error = f"{type(exc).__name__}: {exc}"
 
     def _queue_event(self, stream: str, data: bytes | bytearray) -> None:
@@ -611,6 +629,19 @@ class OutputCapture:
     def spool_error(self) -> str | None:
         """Why the spool file could not be written, if it could not."""
         return self._spool_error
+
+    @property
+    def spool_cut(self) -> str | None:
+        """Where and why the spool file ends before the output does (None: it holds all of it, or there is none).
+
+        A sentence for the model: ``"it holds the first 8,388,608 bytes only, as one call saves at most 8 MiB
+        (spill.max_call_bytes)"``, or, when nothing could be saved, ``"it was not saved, as ..."``.
+        """
+        if self._spool_cut is None:
+            return None
+        if not self._spooled:
+            return f"it was not saved, as {self._spool_cut}"
+        return f"it holds the first {self._spooled:,} bytes only, as {self._spool_cut}"
 
     @property
     def unread(self) -> int:

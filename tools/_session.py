@@ -25,9 +25,12 @@ class SessionServices:
         jobs: the `JobTable` of background shell commands, or None.
         runtime: handles into the runtime for tools that talk to it
             (sub-agents, questions to the user, the task store); None outside an agent.
+        spill: the session's `SpillBudget`, bounding the output saved in
+            ``output_dir``; None: default bounds for each call alone.
     """
 
     output_dir: Path = attrs.field(converter=Path)
     ledger: Any = None
     jobs: Any = None
     runtime: Any = None
+    spill: Any = None

@@ -265,9 +265,13 @@ def _describe_exit(code: int | None) -> str:
     return f"exit code {code}"
 
 
-def _omitted_note(omitted: int, spool: Path | str | None, error: str | None = None) -> str:
-    if spool is not None:
+def _omitted_note(omitted: int, spool: Path | str | None, error: str | None = None, cut: str | None = None) -> str:
+    if spool is not None and cut is not None:
+        where = f"the output is in {spool} (read_file or grep it), but {cut}"
+    elif spool is not None:
         where = f"the full output is in {spool} (read_file or grep it)"
+    elif cut is not None:
+        where = f"the full output: {cut}"
     elif error is not None:
         where = f"the full output could not be saved ({error})"
     else:
@@ -308,7 +312,13 @@ async def _run_in(
 ) -> ToolResult:
     limits = _Limits.of(ctx)
     grace = float(ctx.config.option("shell", "kill_grace", DEFAULT_KILL_GRACE))
-    capture = OutputCapture(tail_bytes=limits.bytes, spool_dir=_spool_dir(ctx), spool_prefix="shell-", emit=ctx.emit)
+    capture = OutputCapture(
+        tail_bytes=limits.bytes,
+        spool_dir=_spool_dir(ctx),
+        spool_prefix="shell-",
+        emit=ctx.emit,
+        spill=getattr(ctx.session, "spill", None),
+    )
     started = trio.current_time()
     process: trio.Process | None = None
     timed_out = False
@@ -370,7 +380,7 @@ def _foreground_result(
     spool = capture.spool_path if tail.omitted else None
     parts = []
     if tail.omitted:
-        parts.append(_omitted_note(tail.omitted, spool, capture.spool_error))
+        parts.append(_omitted_note(tail.omitted, spool, capture.spool_error, capture.spool_cut))
     body = tail.text.rstrip("\n")
     parts.append(body if body else "(no output)")
     hints = []
@@ -451,7 +461,7 @@ def _job_result(
     parts = [before] if before else []
     parts.append(_job_state(info))
     if output.omitted:
-        parts.append(_omitted_note(output.omitted, info.output_path))
+        parts.append(_omitted_note(output.omitted, info.output_path, cut=info.output_cut))
     text = output.text.rstrip("\n")
     parts.append(text if text else "(no new output)")
     hints = []

@@ -212,7 +212,7 @@ async def test_an_aborted_call_kills_the_whole_group_before_the_cancellation_com
 
 
 @pytest.mark.trio
-async def test_a_hundred_megabytes_of_output_stay_bounded_in_memory_and_go_to_a_spool_file(
+async def test_a_hundred_megabytes_of_output_stay_bounded_in_memory_and_the_spool_file_stops_at_its_limit(
     make_ctx: Callable[..., ToolContext],
 ) -> None:
     events: list[dict[str, Any]] = []
@@ -227,7 +227,11 @@ async def test_a_hundred_megabytes_of_output_stay_bounded_in_memory_and_go_to_a_
     assert len(result.output.encode()) <= 50 * 1024
     assert result.output.rstrip().endswith("a" * 100)
     assert result.full_output_path is not None
-    assert (await trio.Path(result.full_output_path).stat()).st_size == 100_000_000
+    # The file holds the first 8 MiB (the default per-call limit), and the model is told so.
+    assert (await trio.Path(result.full_output_path).stat()).st_size == 8 * 1024 * 1024
+    assert "holds the first 8,388,608 bytes only, as one call saves at most 8 MiB (spill.max_call_bytes)" in (
+        result.output
+    )
     assert peak < 20 * 1024 * 1024, f"peak traced memory {peak:,} bytes"
     # Events are coalesced: a bounded number, each bounded in size.
     assert all(len(event["text"]) <= 4096 for event in events)
