@@ -50,6 +50,7 @@ from weald.runtime.daemon._config_model import (
     MCPServerConfig,
     ModelsConfig,
     ProviderConfig,
+    SpillConfig,
     StoreConfig,
     ToolsConfig,
     check_full_model_spec,
@@ -81,6 +82,7 @@ _SECTIONS: Final = (
     AgentConfig,
     LimitsConfig,
     StoreConfig,
+    SpillConfig,
     DaemonConfig,
     FaultsConfig,
 )

@@ -175,7 +175,7 @@ def find_config_files(
 # --- Normalizing and merging ----------------------------------------------------------------------
 
 # Keys holding paths: (section, key), or ("mcp", "servers", *, key).
-_PATH_KEYS = (("store", "path"), ("server", "socket"), ("faults", "file"))
+_PATH_KEYS = (("store", "path"), ("spill", "dir"), ("server", "socket"), ("faults", "file"))
 
 
 def _resolve_relative(value: object, base_dir: Path) -> object:
@@ -311,9 +311,11 @@ def _finalize(config: Config, merged: Mapping[str, object], home: Path, environ:
         for name, server in config.mcp.servers.items()
     }
     faults_file = config.faults.file
+    spill_dir = config.spill.dir
     return attrs.evolve(
         config,
         store=attrs.evolve(config.store, path=_expand_home(config.store.path, home)),
+        spill=attrs.evolve(config.spill, dir=None if spill_dir is None else _expand_home(spill_dir, home)),
         server=attrs.evolve(config.server, socket=_expand_home(socket, home)),
         faults=attrs.evolve(config.faults, file=None if faults_file is None else _expand_home(faults_file, home)),
         mcp=attrs.evolve(config.mcp, servers=servers),

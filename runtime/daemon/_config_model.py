@@ -40,7 +40,7 @@ from weald.runtime.llm import ProviderSettings
 if TYPE_CHECKING:
     # For annotations only; the methods that build these import them when called.
     from weald.runtime.mcp import ServerConfig
-    from weald.tools import ToolConfig
+    from weald.tools import SpillLimits, ToolConfig
 
 __all__ = [
     "CHECK",
@@ -61,6 +61,7 @@ __all__ = [
     "Permission",
     "PermissionRule",
     "ProviderConfig",
+    "SpillConfig",
     "StoreConfig",
     "ToolsConfig",
     "ValueProblem",
@@ -429,6 +430,46 @@ class StoreConfig:
 
 
 @attrs.frozen(kw_only=True)
+class SpillConfig:
+    """``[spill]``: tool output too long for the model, saved to files it can read.
+
+    The defaults are those of `weald.tools.SpillLimits` (a test keeps them equal).
+
+    Attributes:
+        dir: Where each session's spill directory goes. None (the default)
+            means ``weald-outputs`` next to the store file. Put it on another
+            filesystem to keep a flood of output entirely apart from the store.
+        max_call_bytes: The most one call's saved output holds; the model is
+            told where the file was cut. 0 saves nothing.
+        max_session_bytes: The most one session's saved outputs hold in all.
+        min_free_bytes: Free space on the spill directory's device that
+            spilling never takes, kept for the store.
+        retention: Seconds before the daemon, when it starts, removes a spill
+            directory that no stored active session owns.
+    """
+
+    dir: Path | None = None
+    max_call_bytes: int = checked(8 * 1024 * 1024, check_nonnegative_int)
+    max_session_bytes: int = checked(256 * 1024 * 1024, check_nonnegative_int)
+    min_free_bytes: int = checked(256 * 1024 * 1024, check_nonnegative_int)
+    retention: float = checked(24 * 3600.0, check_nonnegative_seconds)
+
+    def to_limits(self) -> SpillLimits:
+        """The bounds, as `weald.tools.SpillLimits`."""
+        from weald.tools import SpillLimits
+
+        return SpillLimits(
+            max_call_bytes=self.max_call_bytes,
+            max_session_bytes=self.max_session_bytes,
+            min_free_bytes=self.min_free_bytes,
+        )
+
+    def root(self, store_path: Path) -> Path:
+        """The directory holding the sessions' spill directories."""
+        return self.dir if self.dir is not None else store_path.parent / "weald-outputs"
+
+
+@attrs.frozen(kw_only=True)
 class DaemonConfig:
     """``[server]``: the daemon's JSON-RPC front.
 
@@ -494,6 +535,7 @@ class Config:
     agent: AgentConfig = attrs.field(factory=AgentConfig)
     limits: LimitsConfig = attrs.field(factory=LimitsConfig)
     store: StoreConfig = attrs.field(factory=StoreConfig)
+    spill: SpillConfig = attrs.field(factory=SpillConfig)
     server: DaemonConfig = attrs.field(factory=DaemonConfig)
     faults: FaultsConfig = attrs.field(factory=FaultsConfig)
 

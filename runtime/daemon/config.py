@@ -55,6 +55,7 @@ from weald.runtime.daemon._config_model import (
     Permission,
     PermissionRule,
     ProviderConfig,
+    SpillConfig,
     StoreConfig,
     ToolsConfig,
 )
@@ -78,6 +79,7 @@ __all__ = [
     "Permission",
     "PermissionRule",
     "ProviderConfig",
+    "SpillConfig",
     "StoreConfig",
     "ToolsConfig",
     "config_from_dict",

@@ -18,6 +18,7 @@ from weald.runtime.daemon.config import (
     MCPServerConfig,
     ModelChoice,
     ProviderConfig,
+    SpillConfig,
     config_from_dict,
     config_to_dict,
     find_config_files,
@@ -26,6 +27,7 @@ from weald.runtime.daemon.config import (
 )
 from weald.runtime.llm import ProviderSettings
 from weald.runtime.mcp import ServerConfig
+from weald.tools import SpillLimits
 
 HOME = Path("/home/user")
 ENV: dict[str, str] = {}
@@ -459,7 +461,7 @@ def test_unknown_keys_are_reported_with_their_paths_at_every_level() -> None:
         "tools.max_output_line: unknown key; did you mean max_output_lines? (a [tools.NAME] table holds a tool's options)",
         "mcp.servers.s.argz: unknown key; did you mean args?",
         "agent.max_step: unknown key; did you mean max_steps?",
-        "colour: unknown section; expected one of: agent, faults, limits, mcp, models, providers, server, store, tools",
+        "colour: unknown section; expected one of: agent, faults, limits, mcp, models, providers, server, spill, store, tools",
         "modles: unknown section; did you mean models?",
     ]
 
@@ -690,6 +692,7 @@ def test_the_public_names_are_exactly_these() -> None:
         "Permission",
         "PermissionRule",
         "ProviderConfig",
+        "SpillConfig",
         "StoreConfig",
         "ToolsConfig",
         "config_from_dict",
@@ -716,3 +719,12 @@ def test_the_example_files_in_the_docs_load(tmp_path: Path) -> None:
     assert config.tools.timeouts == {"shell": 600.0}
     assert config.mcp.servers["docs"].enabled is False
     assert config.store.path == home / ".weald" / "store.db"
+
+
+def test_the_spill_defaults_are_the_tools_own() -> None:
+    assert SpillConfig().to_limits() == SpillLimits()
+    config = parse_config('[spill]\ndir = "out"\nmax_call_bytes = 0\nretention = 60\n', base_dir=Path("/proj"))
+    assert config.spill.dir == Path("/proj/out")
+    assert config.spill.root(Path("/state/store.db")) == Path("/proj/out")
+    assert Config().spill.root(Path("/state/store.db")) == Path("/state/weald-outputs")
+    assert config.spill.to_limits().max_call_bytes == 0
