@@ -68,7 +68,7 @@ import sqlite3
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any, Literal, TypeVar, overload
+from typing import Any, Literal, TypeVar, cast, overload
 
 import msgspec
 import trio
@@ -97,6 +97,7 @@ _SQLITE_CANTOPEN = 14
 
 _NAMESPACE = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 _MISSING: Any = object()
+_CREATE: Any = object()
 
 
 def _identity(value: Any) -> Any:
@@ -230,6 +231,22 @@ class Store:
         self._tables[namespace] = table
         return table
 
+    def _exists(self, namespace: str) -> bool:
+        """Whether the file has the namespace's table (a read; under ``_lock``)."""
+        if not _NAMESPACE.match(namespace):
+            msg = f"bad namespace {namespace!r}: use lowercase letters, digits and _, starting with a letter"
+            raise StoreError(msg)
+        try:
+            if self._sync_writer is None:
+                self._sync_writer = self._connect_writer(check_same_thread=False)
+            row = self._sync_writer.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (namespace,)
+            ).fetchone()
+        except sqlite3.Error as exc:
+            msg = f"store {self.path}: cannot read its namespaces: {exc}"
+            raise StoreError(msg) from exc
+        return row is not None
+
     # -- codec -----------------------------------------------------------------------
 
     @staticmethod
@@ -260,11 +277,18 @@ class Store:
             msg = f"store keys are non-empty strings, got {key!r}"
             raise StoreError(msg)
 
-    def _run(self, namespace: str, op: Callable[[SqliteDict], T]) -> T:
+    def _run(self, namespace: str, op: Callable[[SqliteDict], T], missing: Any = _CREATE) -> T:
+        """Run ``op`` on the namespace's table; a read passes what a missing namespace reads as in ``missing``.
+
+        A namespace missing from the file is created, except for a read:
+        reading writes nothing (so reads work on a full disk).
+        """
         with self._lock:
             if self._closed:
                 msg = f"store {self.path} is closed"
                 raise StoreClosedError(msg)
+            if missing is not _CREATE and namespace not in self._tables and not self._exists(namespace):
+                return cast("T", missing)
             table = self._table(namespace)
             try:
                 return op(table)
@@ -284,7 +308,7 @@ class Store:
     def get(self, namespace: str, key: str, default: Any = None, *, type: Any = None) -> Any:
         """Return the value under ``key``, decoded (into ``type`` if given), or ``default``."""
         self._check_key(key)
-        raw = self._run(namespace, lambda t: t.get(key, _MISSING))
+        raw = self._run(namespace, lambda t: t.get(key, _MISSING), _MISSING)
         self.reads += 1
         if raw is _MISSING:
             return default
@@ -292,7 +316,7 @@ class Store:
 
     def __contains__(self, item: tuple[str, str]) -> bool:
         namespace, key = item
-        return self._run(namespace, lambda t: key in t)
+        return self._run(namespace, lambda t: key in t, False)
 
     def keys(self, namespace: str, prefix: str = "") -> list[str]:
         """Return the keys of a namespace (those starting with ``prefix``), in insertion order."""
@@ -327,7 +351,7 @@ class Store:
 
     def count(self, namespace: str) -> int:
         """Return how many keys a namespace holds."""
-        return self._run(namespace, len)
+        return self._run(namespace, len, 0)
 
     def _select(self, namespace: str, columns: str, prefix: str) -> list[tuple[Any, ...]]:
         def op(table: SqliteDict) -> list[tuple[Any, ...]]:
@@ -339,7 +363,7 @@ class Store:
             sql = f'SELECT {columns} FROM "{name}" ORDER BY rowid'  # noqa: S608
             return list(table.conn.select(sql))
 
-        return self._run(namespace, op)
+        return self._run(namespace, op, [])
 
     def namespaces(self) -> list[str]:
         """Return the namespaces present in the file."""

@@ -1154,6 +1154,7 @@ class Server(Actor):
             "connections": len(self._connections),
             "faults_enabled": self._daemon.faults is not None,
             "store": str(self.system.store_path),
+            "store_write_failure": _write_failure(self.system),
             "turns": _plain(self._sessions.gate.statistics()) if self._daemon.sessions is not None else None,
             "max_message_bytes": self._max_message_bytes,
             "front": self._front_status(),
@@ -1207,6 +1208,15 @@ def _out_of_fds(method: str) -> str:
         f"{method} failed: the daemon is out of file descriptors (too many connections, processes or files "
         "open); try again shortly"
     )
+
+
+def _write_failure(system: Any) -> str | None:
+    """Why the store cannot commit queued writes right now (a full disk), or None."""
+    try:
+        failure = system.store.write_failure
+    except StoreError:  # the store is restarting
+        return None
+    return str(failure) if failure is not None else None
 
 
 def _too_large(limit: int) -> str:

@@ -20,6 +20,17 @@ the store. Sessions are stored when started and restored on the next start
 (after a clean stop or a kill -9 alike); a turn that a kill -9 interrupted
 is reported by its agent when it comes back.
 
+One daemon owns a store: `Daemon.start` takes an exclusive ``flock`` on
+``<store file>.lock`` beside it and holds it for the daemon's life (the
+kernel releases it if the process dies, kill -9 included), so a second
+daemon on the same state directory exits at once, naming the first one's
+pid, instead of sharing the file and losing acknowledged writes.
+
+Spill files (tool output saved for the model) go to ``[spill] dir``, one
+directory per session; a session's directory is removed when it is stopped
+(``agent.stop``), and directories no active session owns are removed at
+start once ``spill.retention`` has passed.
+
 ``[limits]`` applies here and in the server: ``max_agents`` bounds the
 top-level sessions alive at once (children of ``/sessions``; sub-agents are
 not counted), ``max_concurrent_turns`` the top-level agents running turns
@@ -29,6 +40,8 @@ at once (`TurnGate`), ``max_message_bytes`` each JSON-RPC message.
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import logging
 import os
 import time
@@ -50,7 +63,7 @@ from weald.runtime.llm import Provider, Usage, make_provider
 from weald.runtime.session import SessionConfig, agent_path, session_spec, valid_session_id
 from weald.runtime.tool_runner import RunnerConfig
 from weald.supervisors import ChildSpec, DynamicSupervisor, MaxChildrenError
-from weald.tools import ToolRegistry, default_registry
+from weald.tools import ToolRegistry, default_registry, remove_spill_dir, sweep_spill_dirs
 
 __all__ = [
     "DEMO_MODEL",
@@ -62,6 +75,7 @@ __all__ = [
     "TurnGate",
     "TurnGateStatistics",
     "demo_script_path",
+    "lock_state_dir",
 ]
 
 logger = logging.getLogger("weald.runtime")
@@ -320,7 +334,13 @@ class Sessions:
             permissions=dict(tools.permissions),
             permission_timeout=tools.permission_timeout,
             tool_config=tools.to_tool_config(),
+            spill=self.config.spill.to_limits(),
         )
+
+    @property
+    def spill_root(self) -> Path:
+        """The directory holding one spill directory per session (``[spill] dir``)."""
+        return self.config.spill.root(self.system.store_path)
 
     def session_config(self, record: SessionRecord) -> SessionConfig:
         """The full configuration of a stored session, from the current daemon config."""
@@ -341,6 +361,7 @@ class Sessions:
             runner=self.runner_config(),
             # Skills in ~/.weald/skills may be read by file tools too.
             allowed_dirs=(str(home_skills),) if home_skills.is_dir() else (),
+            output_dir=str(self.spill_root / record.session_id),
         )
 
     # -- operations ------------------------------------------------------------------------
@@ -429,10 +450,31 @@ class Sessions:
             await self.system.store.aput("sessions", session_id, record)
         self.gate.cancel_waiting_nowait(session_id, "the agent was stopped")
         ref = self.system.whereis(f"/sessions/{session_id}")
-        if ref is None:
-            return False
-        await self._proxy.terminate_child(ref)
-        return True
+        if ref is not None:
+            await self._proxy.terminate_child(ref)
+        if record is not None:
+            # Stopped for good: its saved tool outputs go with it.
+            await trio.to_thread.run_sync(remove_spill_dir, self.spill_root / session_id)
+        return ref is not None
+
+    def sweep_spill(self) -> list[Path]:
+        """Remove the spill directories of sessions that are not active, once ``spill.retention`` has passed.
+
+        Blocking (it reads the store and walks the directories): for the
+        thread starting the daemon, before any session runs.
+
+        Returns:
+            The directories removed.
+        """
+        active = {record.session_id for record in self.records() if record.status == "active"}
+        removed = sweep_spill_dirs(self.spill_root, active, self.config.spill.retention)
+        if removed:
+            self.system.events.publish(
+                "daemon.spill_removed",
+                "/sessions",
+                {"directories": len(removed), "retention": self.config.spill.retention},
+            )
+        return removed
 
     def records(self) -> list[SessionRecord]:
         """Every readable stored session (active and stopped), in creation order.
@@ -563,18 +605,25 @@ class Daemon:
         self.system = ActorSystem(store_path=config.store.path, durability=config.store.durability)
         self.sessions: Sessions | None = None
         self._stop_requested = False
+        self._lock_fd: int | None = None
         self.started_at = 0.0
 
     def start(self, *, restore: bool = True, progress: Callable[[int, int], None] | None = None) -> Daemon:
-        """Start the tree, restore stored sessions, then start serving.
+        """Lock the store, start the tree, restore stored sessions, then start serving.
 
         Raises:
             StartError: a part of the tree failed to start (the cause is chained).
-            DaemonError: the socket is held by a live daemon.
+            SocketInUseError: the socket is held by a live daemon.
+            DaemonError: another daemon uses the store's directory.
         """
         if self.socket_path is not None:
             prepare_socket(self.socket_path)
-        self.system.start()
+        self._lock_fd = lock_state_dir(self.system.store_path)
+        try:
+            self.system.start()
+        except BaseException:
+            self._unlock()
+            raise
         self.started_at = time.time()
         root = self.system.root.proxy()
         try:
@@ -594,6 +643,7 @@ class Daemon:
                 )
             ).get(timeout=30)
             self.sessions = Sessions(self.system, self.config, self.registry, sessions, faults=self.faults)
+            self.sessions.sweep_spill()
             if restore:
                 self.system.loop.run(self.sessions.restore, progress)
             if self.socket_path is not None or self.stdio:
@@ -607,8 +657,14 @@ class Daemon:
                 ).get(timeout=30)
         except BaseException:
             self.system.shutdown()
+            self._unlock()
             raise
         return self
+
+    def _unlock(self) -> None:
+        fd, self._lock_fd = self._lock_fd, None
+        if fd is not None:
+            os.close(fd)  # closing the only descriptor releases the flock
 
     def _mcp_spec(self) -> ChildSpec:
         servers = {name: s for name, s in self.config.mcp.servers.items() if s.enabled}
@@ -646,7 +702,10 @@ class Daemon:
                 self.system.loop.run(self._wind_down, timeout)
             except Exception:  # the stop goes on whatever went wrong; say what it was
                 logger.exception("winding the daemon down failed; stopping it anyway")
-        self.system.shutdown(timeout=timeout)
+        try:
+            self.system.shutdown(timeout=timeout)
+        finally:
+            self._unlock()  # last: the store is closed
 
     async def _wind_down(self, timeout: float) -> None:
         """Stop accepting, abort running turns, and deliver every pending reply (on the loop)."""
@@ -684,6 +743,46 @@ def register_config_secrets(config: Config, environ: Mapping[str, str] | None = 
                 register_secret(value)
                 for part in value.split():
                     register_secret(part)
+
+
+def lock_state_dir(store_path: Path) -> int:
+    """Take the exclusive lock on the store: ``flock`` on ``<store file>.lock``; returns its descriptor.
+
+    Hold the descriptor for as long as the store is used, and close it to
+    release the lock; the kernel releases it too when the process dies. It
+    is close-on-exec, so no subprocess keeps it. The file holds the owner's pid.
+
+    Raises:
+        DaemonError: another process holds the lock (its pid is named), or the
+            lock file cannot be opened.
+    """
+    state_dir = store_path.parent
+    lock_path = state_dir / f"{store_path.name}.lock"
+    try:
+        state_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    except OSError as exc:
+        msg = f"cannot open the store's lock file {lock_path}: {exc.strerror or exc}"
+        raise DaemonError(msg) from exc
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        held = exc.errno in (errno.EAGAIN, errno.EACCES)
+        owner = os.pread(fd, 32, 0).decode("ascii", "replace").strip() if held else ""
+        os.close(fd)
+        if not held:
+            msg = f"cannot lock the store's lock file {lock_path}: {exc.strerror or exc}"
+            raise DaemonError(msg) from exc
+        pid = owner if owner.isdigit() else "unknown"
+        msg = (
+            f"another weald daemon (pid {pid}) is using {state_dir}; its store {store_path} serves one daemon "
+            "at a time: stop that daemon first, or give this one another [store] path"
+        )
+        raise DaemonError(msg) from exc
+    with contextlib.suppress(OSError):  # a full disk keeps the pid out, not the lock
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
 
 
 def _resolve_working_dir(working_dir: str) -> str:

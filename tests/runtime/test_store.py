@@ -412,6 +412,7 @@ def test_a_full_disk_fails_writes_by_name_keeps_the_file_intact_and_passes_once_
         assert isinstance(s.write_failure, StoreFullError)
         assert _integrity(state / "store.db") == [("ok",)]
         assert s.get("tasks", "before") == {"n": 0}  # reads go on
+        assert (s.get("never", "k"), s.items("never"), s.count("never")) == (None, [], 0)  # and write nothing
         filler.unlink()
         # No reopening: the refused put works now, and the kept queued writes land.
         s.put("tasks", "during", big)
