@@ -23,9 +23,11 @@ from weald.runtime._errors import (
     StoreCorruptError,
     StoreError,
     StoreFullError,
+    UnreadableFileError,
     WealdError,
 )
 from weald.runtime._events import Event, EventBus, Subscription
+from weald.runtime._files import aread_regular_file, check_regular_file, read_regular_file
 from weald.runtime._future import Future, is_loop_thread
 from weald.runtime._loop import Loop, LoopStatistics
 from weald.runtime._secrets import (
@@ -86,10 +88,14 @@ __all__ = [
     "SystemStatistics",
     "ThreadActor",
     "Timeout",
+    "UnreadableFileError",
     "WealdError",
+    "aread_regular_file",
+    "check_regular_file",
     "is_known_secret",
     "is_loop_thread",
     "is_secret_name",
+    "read_regular_file",
     "redact",
     "redact_text",
     "register_secret",

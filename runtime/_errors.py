@@ -9,6 +9,7 @@ The tree::
     │   ├── StartError            an actor's on_start failed (the cause is chained)
     │   ├── IOCancelledError      a run_io task was cancelled before it finished
     │   └── NoSystemError         no running ActorSystem to host an actor
+    ├── UnreadableFileError       a file a request names is not a readable regular file of bounded size
     └── StoreError
         ├── StoreCorruptError     the database file is unreadable or not a database
         ├── StoreClosedError      the store was closed (stopped, not broken)
@@ -34,6 +35,7 @@ __all__ = [
     "StoreCorruptError",
     "StoreError",
     "StoreFullError",
+    "UnreadableFileError",
     "WealdError",
 ]
 
@@ -69,6 +71,10 @@ class IOCancelledError(ActorError):
 
 class NoSystemError(ActorError):
     """No running `ActorSystem` exists to host the actor."""
+
+
+class UnreadableFileError(WealdError):
+    """A file named by a request or a config cannot be read: missing, not a regular file, or too large."""
 
 
 class StoreError(WealdError):

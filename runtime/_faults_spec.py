@@ -41,7 +41,8 @@ from weald.runtime._checks import (
     optional,
     walk_problems,
 )
-from weald.runtime._errors import WealdError
+from weald.runtime._errors import UnreadableFileError, WealdError
+from weald.runtime._files import read_regular_file
 
 __all__ = [
     "KINDS",
@@ -564,6 +565,10 @@ def parse_plan(data: object, *, source: str = "<data>") -> FaultPlan:
     return FaultPlan(seed=seed, faults=tuple(faults), source=source)
 
 
+_MAX_FILE_BYTES = 4 * 1024 * 1024
+"""The largest fault file `read_fault_file` reads."""
+
+
 def read_fault_file(path: str | Path) -> FaultPlan:
     """Read a fault file: TOML (``.toml``) or JSON (``.json``), by its extension.
 
@@ -577,19 +582,22 @@ def read_fault_file(path: str | Path) -> FaultPlan:
     if suffix not in (".toml", ".json"):
         raise FaultSpecError([FaultProblem(source, "", "a fault file must be .toml or .json")])
     try:
-        text = file.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise FaultSpecError([FaultProblem(source, "", "no such file")]) from None
+        # A regular file of bounded size only: a FIFO or a device is refused, never waited on.
+        text = read_regular_file(file, max_bytes=_MAX_FILE_BYTES, what="the fault file").decode("utf-8")
+    except UnreadableFileError as exc:
+        if isinstance(exc.__cause__, FileNotFoundError):
+            raise FaultSpecError([FaultProblem(source, "", "no such file")]) from None
+        raise FaultSpecError([FaultProblem(source, "", str(exc).replace(f"the fault file {source} ", "", 1))]) from None
     except UnicodeDecodeError as exc:
         raise FaultSpecError([FaultProblem(source, "", f"not UTF-8 text (byte {exc.start})")]) from None
-    except OSError as exc:
-        raise FaultSpecError([FaultProblem(source, "", f"cannot read the file: {exc.strerror or exc}")]) from None
     data: object
     if suffix == ".toml":
         try:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
             raise FaultSpecError([FaultProblem(source, "", f"invalid TOML: {exc}")]) from None
+        except RecursionError:
+            raise FaultSpecError([FaultProblem(source, "", "invalid TOML: values nest too deeply")]) from None
     else:
         # The standard json module, not msgspec: its errors name the line and column.
         try:
@@ -597,4 +605,6 @@ def read_fault_file(path: str | Path) -> FaultPlan:
         except json.JSONDecodeError as exc:
             message = f"invalid JSON: {exc.msg} (at line {exc.lineno}, column {exc.colno})"
             raise FaultSpecError([FaultProblem(source, "", message)]) from None
+        except RecursionError:
+            raise FaultSpecError([FaultProblem(source, "", "invalid JSON: values nest too deeply")]) from None
     return parse_plan(data, source=source)

@@ -346,7 +346,8 @@ class Agent(Actor):
         registry: the tools (built-ins and MCP).
         runner_path: path of the session's ToolRunner.
         parent: for a sub-agent, the agent that started it (questions go up to it).
-        provider_factory: builds the model provider from ``config.model``.
+        provider_factory: builds the model provider from ``config.model``;
+            called in a worker thread (it may read a file, a script).
         skills: returns the skill catalog for the system prompt (names and
             descriptions, as `weald.tools.skills.describe_skills` writes it;
             "" when there are none). Blocking: it is called once per start,
@@ -438,7 +439,8 @@ class Agent(Actor):
             record.status = "active"
             self._persist_record()
         self._system_prompt = await self._compose_system_prompt()
-        self._provider = self._provider_factory(self._config.model)
+        # Building the provider may read a file (a script): in a worker thread, never on the loop.
+        self._provider = await trio.to_thread.run_sync(self._provider_factory, self._config.model)
         seek = getattr(self._provider, "seek", None)
         if seek is not None and record.provider_position is not None:
             seek(record.provider_position)

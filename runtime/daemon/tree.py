@@ -313,6 +313,7 @@ class Sessions:
         """Build the provider for ``model`` (an alias, ``provider:model``, or the demo).
 
         With fault injection on, the provider consults the injector before each call.
+        Blocking (a script is read from its file): call it from a worker thread.
         """
         choice = self.config.resolve_model(model)
         spec, settings = (DEMO_MODEL, None) if choice is None else (choice.spec, choice.settings)
@@ -386,7 +387,8 @@ class Sessions:
             msg = f"bad agent_id {session_id!r}: use 1-64 letters, digits, '_', '.' or '-' (first a letter or digit)"
             raise DaemonError(msg)
         model = model or self.default_model()
-        self._check_model(model)
+        # Building the provider may read a file (a script): not on the loop.
+        await trio.to_thread.run_sync(self._check_model, model)
         if self.system.whereis(f"/sessions/{session_id}") is not None:
             msg = f"an agent {session_id!r} is already running; stop it first or choose another agent_id"
             raise DaemonError(msg)

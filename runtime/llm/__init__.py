@@ -36,7 +36,8 @@ and retried like a real one; :class:`TimeoutFault` is a server gone silent
 a first event that is not valid JSON (``MalformedResponseError``).
 
 This package stands alone on trio, httpx, msgspec and attrs: it imports
-nothing else from ``weald.runtime``.
+nothing else from ``weald.runtime`` but its bounded reader of regular files
+(``read_regular_file``), which reads scripts.
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ from ._faults import (
     TimeoutFault,
 )
 from ._openai import OpenAIProvider
-from ._scripted import ScriptedProvider
+from ._scripted import MAX_SCRIPT_BYTES, ScriptedProvider
 from ._settings import ProviderSettings
 from ._sse import SSEDecoder, SSEEvent
 from ._types import (
@@ -93,6 +94,7 @@ from ._types import (
 )
 
 __all__ = [
+    "MAX_SCRIPT_BYTES",
     "PROVIDERS",
     "AnthropicProvider",
     "AuthenticationError",

@@ -27,11 +27,12 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import AsyncGenerator, Mapping, Sequence
-from pathlib import Path
 from typing import Annotated
 
 import msgspec
 import trio
+from weald.runtime._errors import UnreadableFileError
+from weald.runtime._files import read_regular_file
 
 from ._exceptions import (
     MalformedResponseError,
@@ -60,13 +61,16 @@ from ._types import (
     Usage,
 )
 
-__all__ = ["ScriptedProvider"]
+__all__ = ["MAX_SCRIPT_BYTES", "ScriptedProvider"]
 
 # Text is streamed in at most this many chunks.
 _TEXT_CHUNKS = 4
 
 # One estimated token per this many characters.
 _CHARS_PER_TOKEN = 4
+
+MAX_SCRIPT_BYTES = 16 * 1024 * 1024
+"""The largest script file `ScriptedProvider.from_file` reads."""
 
 
 class _ScriptToolCall(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -171,15 +175,20 @@ class ScriptedProvider:
         Returns:
             The provider; its ``model`` is ``path`` as given.
 
+        Blocking (it reads the file): call it from a worker thread, not the
+        trio loop. Only a regular file of at most `MAX_SCRIPT_BYTES` is read:
+        a FIFO, a device or a directory is refused at once.
+
         Raises:
-            MalformedScriptError: The file cannot be read, or is not a valid
-                script; the message names the file and the bad field.
+            MalformedScriptError: The file cannot be read, is not a regular
+                file, is too large, or is not a valid script; the message
+                names the file and the bad field.
         """
         source = os.fspath(path)
         try:
-            data = Path(source).read_bytes()
-        except OSError as exc:
-            raise MalformedScriptError(f"cannot read script {source}: {exc.strerror or exc}") from exc
+            data = read_regular_file(source, max_bytes=MAX_SCRIPT_BYTES, what="script")
+        except UnreadableFileError as exc:
+            raise MalformedScriptError(str(exc)) from exc
         try:
             script = msgspec.json.decode(data, type=_Script)
         except msgspec.ValidationError as exc:
