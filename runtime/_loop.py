@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -17,6 +18,7 @@ from typing import Any, TypeVar
 import trio
 from weald.runtime._errors import LoopBlockedError, WealdError
 from weald.runtime._future import LOOP_THREADS
+from weald.runtime._guard import LOOP_GUARD_ENV, install_loop_guard
 
 __all__ = ["Loop", "LoopStatistics"]
 
@@ -64,6 +66,8 @@ class Loop:
         if self._thread is not None:
             msg = "loop already started"
             raise WealdError(msg)
+        if os.environ.get(LOOP_GUARD_ENV) == "1":
+            install_loop_guard(echo=True)
         self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
         self._thread.start()
         self._ready.wait()

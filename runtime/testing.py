@@ -15,15 +15,20 @@ from typing import Any, TypeVar
 import trio
 from weald.runtime._actor import Actor
 from weald.runtime._events import Event, EventBus
+from weald.runtime._guard import LOOP_GUARD_ENV, LoopViolation, install_loop_guard, take_loop_guard_violations
 from weald.runtime.tool_runner import ToolResults
 
 __all__ = [
+    "LOOP_GUARD_ENV",
+    "LoopViolation",
     "ResultCollector",
     "WaitTimeout",
     "await_until",
     "fill_disk",
+    "install_loop_guard",
     "live_members",
     "process_alive",
+    "take_loop_guard_violations",
     "wait_for_event",
     "wait_until",
 ]

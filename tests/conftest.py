@@ -11,7 +11,29 @@ from pathlib import Path
 
 import pytest
 from weald.runtime import ActorSystem
-from weald.runtime.testing import process_alive, wait_until
+from weald.runtime.testing import (
+    LOOP_GUARD_ENV,
+    install_loop_guard,
+    process_alive,
+    take_loop_guard_violations,
+    wait_until,
+)
+
+# Every trio loop of the suite, in this process and in the daemons it starts
+# (they inherit the variable), reports blocking calls made on its thread.
+os.environ[LOOP_GUARD_ENV] = "1"
+install_loop_guard()
+
+
+@pytest.fixture(autouse=True)
+def _no_blocking_calls_on_the_loop() -> Iterator[None]:
+    """Fail a test during which a loop thread of this process made a blocking file or socket call."""
+    take_loop_guard_violations()
+    yield
+    caught = take_loop_guard_violations()
+    if caught:
+        listed = "\n".join(f"  {v}\n{v.stack}" for v in caught)
+        pytest.fail(f"blocking calls on the trio loop thread ({len(caught)}):\n{listed}", pytrace=False)
 
 
 def _our_threads() -> set[threading.Thread]:

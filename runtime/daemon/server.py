@@ -41,7 +41,6 @@ import stat
 import struct
 import time
 from collections.abc import Awaitable, Callable
-from importlib.metadata import version
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -49,6 +48,7 @@ import attrs
 import msgspec
 import trio
 from weald.runtime import Actor, Event, StoreError, WealdError, redact
+from weald.runtime._version import VERSION
 from weald.runtime.agent import TurnResult
 from weald.runtime.daemon._front import (
     LIMIT_REACHED,
@@ -395,7 +395,6 @@ class Server(Actor):
         self._max_connections: int = limits.max_connections or default_max_connections()
         self._budget = InputBudget(limits.max_buffered_bytes)  # partial lines of every connection
         self._acceptor: Acceptor | None = None  # set while the socket listens
-        self._version = version("weald")  # read once: daemon.status needs no file (nor descriptor) later
         self._accepting = trio.CancelScope()  # cancelled to stop accepting connections
         self._stopping = False  # True once stop_accepting ran: new turns are refused
         self._socket_id: tuple[int, int] | None = None  # (device, inode) of the socket we bound
@@ -1147,7 +1146,7 @@ class Server(Actor):
         count = (await sessions.proxy().count_children())["active"] if sessions is not None else 0
         return {
             "pid": os.getpid(),
-            "version": self._version,
+            "version": VERSION,
             "socket": str(self._socket_path) if self._socket_path else None,
             "uptime": round(time.time() - self._daemon.started_at, 3),
             "agents": count,

@@ -30,7 +30,6 @@ import contextvars
 import logging
 import math
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterator, Mapping
-from importlib import metadata
 from typing import Any, Literal, NoReturn, TypeVar
 
 import anyio
@@ -44,6 +43,7 @@ from mcp.client.auth import TokenStorage
 from mcp.client.session import ClientRequestContext
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.message import SessionMessage
+from weald.runtime._version import VERSION
 
 from ._auth import MemoryTokenStorage, build_oauth
 from ._config import ServerConfig
@@ -149,11 +149,7 @@ _current_call: contextvars.ContextVar[_CallRoute | None] = contextvars.ContextVa
 
 
 def _client_info() -> types.Implementation:
-    try:
-        version = metadata.version("weald")
-    except metadata.PackageNotFoundError:
-        version = "0"
-    return types.Implementation(name="weald", version=version)
+    return types.Implementation(name="weald", version=VERSION)
 
 
 class _NoPublicConstructor(type):

@@ -102,6 +102,14 @@ class DaemonProcess:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(30)
+        # The daemon runs with WEALD_LOOP_GUARD=1 (tests/conftest.py): it names each blocking call on its loop.
+        blocking = [
+            line for line in self.log.read_text().splitlines() if "blocking call on the trio loop thread" in line
+        ]
+        if blocking:
+            listed = "\n".join(blocking)
+            msg = f"the daemon made blocking calls on its trio loop thread:\n{listed}"
+            raise AssertionError(msg)
 
 
 def collect_until(client: Client, predicate: Any, timeout: float = 20) -> list[tuple[str, Any]]:
