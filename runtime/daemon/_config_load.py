@@ -28,6 +28,7 @@ from pathlib import Path
 
 import attrs
 from cattrs import BaseValidationError
+from weald.runtime import UnreadableFileError, check_regular_file, read_regular_file
 from weald.runtime._checks import (
     KeyPath,
     ValueProblem,
@@ -43,7 +44,7 @@ from weald.runtime.daemon._config_model import (
     ConfigError,
     ConfigProblem,
 )
-from weald.runtime.llm import PROVIDERS
+from weald.runtime.llm import MAX_SCRIPT_BYTES, PROVIDERS
 
 __all__ = [
     "CONFIG_ENV",
@@ -99,6 +100,12 @@ def config_from_dict(data: Mapping[str, object], *, source: str = "<dict>") -> C
 
 # --- Reading --------------------------------------------------------------------------------------
 
+#: The largest config file read (a FIFO, a device or a huge file is refused, never waited on).
+MAX_CONFIG_BYTES = 4 * 1024 * 1024
+
+#: The deepest nesting of tables and arrays a config may have (weald's own keys nest 6 deep at most).
+MAX_DEPTH = 32
+
 _AT_END = " (at end of document)"
 _TOML_POSITION = re.compile(r"^(?P<message>.*?) \(at line (?P<line>\d+), column (?P<column>\d+)\)$", re.DOTALL)
 
@@ -106,6 +113,10 @@ _TOML_POSITION = re.compile(r"^(?P<message>.*?) \(at line (?P<line>\d+), column 
 def _parse_toml(text: str, label: str) -> dict[str, object]:
     try:
         return tomllib.loads(text)
+    except RecursionError:
+        # tomllib recurses into inline arrays and tables: thousands deep, Python's stack ends first.
+        message = f"invalid TOML: arrays or inline tables nest too deeply (weald reads at most {MAX_DEPTH} levels)"
+        raise ConfigError([ConfigProblem(label, "", message)]) from None
     except tomllib.TOMLDecodeError as exc:
         message = str(exc)
         if match := _TOML_POSITION.match(message):
@@ -122,13 +133,14 @@ def _parse_toml(text: str, label: str) -> dict[str, object]:
 def _read_file(path: Path, *, required: bool) -> Source | None:
     label = str(path)
     try:
-        raw = path.read_bytes()
-    except FileNotFoundError as exc:
-        if not required:
-            return None
-        raise ConfigError([ConfigProblem(label, "", f"{CONFIG_ENV} names this file, which does not exist")]) from exc
-    except OSError as exc:
-        raise ConfigError([ConfigProblem(label, "", f"cannot read the file: {exc.strerror or exc}")]) from exc
+        raw = read_regular_file(path, max_bytes=MAX_CONFIG_BYTES, what="the config file")
+    except UnreadableFileError as exc:
+        if isinstance(exc.__cause__, FileNotFoundError):
+            if not required:
+                return None
+            missing = f"{CONFIG_ENV} names this file, which does not exist"
+            raise ConfigError([ConfigProblem(label, "", missing)]) from exc
+        raise ConfigError([ConfigProblem(label, "", str(exc).replace(f"the config file {label} ", "", 1))]) from exc
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -210,6 +222,29 @@ def _normalized(source: Source) -> dict[str, object]:
     return data
 
 
+def _too_deep(data: Mapping[str, object]) -> KeyPath | None:
+    """The path to the first table or array nested deeper than `MAX_DEPTH`, or None (no recursion)."""
+    stack: list[tuple[object, KeyPath]] = [(data, ())]
+    while stack:
+        node, path = stack.pop()
+        if len(path) > MAX_DEPTH:
+            return path
+        children = node.items() if isinstance(node, Mapping) else enumerate(node) if isinstance(node, list) else ()
+        stack.extend((value, (*path, key)) for key, value in children if isinstance(value, Mapping | list))
+    return None
+
+
+def _depth_problems(sources: Iterable[Source]) -> list[ConfigProblem]:
+    problems = []
+    for source in sources:
+        path = _too_deep(source.data)
+        if path is not None:
+            shown = format_path(path[:4]) + (".(...)" if len(path) > 4 else "")
+            message = f"tables or arrays nest more than {MAX_DEPTH} levels deep, the most weald reads"
+            problems.append(ConfigProblem(source.label, shown, message))
+    return problems
+
+
 def _copy_tables(data: Mapping[str, object]) -> dict[str, object]:
     return {key: _copy_tables(value) if isinstance(value, Mapping) else value for key, value in data.items()}
 
@@ -258,11 +293,18 @@ def _model_problems(config: Config) -> list[tuple[KeyPath, str]]:
     problems: list[tuple[KeyPath, str]] = []
 
     def check(path: KeyPath, spec: str) -> None:
-        provider = spec.partition(":")[0].strip()
+        provider, _, model = spec.partition(":")
+        provider = provider.strip()
         if provider not in known:
             problems.append(
                 (path, f'unknown provider "{provider}"; use one of {", ".join(known)} or add [providers.{provider}]')
             )
+        elif provider == "scripted":
+            # Checked now, not when an agent first starts (and without opening it: a FIFO is named, not read).
+            try:
+                check_regular_file(model.strip(), max_bytes=MAX_SCRIPT_BYTES, what="the script")
+            except UnreadableFileError as exc:
+                problems.append((path, str(exc)))
 
     for name, spec in config.models.aliases.items():
         check(("models", "aliases", name), spec)
@@ -386,6 +428,10 @@ def config_from_sources(
     Raises:
         ConfigError: Every problem found.
     """
+    # Everything below walks the tables recursively: refuse a depth Python's stack cannot take.
+    too_deep = _depth_problems(sources)
+    if too_deep:
+        raise ConfigError(too_deep)
     found = [(source, path, message) for source in sources for path, message in _structure_problems(source.data)]
     if found:
         problems = [ConfigProblem(source.label, format_path(path), message) for source, path, message in found]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import textwrap
 from pathlib import Path
@@ -623,7 +624,7 @@ def test_a_project_file_may_just_switch_off_a_server_defined_at_home(tmp_path: P
     assert (server.command, server.enabled) == ("srv", False)
 
 
-def test_model_names_must_refer_to_known_providers_and_aliases() -> None:
+def test_model_names_must_refer_to_known_providers_and_aliases(tmp_path: Path) -> None:
     assert problems('[models]\ndefault = "olama:llama3"\n[models.aliases]\nfast = "gpt"\n') == [
         'models.aliases.fast: expected a "provider:model" string (like "openai:gpt-4.1"), got "gpt"'
     ]
@@ -634,7 +635,36 @@ def test_model_names_must_refer_to_known_providers_and_aliases() -> None:
         "agent.max_steps: expected a positive integer, got 0",
         'models.default: "quick" is neither a provider:model spec nor a name in [models.aliases]',
     ]
-    assert parse('[models]\ndefault = "scripted:demo.json"\n').models.default == "scripted:demo.json"
+    script = write(tmp_path / "demo.json", '{"turns": []}')
+    assert parse(f'[models]\ndefault = "scripted:{script}"\n').models.default == f"scripted:{script}"
+
+
+def test_a_script_that_is_missing_or_no_regular_file_is_reported_with_its_key_path(tmp_path: Path) -> None:
+    fifo = tmp_path / "script.fifo"
+    os.mkfifo(fifo)
+    text = f'[models]\ndefault = "scripted:/nonexistent"\n[models.aliases]\nz = "scripted:/dev/zero"\np = "scripted:{fifo}"\n'
+    assert problems(text) == [
+        "models.aliases.z: the script /dev/zero is a character device, not a regular file; give the path of a file",
+        f"models.aliases.p: the script {fifo} is a FIFO (named pipe), not a regular file; give the path of a file",
+        "models.default: the script /nonexistent does not exist",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            "a." * 3000 + "a = 1\n",
+            "a.a.a.a.(...): tables or arrays nest more than 32 levels deep, the most weald reads",
+        ),
+        ("[" + "a." * 2999 + "a]\nb = 1\n", "a.a.a.a.(...): tables or arrays nest more than 32 levels deep"),
+        ("a = " + "[" * 3000 + "]" * 3000 + "\n", "invalid TOML: arrays or inline tables nest too deeply"),
+        ("a = " + "{b = " * 3000 + "1" + "}" * 3000 + "\n", "invalid TOML: arrays or inline tables nest too deeply"),
+    ],
+)
+def test_thousands_of_nested_tables_are_one_config_error_not_a_recursion_error(text: str, expected: str) -> None:
+    (message,) = problems(text)
+    assert message.startswith(expected)
 
 
 def test_a_toml_syntax_error_names_the_file_line_and_column(tmp_path: Path) -> None:
