@@ -27,7 +27,7 @@ from weald.runtime._errors import (
     WealdError,
 )
 from weald.runtime._events import Event, EventBus, Subscription
-from weald.runtime._files import aread_regular_file, check_regular_file, read_regular_file
+from weald.runtime._files import check_regular_file, read_regular_file
 from weald.runtime._future import Future, is_loop_thread
 from weald.runtime._loop import Loop, LoopStatistics
 from weald.runtime._secrets import (
@@ -90,7 +90,6 @@ __all__ = [
     "Timeout",
     "UnreadableFileError",
     "WealdError",
-    "aread_regular_file",
     "check_regular_file",
     "is_known_secret",
     "is_loop_thread",

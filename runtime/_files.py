@@ -6,20 +6,18 @@ gigabytes. `read_regular_file` opens without waiting (``O_NONBLOCK``),
 refuses anything but a regular file, and reads at most ``max_bytes``; each
 refusal is an `UnreadableFileError` naming the file and what it is.
 
-It blocks while it reads: call it from a worker thread (or `aread_regular_file`
-from trio), never on the trio loop thread.
+It blocks while it reads: call it from a worker thread (``trio.to_thread``),
+never on the trio loop thread.
 """
 
 from __future__ import annotations
 
 import os
 import stat
-from pathlib import Path
 
-import trio
 from weald.runtime._errors import UnreadableFileError
 
-__all__ = ["aread_regular_file", "check_regular_file", "read_regular_file"]
+__all__ = ["check_regular_file", "read_regular_file"]
 
 _CHUNK = 1 << 20
 
@@ -96,8 +94,3 @@ def read_regular_file(path: str | os.PathLike[str], *, max_bytes: int, what: str
         raise UnreadableFileError(msg) from exc
     finally:
         os.close(fd)
-
-
-async def aread_regular_file(path: str | os.PathLike[str], *, max_bytes: int, what: str = "file") -> bytes:
-    """`read_regular_file` for trio code: runs in a worker thread."""
-    return await trio.to_thread.run_sync(lambda: read_regular_file(Path(path), max_bytes=max_bytes, what=what))

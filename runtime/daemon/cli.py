@@ -591,11 +591,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         _print_error(_console(stderr=True), f"weald {args.command}: {exc.message}")
         return EXIT_FAILED
     except Exception as exc:
+        from weald.runtime import WealdError
         from weald.runtime.daemon.config import ConfigError
 
         if isinstance(exc, ConfigError):
             _print_error(_console(stderr=True), str(exc))
             return EXIT_USAGE
+        if isinstance(exc, WealdError):  # says what went wrong (another daemon has the store...): no traceback
+            _print_error(_console(stderr=True), f"weald {args.command}: {exc}")
+            return EXIT_FAILED
         raise
     return result
 

@@ -150,6 +150,11 @@ def test_a_second_daemon_on_the_same_store_exits_at_once_naming_the_first(tmp_pa
             "another [store] path"
         )
         assert not other.exists()
+        # weald run finds no daemon on that socket and starts one of its own: refused the same way.
+        run = d.cli("run", "hello", "--socket", str(other))
+        assert run.returncode == 1
+        assert run.stderr.startswith(f"weald run: another weald daemon (pid {d.proc.pid}) is using {tmp_path}")
+        assert "Traceback" not in run.stderr
         with d.client() as c:  # the first serves on
             assert c.call("daemon.status")["pid"] == d.proc.pid
         # kill -9 leaves the socket behind and the lock with the dead process: the next daemon starts.
