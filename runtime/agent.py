@@ -714,12 +714,21 @@ class Agent(Actor):
             # even a kill -9, always leaves a turn to report. Later steps' writes
             # are queued in the store, which outlives this actor; one commit per
             # turn start and one per turn end is what a turn costs.
-            self._flush(
-                lambda: self._call_model(turn) if self._turn is turn else None,
-                lambda exc: self._end_turn(ok=False, error=_unsaved_error(exc)) if self._turn is turn else None,
-            )
+            self._flush(lambda: self._call_model(turn) if self._turn is turn else None, self._unsaved_start(turn))
         else:
             self._call_model(turn)
+
+    def _unsaved_start(self, turn: _Turn) -> Callable[[BaseException], None]:
+        """What to do when a turn's start cannot be committed: end it, unstarted, with the store's error."""
+
+        def failed(exc: BaseException) -> None:
+            if self._turn is not turn:
+                return
+            # The model was not called: the record keeps the position it is really at.
+            self._save_provider_position()
+            self._end_turn(ok=False, error=_unsaved_error(exc))
+
+        return failed
 
     def _call_model(self, turn: _Turn) -> None:
         request = ModelRequest(
