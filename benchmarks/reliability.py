@@ -21,7 +21,14 @@ faults, and how often it was put to the test:
   names), spells without descriptors, seconds until a new client is served;
 - partial-line flood: 60 connections each sending 15 MB of one line and never
   ending it; connections refused and held, the input buffered at most against
-  ``limits.max_buffered_bytes``, the daemon's RSS before and at its peak.
+  ``limits.max_buffered_bytes``, the daemon's RSS before and at its peak;
+- disk full: the state directory on a real 3 MB tmpfs, filled and freed
+  round after round under agents that flood their shells and insert tasks;
+- second daemon: daemons started on the store of one taking acknowledged
+  inserts, then a kill -9;
+- blocking path: ``agent.start`` with FIFO, device, huge and missing scripts
+  in bursts while another client times ``daemon.status`` (these three in
+  ``tests/reliability/rel_store.py``).
 
 Each part checks the invariants of its test suite (``tests/reliability``,
 whose helpers it runs) and the report counts how many were checked and how
@@ -29,8 +36,9 @@ many held. The exit code is 1 if any did not hold.
 
 Run: ``python benchmarks/reliability.py [--schedules N] [--trees N] [--crash-cycles N]
 [--fuzz N] [--clients N] [--load-seconds S] [--flood-clients N] [--nofile N]
-[--line-connections N] [--line-mb MB] [--seed S]``. The defaults take one
-to two minutes on a 2-core machine.
+[--line-connections N] [--line-mb MB] [--disk-full-rounds N] [--second-daemons N]
+[--blocking-rounds N] [--seed S]``, as root (the disk-full part mounts a tmpfs).
+The defaults take three to four minutes on a 2-core machine.
 """
 
 from __future__ import annotations
@@ -61,6 +69,7 @@ from rel_crash import run_crash_cycles  # noqa: E402
 from rel_front import run_fd_flood, run_line_flood  # noqa: E402
 from rel_fuzz import FuzzClient  # noqa: E402
 from rel_load import run_load  # noqa: E402
+from rel_store import run_blocking_paths, run_disk_full, run_second_daemons  # noqa: E402
 from rel_strategies import fuzz_methods, pings, raw_lines, seeds, tree_faults, trees, wrong_requests  # noqa: E402
 from rel_trees import run_tree_chaos  # noqa: E402
 from rich.console import Console  # noqa: E402
@@ -190,6 +199,9 @@ def main() -> int:
     parser.add_argument("--nofile", type=int, default=1024, help="the daemon's descriptor limit in the fd flood")
     parser.add_argument("--line-connections", type=int, default=60, help="connections of the partial-line flood")
     parser.add_argument("--line-mb", type=float, default=15.0, help="MB each of them sends of its unfinished line")
+    parser.add_argument("--disk-full-rounds", type=int, default=5, help="times the store's disk is filled and freed")
+    parser.add_argument("--second-daemons", type=int, default=20, help="daemons started on a store in use")
+    parser.add_argument("--blocking-rounds", type=int, default=10, help="bursts of agent.start with bad scripts")
     parser.add_argument("--seed", type=int, default=2025, help="the seed everything derives from")
     args = parser.parse_args()
     warnings.simplefilter("ignore")  # hypothesis outside pytest warns about its database and settings
@@ -231,6 +243,16 @@ def main() -> int:
         lines = run_line_flood(root / "lines", connections=args.line_connections, line_mb=args.line_mb)
         tally.add("line flood", lines.checks)
         timings["line flood"] = time.monotonic() - started
+        resources = {}
+        for part, run in (
+            ("disk full", lambda where: run_disk_full(where, rounds=args.disk_full_rounds)),
+            ("second daemon", lambda where: run_second_daemons(where, attempts=args.second_daemons)),
+            ("blocking path", lambda where: run_blocking_paths(where, rounds=args.blocking_rounds)),
+        ):
+            started = time.monotonic()
+            resources[part] = run(root / part.replace(" ", "-"))
+            tally.add(part, resources[part].checks)
+            timings[part] = time.monotonic() - started
 
     table = Table(title="weald reliability report", show_lines=False)
     table.add_column("part")
@@ -294,6 +316,9 @@ def main() -> int:
     table.add_row(
         "", "RSS MB before / peak / after", f"{lines.rss_before:.1f} / {lines.rss_peak:.1f} / {lines.rss_after:.1f}"
     )
+    for part, report in resources.items():
+        for i, (figure, value) in enumerate(report.figures.items()):
+            table.add_row(part if i == 0 else "", figure, str(value))
     checked = sum(tally.checked.values())
     held = sum(tally.held.values())
     table.add_row("all", "invariants checked / held", f"{checked} / {held}")
