@@ -22,7 +22,7 @@ faults, and how often it was put to the test:
 - partial-line flood: 60 connections each sending 15 MB of one line and never
   ending it; connections refused and held, the input buffered at most against
   ``limits.max_buffered_bytes``, the daemon's RSS before and at its peak;
-- disk full: the state directory on a real 3 MB tmpfs, filled and freed
+- disk full: the state directory on a real 8 MB tmpfs, filled and freed
   round after round under agents that flood their shells and insert tasks;
 - second daemon: daemons started on the store of one taking acknowledged
   inserts, then a kill -9;
