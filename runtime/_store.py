@@ -145,6 +145,7 @@ class Store:
         # thread changes them.
         self._retained: dict[str, dict[str, bytes]] = {}
         self._retained_bytes = 0
+        self._retained_count = 0  # for statistics(), which must not iterate what the committer changes
         self._retained_error: StoreError | None = None
         self._writer: sqlite3.Connection | None = None  # the committer's connection
         self._sync_writer: sqlite3.Connection | None = None  # synchronous writes', under _lock
@@ -575,10 +576,11 @@ class Store:
                     stop = True
             error = self._commit_group(group)
             if error is None:
-                self._retained, self._retained_bytes, self._retained_error = {}, 0, None
+                self._retained, self._retained_bytes, self._retained_count, self._retained_error = {}, 0, 0, None
             else:
                 self._retained = group
                 self._retained_bytes = sum(len(raw) for values in group.values() for raw in values.values())
+                self._retained_count = sum(len(values) for values in group.values())
                 self._retained_error = error
             for future in flushes:
                 if error is None:
@@ -675,7 +677,7 @@ class Store:
             "commits": self.commits,
             "failed_commits": self.failed_commits,
             "queued": self._queue.qsize(),
-            "retained": sum(len(values) for values in self._retained.values()),
+            "retained": self._retained_count,
             "write_failure": str(self._retained_error) if self._retained_error is not None else None,
             "closed": self._closed,
         }
