@@ -399,7 +399,7 @@ WRAPS = [
     "{}",
     "( {} )",  # not `((`: bash reads that as arithmetic first
     "{{ {}; }}",
-    "echo ok $({})",
+    "echo ok $( {} )",  # the spaces keep a nested `( ... )` from reading as `$((` arithmetic
     "echo ok `{}`",
     "bash -c '{}'",
     "if true; then {}; fi",
