@@ -365,7 +365,7 @@ def _mcp_connection_class() -> type[Actor]:
 def _server_pid(actor: Any) -> int | None:
     """The process group of a connected stdio MCP server; runs in the connection actor's own context."""
     snapshot = actor.snapshot()
-    if snapshot.status != "connected" or snapshot.session is None:
+    if snapshot.status != "running" or snapshot.session is None:
         return None  # a stale pid could have been reused by now
     pid = snapshot.session.pid
     return pid if isinstance(pid, int) else None

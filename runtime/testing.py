@@ -30,6 +30,7 @@ __all__ = [
     "process_alive",
     "take_loop_guard_violations",
     "wait_for_event",
+    "wait_mcp_running",
     "wait_until",
 ]
 
@@ -118,6 +119,32 @@ def wait_for_event(
                 raise WaitTimeout(msg)
             if event_or_none.seq > since and (where is None or where(event_or_none)):
                 return event_or_none
+
+
+def wait_mcp_running(ref: Any, *, timeout: float = 30.0) -> Any:
+    """Block until the MCP connection actor ``ref`` is ``running``; returns its snapshot.
+
+    An `weald.runtime.mcp.MCPConnection` starts connecting when it starts and
+    is connected (its tools registered) a moment later; this waits for that.
+
+    Raises:
+        WaitTimeout: not running within ``timeout`` seconds (the message
+            carries its status and last error).
+    """
+    last: list[Any] = []
+
+    def running() -> Any:
+        snapshot = ref.proxy().snapshot().get(timeout=timeout)
+        last[:] = [snapshot]
+        return snapshot if snapshot.status == "running" else None
+
+    def why() -> str:
+        snapshot = last[0] if last else None
+        if snapshot is None:
+            return f"{ref} to be running"
+        return f"{ref} to be running; it is {snapshot.status}, last error: {snapshot.last_error}"
+
+    return wait_until(running, timeout=timeout, message=why)
 
 
 class ResultCollector(Actor):

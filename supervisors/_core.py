@@ -304,8 +304,19 @@ class SupervisorBase(Actor):
             child.generation += 1
             due = _RestartDue(child_id, child.generation, tuple(group))
             self.run_io(trio.sleep, delay, reply=lambda _: due, name=f"backoff {child_id}")
+            self.on_restart_scheduled(child_id, child.attempt, delay)
             return
         await self._start_group(group)
+
+    def on_restart_scheduled(self, child_id: str, attempt: int, delay: float) -> None:
+        """Hook: a child's restart waits ``delay`` seconds of its backoff; the default does nothing.
+
+        Runs in the supervisor's task, right after the restart was scheduled
+        (``attempt`` is the backoff's 1-based attempt count, reset after the
+        child stayed up ``reset_after`` seconds). Subclasses override it to
+        show when a child comes back; it must not block, and an exception
+        from it crashes the supervisor like any handler's.
+        """
 
     def _backoff_delay(self, child: _Child) -> float:
         backoff = child.spec.backoff
@@ -341,6 +352,7 @@ class SupervisorBase(Actor):
                         rest = tuple(group[group.index(child_id) :])
                         due = _RestartDue(child_id, child.generation, rest)
                         self.run_io(trio.sleep, delay, reply=_constant(due), name=f"backoff {child_id}")
+                        self.on_restart_scheduled(child_id, child.attempt, delay)
                         return
                     continue
                 child.restarts += 1

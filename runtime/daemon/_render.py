@@ -12,6 +12,7 @@ from typing import Any
 
 from rich import box
 from rich.console import Group, RenderableType
+from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
@@ -44,6 +45,9 @@ def render_tree(root: dict[str, Any]) -> Tree:
             parts.append(f"[red]escalations={node['escalations']}[/red]")
         if node.get("faults"):
             parts.append(f"[red]faults={node['faults']}[/red]")
+        server = node.get("mcp")
+        if server is not None:
+            parts.append(_mcp_label(server))
         if node.get("children_hidden"):
             parts.append(f"[dim](+{node['children_hidden']} below)[/dim]")
         return " ".join(parts)
@@ -55,6 +59,26 @@ def render_tree(root: dict[str, Any]) -> Tree:
     tree = Tree(label(root))
     add(tree, root)
     return tree
+
+
+def _mcp_label(server: Mapping[str, Any]) -> str:
+    """An MCP server's connection in the tree: its state, tools, next retry, last error and log line."""
+    status = server["status"]
+    colour = {"running": "green", "connecting": "cyan", "authorizing": "cyan", "stopped": "red"}.get(status, "yellow")
+    parts = [f"[{colour}]mcp {status}[/{colour}]"]
+    if status == "running":
+        parts.append(f"tools={server['tools']}")
+    if server.get("retry_in") is not None:
+        parts.append(f"attempt {server['attempt']}, retry in {server['retry_in']:g} s")
+    if server.get("last_error") and status != "running":
+        error = str(server["last_error"]).strip().splitlines()[0][:120]
+        parts.append(f"[dim]{escape(error)}[/dim]")
+    logs = server.get("recent_logs") or []
+    if logs:
+        data = str(logs[-1].get("data", "")).strip()
+        line = data.splitlines()[0][:100] if data else ""
+        parts.append(f"[dim]log {logs[-1].get('level', '')}: {escape(line)}[/dim]")
+    return " ".join(parts)
 
 
 # -- values -------------------------------------------------------------------------------------------

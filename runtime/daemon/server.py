@@ -926,6 +926,13 @@ class Server(Actor):
                 ref = registry.get(path)
                 if ref is not None and issubclass(ref.actor_class, SupervisorBase):
                     nursery.start_soon(supervised, ref)
+        mcp = registry.get("/mcp")
+        if mcp is not None and "/mcp" in nodes and hasattr(mcp.actor_class, "servers"):
+            with contextlib.suppress(Exception):  # stopping: the tree is drawn without the detail
+                for snapshot in await mcp.proxy().servers():
+                    node = nodes.get(snapshot.path)
+                    if node is not None:
+                        node["mcp"] = _mcp_view(snapshot)
         faults = self._daemon.faults
         counts = faults.fault_counts_by_path() if faults is not None and hasattr(faults, "fault_counts_by_path") else {}
         for path, count in counts.items():
@@ -1122,10 +1129,8 @@ class Server(Actor):
         mcp = self.system.whereis("/mcp")
         if mcp is None:
             return []
-        return [
-            {"server": info.id, "status": info.status, "restarts": info.restarts}
-            for info in await mcp.proxy().which_children()
-        ]
+        # The mcp supervisor answers at once: no connection's handshake holds it.
+        return [_mcp_view(snapshot) for snapshot in await mcp.proxy().servers()]
 
     async def _mcp_resources_list(self, conn: Connection, p: McpServerParams) -> Any:
         return await _maybe_future(await self._mcp(p.server).list_resources())
@@ -1310,6 +1315,23 @@ def _prune(node: dict[str, Any], depth: int) -> None:
 def _session_of(path: str) -> str:
     parts = path.split("/")
     return parts[2] if len(parts) > 2 and parts[1] == "sessions" else ""
+
+
+def _mcp_view(snapshot: Any) -> dict[str, Any]:
+    """One MCP server as ``mcp.servers`` and ``tree`` show it (a `MCPConnectionSnapshot`, secrets cut)."""
+    retry_at = snapshot.retry_at
+    return {
+        "server": snapshot.server,
+        "status": snapshot.status,
+        "transport": snapshot.transport,
+        "tools": len(snapshot.tools),
+        "restarts": snapshot.restarts,
+        "attempt": snapshot.attempt,
+        "failed_starts": snapshot.failed_starts,
+        "last_error": snapshot.last_error,
+        "retry_at": retry_at,
+        "retry_in": max(round(retry_at - time.time(), 1), 0.0) if retry_at is not None else None,
+    }
 
 
 async def _maybe_future(value: Any) -> Any:

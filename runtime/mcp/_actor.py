@@ -34,14 +34,22 @@ Failure model (each incarnation of the actor is one connection, as in OTP):
   (for stdio, killing the process group), every request in flight ends
   with `MCPNotResponding`, and the actor crashes as for a lost connection,
   so it is restarted after its backoff;
-- the server never starts: the actor reports why (with the stderr tail) and
-  crashes just after ``on_start``, so restarts go through the backoff (see
-  `MCPConnection.on_start` for why it does not raise there);
+- the server never starts, or does not finish its handshake within
+  ``connect_timeout``: the actor reports why (with the stderr tail) and
+  crashes, so restarts go through the backoff like any crash;
 - the server needs a person to authorize (OAuth, browser mode): the actor
-  publishes ``mcp.auth_required`` with the URL and starts without tools
-  (status ``authorizing``); they are registered once the person has
-  authorized, and if nobody does within ``auth.authorization_timeout`` the
-  start fails like any other.
+  publishes ``mcp.auth_required`` with the URL (status ``authorizing``);
+  the tools are registered once the person has authorized, and if nobody
+  does within ``auth.authorization_timeout`` the start fails like any other.
+
+Connecting never blocks the tree (OTP's rule: ``init`` returns at once, the
+slow work follows): ``on_start`` only starts the connection task and
+returns, so the supervisor starts every connection at once, they connect
+concurrently, and the supervisor's mailbox (restarts, ``servers``) is never
+held by a server's handshake. A server's tools appear in the registry when
+it is connected (agents see them from their next step) and stay there while
+it restarts, so a call to one meets a clear "restarting, retry in N s" rather
+than "no such tool".
 """
 
 from __future__ import annotations
@@ -49,7 +57,9 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import math
 import shlex
+import time
 import urllib.parse
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from functools import partial
@@ -80,7 +90,6 @@ from ._exceptions import (
     MCPConnectionLost,
     MCPError,
     MCPNotResponding,
-    MCPStartError,
     MCPTimeout,
 )
 from ._names import sanitize_tool_name
@@ -113,11 +122,8 @@ logger = logging.getLogger("weald.runtime.mcp")
 
 T = TypeVar("T")
 
-ConnectionStatus = Literal["connecting", "authorizing", "connected", "disconnected", "failed", "stopped"]
+ConnectionStatus = Literal["connecting", "authorizing", "running", "restarting", "failed", "stopped"]
 
-# How long on_start waits beyond connect_timeout for the connection task to
-# report; open_connection bounds start-up itself, so this is a backstop.
-START_GRACE = 5.0
 # How long on_stop/on_failure wait for the connection to close: the stdio
 # shutdown (stdin EOF, SIGTERM, SIGKILL of the group) takes about 6 s at
 # most, an HTTP close 5 s.
@@ -142,16 +148,22 @@ class MCPConnectionSnapshot:
             and credentials redacted.
         headers: the configured HTTP header names, every value redacted.
         env: the names of the extra environment variables (values hidden).
-        status: ``connecting`` (start-up), ``authorizing`` (waiting for a
+        status: ``connecting`` (start-up: spawning or reaching it, the
+            handshake, the first tools/list), ``authorizing`` (waiting for a
             person to authorize weald, see ``mcp.auth_required``),
-            ``connected``, ``disconnected``
-            (lost; a restart follows), ``failed`` (the last start failed; a
-            retry follows) or ``stopped``.
+            ``running`` (connected; its tools are registered),
+            ``restarting`` (the connection was lost; a restart follows at
+            ``retry_at``), ``failed`` (the last start failed; a retry
+            follows at ``retry_at``) or ``stopped``.
         tools: the registered names of the server's tools, sorted.
         calls_in_flight: tool calls waiting for the server.
         requests_in_flight: other requests (resources, prompts) waiting.
         restarts: how many times the connection was restarted.
         failed_starts: consecutive failed starts (0 once connected).
+        attempt: the backoff's count of consecutive restarts (0 until the
+            first; it starts over once the server stayed up a while).
+        retry_at: when the next attempt starts (a `time.time` value), while
+            ``restarting`` or ``failed``; None otherwise.
         consecutive_timeouts: requests that timed out since the server last
             answered (informational: a server that still answers pings is
             slow, not hung, and keeps its connection).
@@ -177,6 +189,8 @@ class MCPConnectionSnapshot:
     last_error: str | None
     server_info: MCPServerInfo | None
     session: MCPSessionStatistics | None
+    attempt: int = 0
+    retry_at: float | None = None
 
 
 class _ServerRecord:
@@ -189,6 +203,7 @@ class _ServerRecord:
     """
 
     __slots__ = (
+        "attempt",
         "calls_in_flight",
         "config",
         "consecutive_timeouts",
@@ -196,6 +211,7 @@ class _ServerRecord:
         "last_error",
         "path",
         "requests_in_flight",
+        "retry_at",
         "server_info",
         "session",
         "starts",
@@ -209,6 +225,8 @@ class _ServerRecord:
         self.path = ""
         self.starts = 0
         self.failed_starts = 0
+        self.attempt = 0
+        self.retry_at: float | None = None
         self.status: ConnectionStatus = "connecting"
         self.last_error: str | None = None
         self.server_info: MCPServerInfo | None = None
@@ -239,7 +257,38 @@ class _ServerRecord:
             last_error=self.last_error,
             server_info=self.server_info,
             session=_redacted_statistics(session.statistics() if session is not None else self.statistics),
+            attempt=self.attempt,
+            retry_at=self.retry_at if self.status in ("restarting", "failed") else None,
         )
+
+    def unavailable(self) -> str:
+        """Why a call cannot reach the server now, and when to try again: for the model."""
+        name = self.config.name
+        status = self.status
+        if status in ("restarting", "failed") and self.retry_at is not None:
+            left = self.retry_at - time.time()
+            when = f"retry in {math.ceil(left)} s" if left > 0 else "retrying now"
+            message = f"MCP server {name!r} is restarting (attempt {self.attempt}, {when}); try again then."
+            if self.last_error:
+                message += f" It last failed with: {_first_line(self.last_error)}"
+            return message
+        if status == "authorizing":
+            return (
+                f"MCP server {name!r} is waiting for a person to authorize weald (see the mcp.auth_required "
+                "event); try again once they have."
+            )
+        if status == "stopped":
+            return f"MCP server {name!r} was stopped; its tools are not available."
+        attempt = f" (attempt {self.attempt + 1})" if self.attempt else ""
+        return (
+            f"MCP server {name!r} is connecting{attempt}, within its connect_timeout of "
+            f"{self.config.connect_timeout:g} s; try again in a moment."
+        )
+
+
+def _first_line(text: str, limit: int = 300) -> str:
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
 def _redacted_statistics(statistics: MCPSessionStatistics | None) -> MCPSessionStatistics | None:
@@ -304,10 +353,13 @@ class _ConnectionEnded:
         self.error = error
 
 
-class _Authorized:
-    """The session opened after a person authorized: register the tools now."""
+class _Connected:
+    """The connection task opened the session (handshake and tools/list done): register the tools."""
 
-    __slots__ = ()
+    __slots__ = ("session",)
+
+    def __init__(self, session: MCPSession) -> None:
+        self.session = session
 
 
 class _ToolsChanged:
@@ -325,14 +377,17 @@ class _ToolsChanged:
 class MCPConnection(Actor):
     """One configured MCP server, connected for the actor's lifetime.
 
-    On start it connects and registers each server tool in ``registry`` as a
+    On start it begins connecting, in a task of its own, and returns at
+    once. Once connected it registers each server tool in ``registry`` as a
     weald `Tool` named ``mcp__<server>__<tool>`` (kind ``mcp``, permission
     ``permission``, timeout ``call_timeout`` plus ``ping_timeout`` and a short grace), whose
     function routes every call through this actor. On
     ``notifications/tools/list_changed`` it re-registers the new list. When
-    it ends, for any reason, its tools are unregistered and the server's
-    connection is closed (for stdio: its whole process group is killed)
-    before its supervisor hears of it.
+    it ends, the server's connection is closed (for stdio: its whole process
+    group is killed) before its supervisor hears of it; after a crash its
+    tools stay registered for the incarnation that follows (a call meanwhile
+    is told when the server will be back), after a stop they are
+    unregistered.
 
     Through ``ref.proxy()``: `snapshot`, and the non-blocking requests
     `list_resources`, `read_resource`, `list_prompts`, `get_prompt`.
@@ -375,10 +430,7 @@ class MCPConnection(Actor):
         self._session: MCPSession | None = None
         self._inflight: dict[int, _InFlight] = {}
         self._registered: dict[str, ToolRoute] = {}  # registered name -> our tool function
-        self._ended: BaseException | None = None  # why the connection task ended
         self._reported = False  # mcp.disconnected already published for this incarnation
-        self._ready: trio.Event | None = None  # the session is open, the start failed, or a person must authorize
-        self._deferred = False  # on_start returned while a person authorizes; _Authorized registers the tools
         self._closed: trio.Event | None = None
         self._connection: IOHandle | None = None
 
@@ -389,59 +441,31 @@ class MCPConnection(Actor):
 
     # -- lifecycle -----------------------------------------------------------------------
 
-    def on_start(self) -> Any:
-        """Connect, then register the server's tools; runs in the actor's task on the loop.
+    def on_start(self) -> None:
+        """Start connecting in a task of its own and return at once; runs in the actor's task.
 
-        Returns once the handshake and the first tools/list are done, so a
-        started connection has its tools registered. If the server cannot be
-        started or reached, this does *not* raise: it reports the failure
-        (``mcp.disconnected`` with the stderr tail, status ``failed``) and
-        returns, and the crash follows as the first message the actor
-        handles. That is OTP's connect-in-``handle_continue`` idiom, and
-        weald's supervisor needs it as much: a child whose ``on_start``
-        raises is retried at once with no backoff (and burns the restart
-        intensity in milliseconds), and one that fails while its supervisor
-        starts makes the whole ``mcp`` subtree fail to start. A crash after
-        start is restarted after the child's backoff like any other.
+        The connection task spawns or reaches the server, runs the handshake
+        and the first tools/list within ``connect_timeout`` (time spent
+        waiting for a person to authorize does not count), then tells this
+        actor, which registers the tools. If the start fails or times out,
+        the actor reports why (``mcp.disconnected`` with the stderr tail,
+        status ``failed``) and crashes, so its supervisor restarts it after
+        the backoff. Returning at once is OTP's ``handle_continue`` idiom:
+        a supervisor starts its children one after another and waits for
+        each ``on_start``, so a handshake awaited here would hold every
+        other server, and the supervisor's mailbox, behind it.
         """
-        return self._start_connection()
-
-    async def _start_connection(self) -> None:
         record = self._record
         record.path = self.path
         record.starts += 1
         record.status = "connecting"
+        record.retry_at = None
         record.session = None
         record.calls_in_flight = record.requests_in_flight = record.consecutive_timeouts = 0
-        record.tools = ()
-        self._ready = trio.Event()
         self._closed = trio.Event()
         self._connection = self.run_io(
             self._connection_main, reply=self._connection_ended, name=f"mcp connection {self.server}"
         )
-        with trio.move_on_after(self._config.connect_timeout + START_GRACE):
-            await self._ready.wait()
-        if self._ended is None and self._session is None and self._authorizing():
-            # A person must authorize first, which takes as long as it takes:
-            # start now, without tools; _Authorized registers them.
-            self._deferred = True
-            return
-        if self._ended is None and self._session is None:
-            self._ended = MCPStartError(
-                f"MCP server {self.server!r} did not become ready within "
-                f"{self._config.connect_timeout + START_GRACE:g} s",
-                server=self.server,
-            )
-            self.actor_ref.tell(_ConnectionEnded(self._ended))
-        if self._ended is not None:
-            self._start_failed(self._ended)
-            return
-        session = self._session
-        assert session is not None
-        try:
-            self._connected(session)
-        except Exception as exc:  # a bug, or a registry refusing a tool: crash after start, with backoff
-            self.actor_ref.tell(_ConnectionEnded(exc))
 
     def on_stop(self) -> Any:
         """After a normal stop: fail what is in flight, unregister the tools, close the connection.
@@ -478,7 +502,7 @@ class MCPConnection(Actor):
                 exit_code=getattr(error, "exit_code", None),
                 stderr_tail=getattr(error, "stderr_tail", ""),
             )
-        status: ConnectionStatus = "failed" if self._record.status == "failed" else "disconnected"
+        status: ConnectionStatus = "failed" if self._record.status == "failed" else "restarting"
         self._go_down(status, lost, reason=str(error), error=error)
         return self._wait_closed()
 
@@ -502,7 +526,10 @@ class MCPConnection(Actor):
         self._inflight.clear()
         if self._connection is not None:
             self._connection.cancel()
-        self._unregister_all()
+        if status == "stopped":
+            self._unregister_all()
+        # Else the tools stay for the next incarnation, which re-syncs them:
+        # a call meanwhile is told when the server is back (`unavailable`).
         record = self._record
         if record.session is not None:
             record.statistics = record.session.statistics()
@@ -546,7 +573,6 @@ class MCPConnection(Actor):
 
     async def _connection_main(self) -> NoReturn:
         """Hold the connection open until the server is lost or the actor ends (then close it)."""
-        assert self._ready is not None
         assert self._closed is not None
         config = self._config
         storage = StoreTokenStorage(self.system.store, config.url) if config.auth and config.url else None
@@ -557,18 +583,11 @@ class MCPConnection(Actor):
                 auth_storage=storage,
                 on_authorization=self._authorization_required,
             ) as session:
-                self._session = session
-                self._ready.set()
-                if self._deferred:
-                    with contextlib.suppress(ActorDeadError):
-                        self.actor_ref.tell(_Authorized())
+                with contextlib.suppress(ActorDeadError):
+                    self.actor_ref.tell(_Connected(session))
                 await session.wait_lost()
         finally:
             self._closed.set()
-
-    def _authorizing(self) -> bool:
-        # A method, not an inline test: the status changes behind an await.
-        return self._record.status == "authorizing"
 
     def _authorization_required(self, url: str) -> None:
         # Called by the session (loop thread) once it listens for the code.
@@ -586,17 +605,11 @@ class MCPConnection(Actor):
                 f"within {auth.authorization_timeout:g} s"
             ),
         )
-        if self._ready is not None:
-            self._ready.set()
 
     def _connection_ended(self, result: outcome.Outcome[NoReturn]) -> _ConnectionEnded:
-        # Runs on the loop thread when the connection task ends: after a
-        # start failure, on_start wakes to find _ended set and this
-        # message queued; after a loss, the message crashes the actor.
+        # Runs on the loop thread when the connection task ends; the message
+        # crashes the actor (after reporting a failed start as such).
         assert isinstance(result, outcome.Error)
-        self._ended = result.error
-        if self._ready is not None:
-            self._ready.set()
         return _ConnectionEnded(result.error)
 
     def _tools_changed_nowait(self, tools: tuple[MCPTool, ...]) -> None:
@@ -621,13 +634,14 @@ class MCPConnection(Actor):
         )
 
     def _connected(self, session: MCPSession) -> None:
+        self._session = session
         record = self._record
         record.session = session
         record.server_info = session.server_info
         record.failed_starts = 0
-        self._sweep_stale_tools()
         self._sync_tools(session.tools)
-        record.status = "connected"
+        self._sweep_stale_tools()
+        record.status = "running"
         self._publish(
             "mcp.connected",
             transport=self._config.transport,
@@ -651,12 +665,11 @@ class MCPConnection(Actor):
                 entry.handle.cancel()
         elif isinstance(message, _ToolsChanged):
             self._tools_changed(message.tools)
-        elif isinstance(message, _Authorized):
-            if self._session is not None and self._record.status == "authorizing":
-                self._connected(self._session)
+        elif isinstance(message, _Connected):
+            self._connected(message.session)
         elif isinstance(message, _ConnectionEnded):
-            if self._deferred and self._record.status == "authorizing":
-                self._start_failed(message.error)  # nobody authorized in time, or the flow failed
+            if self._session is None:
+                self._start_failed(message.error)  # never connected: spawn, handshake, timeout or authorization
             raise message.error
         else:
             logger.warning("%s dropped an unexpected message: %r", self, message)
@@ -664,7 +677,7 @@ class MCPConnection(Actor):
     def _start_call(self, call: CallTool) -> None:
         session = self._session
         if session is None:
-            settle_error(call.reply, NotConnected(f"MCP server {self.server!r} is not connected", server=self.server))
+            settle_error(call.reply, NotConnected(self._record.unavailable(), server=self.server))
             return
 
         async def run(session: MCPSession) -> Any:
@@ -745,7 +758,9 @@ class MCPConnection(Actor):
         for name in set(self._registered) - set(wanted):
             self._unregister(name)
         for name, tool in wanted.items():
-            route = ToolRoute(self.system, self.path, self.server, tool.name, name)
+            route = ToolRoute(
+                self.system, self.path, self.server, tool.name, name, unavailable=self._record.unavailable
+            )
             weald_tool = build_tool(
                 tool,
                 name,
@@ -837,7 +852,7 @@ class MCPConnection(Actor):
     def _request(self, what: str, run: Callable[[MCPSession], Awaitable[T]]) -> Future[T]:
         reply: Future[T] = Future()
         if self._session is None:
-            settle_error(reply, NotConnected(f"MCP server {self.server!r} is not connected", server=self.server))
+            settle_error(reply, NotConnected(self._record.unavailable(), server=self.server))
             return reply
         self._start(next(_request_ids), "request", what, reply, run)
         return reply
@@ -962,6 +977,15 @@ class MCPSupervisor(Supervisor):
             attempt += 1
         per_child = delays + 2
         return max(children, 1) * per_child, float(window)
+
+    def on_restart_scheduled(self, child_id: str, attempt: int, delay: float) -> None:
+        """Note when the server comes back, for `servers` and for calls to its tools meanwhile."""
+        record = self._records.get(child_id)
+        if record is not None:
+            record.attempt = attempt
+            record.retry_at = time.time() + delay
+            if record.status not in ("failed", "stopped"):
+                record.status = "restarting"
 
     def servers(self) -> tuple[MCPConnectionSnapshot, ...]:
         """Every server's connection snapshot, in start order, running or not.

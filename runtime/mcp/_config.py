@@ -264,11 +264,12 @@ class ServerConfig:
             does not count.
         ping_timeout: How long the server has to answer a ``ping``, in
             seconds. It is pinged when a request times out and every
-            ``ping_interval`` seconds while requests are in flight; a server
+            ``ping_interval`` seconds, idle or not; a server
             that does not answer in time is not responding (hung), and its
             connection is closed so that its owner can restart it. A slow
             tool on a server that answers pings only times out.
-        ping_interval: Seconds between pings while requests are in flight.
+        ping_interval: Seconds between pings, idle or not, so that a hung
+            server is found (and restarted) before anyone calls it.
         auth: OAuth for an HTTP server that requires it (`OAuthConfig`); a
             mapping is accepted too. None: no OAuth (static ``headers`` only).
     """

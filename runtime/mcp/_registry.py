@@ -178,24 +178,38 @@ class ToolRoute:
 
     Holds no reference to the actor, only its path: after a restart the new
     actor lives at the same path, so a `Tool` an agent kept from before still
-    works. Calls made while no actor is there end at once with an error
-    result saying so.
+    works. Calls made while no actor is there, or while it is not connected,
+    end at once with an error result saying why and when to try again
+    (``unavailable``).
 
     Attributes:
         server: the configured server name.
         tool: the tool's name on the server.
         name: the registered name (what the model calls).
         path: the connection actor's path.
+        unavailable: says why the server cannot take a call now and when it
+            can (``MCP server 'x' is restarting (attempt 3, retry in 4 s);
+            try again then.``); called on the loop thread.
     """
 
-    __slots__ = ("name", "path", "server", "system", "tool")
+    __slots__ = ("name", "path", "server", "system", "tool", "unavailable")
 
-    def __init__(self, system: ActorSystem, path: str, server: str, tool: str, name: str) -> None:
+    def __init__(
+        self,
+        system: ActorSystem,
+        path: str,
+        server: str,
+        tool: str,
+        name: str,
+        *,
+        unavailable: Callable[[], str] | None = None,
+    ) -> None:
         self.system = system
         self.path = path
         self.server = server
         self.tool = tool
         self.name = name
+        self.unavailable = unavailable
 
     def __repr__(self) -> str:
         return f"<ToolRoute {self.name} -> {self.path}>"
@@ -215,7 +229,7 @@ class ToolRoute:
         """
         ref = self.system.whereis(self.path)
         if ref is None:
-            return error_result(self.server, self.name, _not_connected(self.server))
+            return error_result(self.server, self.name, self._not_connected())
 
         def on_progress(progress: float, total: float | None, message: str | None) -> None:
             ctx.emit("output", progress_event(progress, total, message))
@@ -225,7 +239,7 @@ class ToolRoute:
         try:
             ref.tell(call)
         except ActorDeadError:
-            return error_result(self.server, self.name, _not_connected(self.server))
+            return error_result(self.server, self.name, self._not_connected())
         try:
             result = await _reply_or_exit(reply, ref, self.server, self.name)
         except trio.Cancelled:
@@ -239,6 +253,14 @@ class ToolRoute:
             ok=not result.is_error,
             output=result.text,
             data=dict(structured) if structured is not None else None,
+        )
+
+    def _not_connected(self) -> NotConnected:
+        if self.unavailable is not None:
+            return NotConnected(self.unavailable(), server=self.server)
+        return NotConnected(
+            f"MCP server {self.server!r} is not connected (it is starting or being restarted); try again in a moment.",
+            server=self.server,
         )
 
 
@@ -265,10 +287,6 @@ def _elicitor(ctx: ToolContext) -> AgentElicitor | None:
         return None
     session_path = getattr(runtime, "session_path", None)
     return AgentElicitor(runtime, agent_path, session_path if isinstance(session_path, str) else agent_path)
-
-
-def _not_connected(server: str) -> NotConnected:
-    return NotConnected(f"MCP server {server!r} is not connected", server=server)
 
 
 async def _reply_or_exit(reply: Future[MCPToolResult], ref: Ref[Any], server: str, name: str) -> MCPToolResult:
@@ -319,10 +337,7 @@ def error_result(server: str, name: str, error: MCPError) -> ToolResult:
             f"so {name} did not complete. The server is being restarted; try again in a moment."
         )
     elif isinstance(error, NotConnected):
-        message = (
-            f"MCP server {server!r} is not connected (it is starting or being restarted), "
-            f"so {name} did not run. Try again in a moment."
-        )
+        message = f"{name} did not run: {error}"
     elif isinstance(error, MCPConnectionLost):
         message = (
             f"MCP server {server!r} disconnected while running tool {name}; the call did not complete. "

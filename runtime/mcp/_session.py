@@ -7,7 +7,7 @@ Task layout inside ``open_connection`` (one trio nursery)::
     │              ClientSession; handshake, then waits for close or loss
     ├── delivery   calls on_log and refreshes the tool list (on_tools_changed)
     ├── watchdog   pings the server when a request times out, and every
-    │              ping_interval while requests are in flight; a ping not
+    │              ping_interval seconds, idle or not; a ping not
     │              answered within ping_timeout ends the connection as not
     │              responding (hung)
     └── (the caller's ``async with`` body)
@@ -234,8 +234,8 @@ class MCPSession(metaclass=_NoPublicConstructor):
     ``ping`` within the config's ``ping_timeout``: that server is hung, not
     slow, so the connection is lost and every request in flight, the timed
     out one included, raises `MCPNotResponding` (an `MCPConnectionLost`).
-    While requests are in flight the server is also pinged every
-    ``ping_interval`` seconds, so a hang is found before long deadlines run
+    The server is also pinged every ``ping_interval`` seconds, idle or not,
+    so a hang is found before anyone calls it and before long deadlines run
     out. If the server dies, every request in flight and every later one
     raises `MCPConnectionLost`; after the ``async with`` block they raise
     `MCPClosedError`.
@@ -713,7 +713,7 @@ class MCPSession(metaclass=_NoPublicConstructor):
         return probe.alive
 
     async def _watch(self) -> None:
-        """Ping the server on request, and every ``ping_interval`` while requests are in flight.
+        """Ping the server on request, and every ``ping_interval`` seconds, idle or not.
 
         Runs in the `open_connection` nursery until the session closes. The
         pings run here, not in the requests' tasks, so that a caller giving
@@ -729,8 +729,8 @@ class MCPSession(metaclass=_NoPublicConstructor):
                     self._probe_wanted = trio.Event()
                     probe = self._probe
                     if probe is None:
-                        if self._requests_in_flight == 0:
-                            continue
+                        # Idle or not: a hung server (SIGSTOP, a deadlock)
+                        # is found before anyone calls it.
                         probe = self._probe = _Probe()
                     probe.alive = await self._ping()
                     self._probe = None

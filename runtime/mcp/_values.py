@@ -220,7 +220,7 @@ class MCPSessionStatistics:
         elicitations_unrouted: Of those, the ones declined because calls of
             different sessions were in flight and stdio does not say whose it was.
         pings: Pings sent to check that the server still answers (after a
-            request timed out, and periodically while requests are in flight).
+            request timed out, and every ``ping_interval`` seconds).
         pings_unanswered: Pings the server did not answer within
             ``ping_timeout`` (at most 1: the connection ends as not responding).
         pid: The server process id (and process group id), stdio only.

@@ -68,6 +68,19 @@ class DaemonProcess:
     def client(self) -> Client:
         return Client.connect(self.socket)
 
+    def wait_mcp(self, *servers: str, timeout: float = 60) -> list[dict[str, Any]]:
+        """Wait until the named MCP servers are ``running``; returns ``mcp.servers``."""
+        seen: list[list[dict[str, Any]]] = [[]]
+
+        def running() -> bool:
+            with self.client() as client:
+                seen[0] = client.call("mcp.servers", timeout=10)
+            states = {s["server"]: s["status"] for s in seen[0]}
+            return all(states.get(name) == "running" for name in servers)
+
+        wait_until(running, timeout=timeout, message=lambda: f"MCP servers {servers} to run; mcp.servers: {seen[0]}")
+        return seen[0]
+
     def script(self, name: str, turns: list[dict[str, Any]]) -> str:
         path = self.scripts / f"{name}.json"
         path.write_text(json.dumps({"turns": turns}))

@@ -21,7 +21,7 @@ from weald.runtime.mcp import (
     ServerConfig,
 )
 from weald.runtime.mcp._registry import TOOL_TIMEOUT_GRACE, build_tool, tool_parameters
-from weald.runtime.testing import wait_for_event, wait_until
+from weald.runtime.testing import wait_for_event, wait_mcp_running, wait_until
 from weald.runtime.tool_runner import RunnerConfig, RunTools, ToolCallRequest, ToolRunner
 from weald.tools import Tool, ToolContext, ToolRegistry, ToolResult, invoke
 
@@ -45,6 +45,7 @@ def registry() -> ToolRegistry:
 def connect(system: ActorSystem, config: ServerConfig, registry: ToolRegistry) -> Ref[MCPConnection]:
     ref = system.spawn(MCPConnection, args=(config, registry), name=config.name)
     ref.started().get(timeout=30)
+    wait_mcp_running(ref)
     return ref
 
 
@@ -236,7 +237,7 @@ def test_mcp_server_time_works_through_the_actor(system, registry):
 def test_stopping_unregisters_the_tools_and_kills_the_process_group(system, registry, scripted, processes):
     ref = connect(system, scripted.config("--spawn-child"), registry)
     snapshot = ref.proxy().snapshot().get(timeout=5)
-    assert snapshot.status == "connected"
+    assert snapshot.status == "running"
     assert snapshot.session is not None
     pgid = snapshot.session.pid
     child = int(call(system, registry, "mcp__scripted__child_pid", {}).output)
@@ -254,7 +255,7 @@ def test_stopping_unregisters_the_tools_and_kills_the_process_group(system, regi
     assert kept is not None
     late = system.loop.run(invoke, kept, ToolContext(working_dir="."), {"text": "anyone?"})
     assert late.ok is False
-    assert "is not connected" in late.output
+    assert "was stopped; its tools are not available" in late.output
 
 
 def test_snapshot_redacts_header_values_over_http(system, registry, everything_http_url):
@@ -303,7 +304,7 @@ def test_a_disabled_server_is_refused(system, registry):
 def test_a_server_that_cannot_start_crashes_its_actor_just_after_start_with_the_stderr_tail(system, registry, scripted):
     config = scripted.config("--fail-at-start", "no API token configured")
     ref = system.spawn(MCPConnection, args=(config, registry), name="bad")
-    # on_start reports instead of raising (so a supervisor backs off); the crash follows.
+    # on_start returns at once (so a supervisor backs off); the crash follows.
     ref.started().get(timeout=30)
     exit_ = ref.exited().get(timeout=15)
     assert exit_.kind == "crashed"

@@ -208,7 +208,7 @@ def test_browser_mode_announces_the_url_and_registers_the_tools_once_a_person_au
     wait_for_event(system.events, "mcp.connected")
     assert sorted(registry.names()) == ["mcp__oauth__ask_name", "mcp__oauth__whoami"]
     snapshot = ref.proxy().snapshot().get()
-    assert snapshot.status == "connected"
+    assert snapshot.status == "running"
 
     # The tokens are in the store, and nowhere else.
     tokens = system.store.get(AUTH_NAMESPACE, oauth.url)["tokens"]

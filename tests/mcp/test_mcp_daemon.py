@@ -45,7 +45,7 @@ def test_configured_mcp_tools_run_beside_the_built_ins_through_the_runner(mcp_da
         ],
     )
     with mcp_daemon.client() as c:
-        servers = {s["server"]: s["status"] for s in c.call("mcp.servers")}
+        servers = {s["server"]: s["status"] for s in mcp_daemon.wait_mcp("time", "everything")}
         assert servers == {"time": "running", "everything": "running"}
         c.call("agent.start", {"working_dir": str(mcp_daemon.project), "model": model, "agent_id": "m"})
         tools = c.call("debug_state", {"agent_id": "m"})["tools"]
@@ -66,6 +66,7 @@ def test_configured_mcp_tools_run_beside_the_built_ins_through_the_runner(mcp_da
 
 
 def test_resources_and_prompts_are_listed_and_read_through_the_daemon(mcp_daemon: DaemonProcess) -> None:
+    mcp_daemon.wait_mcp("time", "everything")
     with mcp_daemon.client() as c:
         resources = c.call("mcp.resources.list", {"server": "everything"}, timeout=60)
         assert resources

@@ -27,7 +27,7 @@ from weald.runtime.mcp import (
 )
 from weald.runtime.mcp._elicitation import AnswerError, elicitation_defaults, parse_answer, question_choices
 from weald.runtime.session import SessionConfig, agent_path, session_spec
-from weald.runtime.testing import wait_for_event, wait_until
+from weald.runtime.testing import wait_for_event, wait_mcp_running, wait_until
 from weald.runtime.tool_runner import RunnerConfig
 from weald.supervisors import DynamicSupervisor
 from weald.tools import ToolRegistry, default_registry
@@ -241,6 +241,7 @@ def sessions(system: ActorSystem, scripted: ScriptedServer) -> tuple[ActorSystem
         MCPConnection, args=(scripted.config(),), kwargs={"registry": registry, "permission": "allow"}, name="scripted"
     )
     connection.started().get(timeout=30)
+    wait_mcp_running(connection)
     supervisor = system.spawn(DynamicSupervisor, kwargs={"max_restarts": 10}, name="sessions")
     return system, registry, supervisor
 
@@ -297,9 +298,10 @@ def test_a_question_nobody_answers_is_withdrawn_before_the_calls_deadline(
 ):
     registry = default_registry.copy()
     config = scripted.config(call_timeout=2.0)
-    system.spawn(
+    connection = system.spawn(
         MCPConnection, args=(config,), kwargs={"registry": registry, "permission": "allow"}, name="scripted"
-    ).started().get(timeout=30)
+    )
+    wait_mcp_running(connection)
     supervisor = system.spawn(DynamicSupervisor, kwargs={"max_restarts": 10}, name="sessions")
     agent = start_agent((system, registry, supervisor), tmp_path, "e2", ask_name_turns(1))
     pending = agent.proxy().prompt("greet me").get(timeout=10)

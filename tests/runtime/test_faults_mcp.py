@@ -50,7 +50,7 @@ def server(system: ActorSystem, registry: ToolRegistry, injector: FaultInjector)
 def connection_pid(system: ActorSystem) -> int:
     ref = wait_until(lambda: system.whereis("/mcp/scripted"))
     snapshot = ref.proxy().snapshot().get(timeout=10)
-    assert snapshot.status == "connected"
+    assert snapshot.status == "running"
     pid: int = snapshot.session.pid
     return pid
 
