@@ -163,7 +163,8 @@ def test_a_call_to_a_restarting_servers_tool_says_when_it_will_be_back(system: A
     mcp = start_mcp(system, [scripted.config()], registry, permission="allow", backoff=slow)
     wait_mcp_running(system.whereis("/mcp/scripted"))
     crash, echo = registry.get("mcp__scripted__crash"), registry.get("mcp__scripted__echo")
-    assert crash is not None and echo is not None
+    assert crash is not None
+    assert echo is not None
     system.loop.run(invoke, crash, ToolContext(working_dir="."), {})
     wait_for_event(system.events, "mcp.disconnected")
 
@@ -195,16 +196,12 @@ def test_a_hung_idle_server_is_found_by_the_periodic_ping_and_restarted(system: 
     down = wait_for_event(system.events, "mcp.disconnected", timeout=30)
     assert "is not responding: it did not answer a ping within 0.5 s" in down.data["reason"]
     assert down.data["requests_cut"] == 0
-    wait_until(
-        lambda: len(system.events.recent(100, topic="mcp.connected")) == 2, timeout=30, message="a reconnection"
-    )
+    wait_until(lambda: len(system.events.recent(100, topic="mcp.connected")) == 2, timeout=30, message="a reconnection")
 
 
 def test_ten_servers_start_at_once_and_connect_concurrently(system: ActorSystem) -> None:
     registry = ToolRegistry()
-    configs = [
-        ServerConfig(name=f"time{n}", command=sys.executable, args=["-m", "mcp_server_time"]) for n in range(10)
-    ]
+    configs = [ServerConfig(name=f"time{n}", command=sys.executable, args=["-m", "mcp_server_time"]) for n in range(10)]
     mcp = start_mcp(system, configs, registry)
     # The subtree started without waiting for a single handshake (each takes about half a second)...
     assert {view.status for view in mcp.proxy().servers().get(timeout=5)} == {"connecting"}
