@@ -54,6 +54,7 @@ import trio
 from weald.runtime import Actor, ActorDeadError, Future, Ref, StoreError, redact, redact_text
 from weald.runtime.llm import (
     Completed,
+    Image,
     Message,
     ModelRequest,
     Provider,
@@ -856,6 +857,7 @@ class Agent(Actor):
                 tool_call_id=o.call_id,
                 name=o.name,
                 is_error=not o.result.ok,
+                images=[Image(image.mime_type, image.data) for image in o.result.images],
             )
             for o in results.outcomes
         ]

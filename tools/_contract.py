@@ -48,6 +48,7 @@ __all__ = [
     "ToolConfig",
     "ToolContext",
     "ToolError",
+    "ToolImage",
     "ToolRegistry",
     "ToolResult",
     "default_registry",
@@ -119,6 +120,24 @@ class ToolError(WealdError):
 
 
 @attrs.frozen
+class ToolImage:
+    """An image a tool returns for the model to see (an MCP server's screenshot, say).
+
+    Attributes:
+        mime_type: ``image/png``, ``image/jpeg``, ``image/gif`` or ``image/webp``
+            (the types every supported model API takes).
+        data: the image, base64-encoded.
+    """
+
+    mime_type: str
+    data: str = attrs.field(repr=lambda data: f"<{len(data)} base64 chars>")
+
+
+def _image_tuple(values: Iterable[ToolImage]) -> tuple[ToolImage, ...]:
+    return tuple(values)
+
+
+@attrs.frozen
 class ToolResult:
     """What a tool call returns to the model.
 
@@ -128,6 +147,8 @@ class ToolResult:
         data: optional structured data for programs (JSON-encodable).
         hints: optional short suggestions for the model's next step.
         full_output_path: where the untruncated output was saved, if it was cut.
+        images: images for the model to see beside ``output`` (each provider
+            sends them in its own wire format); the output should mention them.
     """
 
     ok: bool
@@ -135,6 +156,7 @@ class ToolResult:
     data: Any = None
     hints: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)
     full_output_path: str | None = None
+    images: tuple[ToolImage, ...] = attrs.field(default=(), converter=_image_tuple)
 
     @classmethod
     def success(cls, output: str, *, data: Any = None, hints: Iterable[str] = ()) -> ToolResult:

@@ -80,6 +80,7 @@ from ._settings import ProviderSettings
 from ._sse import SSEDecoder, SSEEvent
 from ._types import (
     Completed,
+    Image,
     Message,
     ModelRequest,
     Provider,
@@ -105,6 +106,7 @@ __all__ = [
     "FaultHook",
     "FaultPoint",
     "HTTPErrorFault",
+    "Image",
     "MalformedResponseError",
     "MalformedScriptError",
     "MalformedStreamFault",

@@ -23,6 +23,7 @@ from ._http import HTTPProvider
 from ._sse import SSEEvent
 from ._types import (
     Completed,
+    Image,
     Message,
     ModelRequest,
     StreamEvent,
@@ -131,6 +132,10 @@ def _merge_usage(usage: Usage, wire: _Usage | None) -> Usage:
     )
 
 
+def _image_block(image: Image) -> dict[str, object]:
+    return {"type": "image", "source": {"type": "base64", "media_type": image.mime_type, "data": image.data}}
+
+
 def _wire_messages(request: ModelRequest) -> list[dict[str, object]]:
     """Our messages as Anthropic ``messages``.
 
@@ -148,16 +153,22 @@ def _wire_messages(request: ModelRequest) -> list[dict[str, object]]:
             blocks = []
         role = wire_role
         if message.role == "tool":
+            content: object = message.content
+            if message.images:
+                # Images go inside the tool_result, beside its text (the API rejects empty text blocks).
+                text = [{"type": "text", "text": message.content}] if message.content else []
+                content = [*text, *map(_image_block, message.images)]
             blocks.append(
                 {
                     "type": "tool_result",
                     "tool_use_id": message.tool_call_id or "",
-                    "content": message.content,
+                    "content": content,
                     "is_error": message.is_error,
                 }
             )
         elif message.role == "user":
             blocks.append({"type": "text", "text": message.content})
+            blocks.extend(_image_block(image) for image in message.images)
         else:
             # The API rejects empty text blocks.
             if message.content:

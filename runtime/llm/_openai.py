@@ -19,6 +19,7 @@ from ._http import HTTPProvider
 from ._sse import SSEEvent
 from ._types import (
     Completed,
+    Image,
     Message,
     ModelRequest,
     StreamEvent,
@@ -146,13 +147,44 @@ def _usage(wire: _Usage) -> Usage:
     )
 
 
+def _image_part(image: Image) -> dict[str, object]:
+    return {"type": "image_url", "image_url": {"url": f"data:{image.mime_type};base64,{image.data}"}}
+
+
+def _tool_images(results: list[Message]) -> dict[str, object] | None:
+    """The user message carrying the images of a run of tool results, or None if they have none.
+
+    A ``role: tool`` message holds text only, and the tool results must
+    directly follow the assistant message that made the calls; so their
+    images come after the last of them, each labelled with its call.
+    """
+    parts: list[dict[str, object]] = []
+    for message in results:
+        if not message.images:
+            continue
+        count = len(message.images)
+        label = f"{count} image{'s' if count > 1 else ''} returned by tool call {message.tool_call_id or '?'}"
+        parts.append({"type": "text", "text": f"[{label} ({message.name or 'tool'})]"})
+        parts.extend(_image_part(image) for image in message.images)
+    return {"role": "user", "content": parts} if parts else None
+
+
 def _wire_messages(request: ModelRequest) -> list[dict[str, object]]:
     wire: list[dict[str, object]] = []
     if request.system:
         wire.append({"role": "system", "content": request.system})
+    results: list[Message] = []  # the run of tool results just sent
     for message in request.messages:
+        if message.role != "tool" and results:
+            images = _tool_images(results)
+            if images is not None:
+                wire.append(images)
+            results = []
         if message.role == "user":
-            entry: dict[str, object] = {"role": "user", "content": message.content}
+            content: object = message.content
+            if message.images:
+                content = [{"type": "text", "text": message.content}, *map(_image_part, message.images)]
+            entry: dict[str, object] = {"role": "user", "content": content}
             if message.name:
                 entry["name"] = message.name
             wire.append(entry)
@@ -181,6 +213,10 @@ def _wire_messages(request: ModelRequest) -> list[dict[str, object]]:
                     "content": content,
                 }
             )
+            results.append(message)
+    images = _tool_images(results)
+    if images is not None:
+        wire.append(images)
     return wire
 
 
@@ -194,6 +230,8 @@ class OpenAIProvider(HTTPProvider):
 
     Tool results are sent as ``role: tool`` messages; since the format has
     no error flag, a failed tool's output is prefixed with ``"Error: "``.
+    Tool messages hold text only, so a result's images follow the run of
+    tool results in a user message of ``image_url`` parts (data URLs).
     ``max_tokens`` is sent as ``max_tokens``, which every compatible server
     understands.
     """

@@ -24,6 +24,7 @@ usage is estimated as one token per four characters.
 
 from __future__ import annotations
 
+import collections
 import math
 import os
 from collections.abc import AsyncGenerator, Mapping, Sequence
@@ -72,6 +73,12 @@ _CHARS_PER_TOKEN = 4
 MAX_SCRIPT_BYTES = 16 * 1024 * 1024
 """The largest script file `ScriptedProvider.from_file` reads."""
 
+# The model calls kept in `ScriptedProvider.requests` (the last ones).
+REQUESTS_KEPT = 64
+
+# Input tokens one image is estimated at (about what providers bill for a small one).
+_IMAGE_TOKENS = 100
+
 
 class _ScriptToolCall(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     name: str
@@ -102,7 +109,7 @@ def _tokens(chars: int) -> int:
 def _request_chars(request: ModelRequest) -> int:
     chars = len(request.system or "")
     for message in request.messages:
-        chars += len(message.content)
+        chars += len(message.content) + len(message.images) * _IMAGE_TOKENS * _CHARS_PER_TOKEN
         for call in message.tool_calls:  # most messages have none: no generator per message
             chars += len(call.raw_arguments)
     return chars
@@ -134,6 +141,9 @@ class ScriptedProvider:
         faults: The fault hook consulted before each model call, or None.
             Faults are not retried here; see ``weald.runtime.llm.FaultHook``.
         settings: Only ``stall_timeout`` matters, for ``TimeoutFault``.
+        requests: The last `REQUESTS_KEPT` model calls it was sent, oldest
+            first, as they came (messages, their images, the tools offered):
+            what a test checks the model was shown.
     """
 
     name = "scripted"
@@ -152,6 +162,7 @@ class ScriptedProvider:
         self._source = source
         self.settings = settings if settings is not None else ProviderSettings()
         self.faults = faults
+        self.requests: collections.deque[ModelRequest] = collections.deque(maxlen=REQUESTS_KEPT)
         self._position = 0
         self.seek(start_position)
 
@@ -288,6 +299,7 @@ class ScriptedProvider:
             )
         turn = self._turns[index]
         model = request.model or self._source
+        self.requests.append(request)
         await self._inject_fault(model)
         # The turn is spent from here on, even if this call is cancelled.
         self._position = index + 1

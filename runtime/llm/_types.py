@@ -17,6 +17,7 @@ from ._util import excerpt
 
 __all__ = [
     "Completed",
+    "Image",
     "Message",
     "ModelRequest",
     "Provider",
@@ -128,6 +129,18 @@ def _json_kind(value: object) -> str:
     return "number"
 
 
+class Image(msgspec.Struct, frozen=True):
+    """An image the model sees, in a tool result or a user message.
+
+    Attributes:
+        mime_type: ``image/png``, ``image/jpeg``, ``image/gif`` or ``image/webp``.
+        data: The image, base64-encoded.
+    """
+
+    mime_type: str
+    data: str
+
+
 class Message(msgspec.Struct, frozen=True):
     """One message of a conversation.
 
@@ -139,6 +152,10 @@ class Message(msgspec.Struct, frozen=True):
         name: For a tool result, the tool's name; for a user message, an
             optional participant name.
         is_error: For a tool result, whether the tool failed.
+        images: For a tool result or a user message, images the model sees
+            with the text. Anthropic takes them inside the ``tool_result``;
+            OpenAI's tool messages hold text only, so they follow the tool
+            results in a user message.
     """
 
     role: Role
@@ -147,6 +164,7 @@ class Message(msgspec.Struct, frozen=True):
     tool_call_id: str | None = None
     name: str | None = None
     is_error: bool = False
+    images: list[Image] = []
 
 
 class Usage(msgspec.Struct, frozen=True):

@@ -58,6 +58,7 @@ import contextlib
 import itertools
 import logging
 import math
+import os
 import shlex
 import time
 import urllib.parse
@@ -102,6 +103,7 @@ from ._registry import (
     settle,
     settle_error,
 )
+from ._resource_tools import resource_tools
 from ._session import MCPSession, open_connection
 from ._values import (
     MCPPrompt,
@@ -133,6 +135,39 @@ CONNECTION_SHUTDOWN = 10.0
 # The restart backoff of MCP connections unless configured otherwise.
 DEFAULT_BACKOFF = Backoff(initial=0.5, factor=2.0, cap=30.0, reset_after=60.0)
 
+
+def default_start_rate() -> float:
+    """Server starts per second unless configured: four per CPU.
+
+    A server's start is a burst of CPU (an interpreter loading its packages:
+    about half a CPU-second for a Python server); forty at once would leave
+    the daemon's own start a fortieth of the machine. Four per CPU per
+    second keeps every CPU busy with starts and the daemon responsive.
+    """
+    return 4.0 * (os.cpu_count() or 1)
+
+
+class StartGate:
+    """Spaces server starts out to at most ``rate`` per second, first come first served.
+
+    A start waits for its turn only, and holds nothing after it: a server
+    that hangs in its handshake delays no other. Used on the loop thread only.
+    """
+
+    def __init__(self, rate: float) -> None:
+        if not rate > 0:
+            raise ValueError(f"the MCP start rate must be a positive number of starts per second, got {rate!r}")
+        self._interval = 1.0 / rate
+        self._next = -math.inf
+
+    async def wait_turn(self) -> None:
+        """Sleep until this start's turn (at once when starts are spaced out enough already)."""
+        now = trio.current_time()
+        turn = max(now, self._next)
+        self._next = turn + self._interval
+        await trio.sleep_until(turn)
+
+
 _request_ids = itertools.count(1)
 
 
@@ -148,8 +183,9 @@ class MCPConnectionSnapshot:
             and credentials redacted.
         headers: the configured HTTP header names, every value redacted.
         env: the names of the extra environment variables (values hidden).
-        status: ``connecting`` (start-up: spawning or reaching it, the
-            handshake, the first tools/list), ``authorizing`` (waiting for a
+        status: ``connecting`` (start-up: its turn to start, see
+            `StartGate`; spawning or reaching it, the handshake, the first
+            tools/list), ``authorizing`` (waiting for a
             person to authorize weald, see ``mcp.auth_required``),
             ``running`` (connected; its tools are registered),
             ``restarting`` (the connection was lost; a restart follows at
@@ -418,6 +454,7 @@ class MCPConnection(Actor):
         *,
         permission: Permission = "ask",
         _record: _ServerRecord | None = None,
+        _gate: StartGate | None = None,
     ) -> None:
         super().__init__()
         if not config.enabled:
@@ -427,6 +464,7 @@ class MCPConnection(Actor):
         self._registry = registry
         self._permission: Permission = permission
         self._record = _record if _record is not None else _ServerRecord(config)
+        self._gate = _gate
         self._session: MCPSession | None = None
         self._inflight: dict[int, _InFlight] = {}
         self._registered: dict[str, ToolRoute] = {}  # registered name -> our tool function
@@ -577,6 +615,8 @@ class MCPConnection(Actor):
         config = self._config
         storage = StoreTokenStorage(self.system.store, config.url) if config.auth and config.url else None
         try:
+            if self._gate is not None:
+                await self._gate.wait_turn()  # connect_timeout counts from here
             async with open_connection(
                 config,
                 on_tools_changed=self._tools_changed_nowait,
@@ -888,13 +928,19 @@ class MCPSupervisor(Supervisor):
     servers fail at once; it still trips if something restarts a child
     without its backoff, which would be a bug.
 
-    Through ``ref.proxy()``, besides `Supervisor`'s API: `servers`.
+    While it runs, and if any server is enabled, the model's tools for
+    resources (``mcp_list_resources``, ``mcp_read_resource``) are registered
+    beside the servers' tools.
+
+    Through ``ref.proxy()``, besides `Supervisor`'s API: `servers`, `unavailable`.
 
     Args:
         configs: the servers; disabled ones are skipped.
         registry: where their tools are registered.
         permission: default permission of their tools.
         backoff: restart backoff of every connection.
+        start_rate: server starts (and restarts) per second at most (see
+            `StartGate`); default `default_start_rate`.
 
     Raises:
         MCPConfigError: two enabled servers share a name.
@@ -908,8 +954,12 @@ class MCPSupervisor(Supervisor):
         *,
         permission: Permission = "ask",
         backoff: Backoff = DEFAULT_BACKOFF,
+        start_rate: float | None = None,
     ) -> None:
         enabled = [config for config in configs if config.enabled]
+        gate = StartGate(start_rate if start_rate is not None else default_start_rate())
+        self._registry = registry
+        self._resource_tools: list[str] = []
         self._records: dict[str, _ServerRecord] = {}
         specs: list[ChildSpec] = []
         for config in enabled:
@@ -923,7 +973,7 @@ class MCPSupervisor(Supervisor):
                     child_id,
                     MCPConnection,
                     args=(config, registry),
-                    kwargs={"permission": permission, "_record": record},
+                    kwargs={"permission": permission, "_record": record, "_gate": gate},
                     shutdown=CONNECTION_SHUTDOWN,
                     backoff=backoff,
                 )
@@ -978,6 +1028,43 @@ class MCPSupervisor(Supervisor):
         per_child = delays + 2
         return max(children, 1) * per_child, float(window)
 
+    def on_start(self) -> Any:
+        """Register the resource tools, then start every connection (each returns at once)."""
+        if self._records:
+            for tool in resource_tools(self.system, self.path):
+                self._registry.register(tool, replace=True)
+                self._resource_tools.append(tool.name)
+        return super().on_start()
+
+    def on_stop(self) -> Any:
+        """Unregister the resource tools, then stop every connection, last started first."""
+        self._unregister_resource_tools()
+        return super().on_stop()
+
+    def on_failure(
+        self,
+        exception_type: type[BaseException] | None,
+        exception_value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> Any:
+        """As `on_stop`, after a crash (a restart registers the tools again)."""
+        self._unregister_resource_tools()
+        return super().on_failure(exception_type, exception_value, traceback)
+
+    def _unregister_resource_tools(self) -> None:
+        for name in self._resource_tools:
+            self._registry.unregister(name)
+        self._resource_tools.clear()
+
+    def unavailable(self, server: str) -> str:
+        """Why ``server`` cannot take a request now and when it can, for the model."""
+        record = next((r for r in self._records.values() if r.config.name == server), None)
+        if record is None:
+            return f"there is no MCP server named {server!r}"
+        if record.status == "running":
+            return f"MCP server {server!r} is running; try again"
+        return record.unavailable()
+
     def on_restart_scheduled(self, child_id: str, attempt: int, delay: float) -> None:
         """Note when the server comes back, for `servers` and for calls to its tools meanwhile."""
         record = self._records.get(child_id)
@@ -1008,6 +1095,7 @@ def mcp_supervisor_spec(
     child_id: str = "mcp",
     permission: Permission = "ask",
     backoff: Backoff = DEFAULT_BACKOFF,
+    start_rate: float | None = None,
 ) -> ChildSpec:
     """The `ChildSpec` of the daemon's ``mcp`` subtree, to start under the root.
 
@@ -1026,6 +1114,6 @@ def mcp_supervisor_spec(
         child_id,
         MCPSupervisor,
         args=(configs, registry),
-        kwargs={"permission": permission, "backoff": backoff},
+        kwargs={"permission": permission, "backoff": backoff, "start_rate": start_rate},
         shutdown=CONNECTION_SHUTDOWN * max(enabled, 1) + 1.0,
     )

@@ -253,6 +253,7 @@ class ToolRoute:
             ok=not result.is_error,
             output=result.text,
             data=dict(structured) if structured is not None else None,
+            images=result.images,
         )
 
     def _not_connected(self) -> NotConnected:

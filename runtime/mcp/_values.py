@@ -10,6 +10,7 @@ from typing import Literal
 
 import attrs
 import mcp_types as types
+from weald.tools import ToolImage
 
 __all__ = [
     "MCPCapabilities",
@@ -27,6 +28,16 @@ __all__ = [
 ]
 
 SessionState = Literal["open", "lost", "closed"]
+
+#: The largest image (decoded) a tool result sends to the model: Anthropic's
+#: limit is 5 MB of base64, which is this many bytes; larger ones are described.
+MAX_IMAGE_BYTES = 3_750_000
+#: The most images one tool result sends to the model; the rest are described.
+MAX_IMAGES = 8
+#: The image types every supported model API takes.
+IMAGE_TYPES = ("image/png", "image/jpeg", "image/gif", "image/webp")
+# Embedded resources of these types (besides text/*) are shown as text when they decode as UTF-8.
+_TEXT_TYPES = ("application/json", "application/xml", "application/yaml", "application/javascript")
 
 
 @attrs.frozen
@@ -55,21 +66,28 @@ class MCPToolResult:
 
     Attributes:
         text: Every content block reduced to text for the model: text blocks
-            verbatim, embedded text resources with a header line, and a
-            bracketed placeholder for images, audio, blobs and resource
-            links. When the server sent no content blocks but structured
-            content, the structured content as JSON.
+            verbatim, embedded resources with a header line (their text, or
+            a blob of a text type decoded), and a bracketed line for images,
+            audio, other blobs and resource links (their URIs can be read
+            with the ``mcp_read_resource`` tool). When the server sent no
+            content blocks but structured content, the structured content
+            as JSON.
         is_error: The server's ``isError``: the tool ran and failed. The
             text says why; the model should read it.
         structured_content: The result's ``structuredContent``, if any.
         content: The raw content blocks as JSON objects, for callers that
             want images or other non-text blocks.
+        images: The images the model sees beside the text: image blocks and
+            embedded image resources of the `IMAGE_TYPES`, at most
+            `MAX_IMAGES` of at most `MAX_IMAGE_BYTES` each (the text says
+            why any other was not shown).
     """
 
     text: str
     is_error: bool
     structured_content: Mapping[str, object] | None = attrs.field(hash=False)
     content: tuple[Mapping[str, object], ...] = attrs.field(hash=False)
+    images: tuple[ToolImage, ...] = attrs.field(default=(), hash=False)
 
 
 @attrs.frozen
@@ -257,22 +275,71 @@ def _decoded_size(data: str) -> int:
     return len(data.rstrip("=")) * 3 // 4
 
 
-def content_block_text(block: types.ContentBlock) -> str:
-    """Reduce one MCP content block to the text a model should see."""
+def image_for_model(mime_type: str, data: str, images: list[ToolImage]) -> str | None:
+    """Add the image to ``images`` if a model may see it; else say why not.
+
+    Returns None when it was added, else the reason it was not (for the text).
+    """
+    size = _decoded_size(data)
+    if mime_type not in IMAGE_TYPES:
+        return f"{mime_type} is not a type models take ({', '.join(IMAGE_TYPES)})"
+    if size > MAX_IMAGE_BYTES:
+        return f"over the {MAX_IMAGE_BYTES}-byte limit for an image sent to the model"
+    if len(images) >= MAX_IMAGES:
+        return f"past the {MAX_IMAGES} images one result sends to the model"
+    try:
+        base64.b64decode(data, validate=True)
+    except binascii.Error:
+        return "its data is not valid base64"
+    images.append(ToolImage(mime_type, data))
+    return None
+
+
+def _described(kind: str, mime_type: str, data: str, images: list[ToolImage] | None, header: str = "") -> str:
+    size = _decoded_size(data)
+    if images is None or kind != "image":
+        return f"[{header or kind + ': ' + mime_type}, {size} bytes]"
+    why = image_for_model(mime_type, data, images)
+    label = header or f"image: {mime_type}"
+    return f"[{label}, {size} bytes]" if why is None else f"[{label}, {size} bytes; not shown: {why}]"
+
+
+def _blob_text(mime_type: str | None, blob: str) -> str | None:
+    """A blob of a text type, decoded; None if it is not one (or not UTF-8)."""
+    if mime_type is None or not (mime_type.startswith("text/") or mime_type in _TEXT_TYPES):
+        return None
+    try:
+        return base64.b64decode(blob, validate=True).decode("utf-8")
+    except (binascii.Error, UnicodeDecodeError):
+        return None
+
+
+def content_block_text(block: types.ContentBlock, images: list[ToolImage] | None = None) -> str:
+    """Reduce one MCP content block to the text a model should see.
+
+    With ``images``, an image the model may see (see `image_for_model`) is
+    added there and described in the text; one it may not is described with
+    the reason. Without, every image is only described.
+    """
     if isinstance(block, types.TextContent):
         return block.text
     if isinstance(block, types.ImageContent):
-        return f"[image: {block.mime_type}, {_decoded_size(block.data)} bytes]"
+        return _described("image", block.mime_type, block.data, images)
     if isinstance(block, types.AudioContent):
         return f"[audio: {block.mime_type}, {_decoded_size(block.data)} bytes]"
     if isinstance(block, types.ResourceLink):
         about = f": {block.description}" if block.description else ""
-        return f"[resource link: {block.name} <{block.uri}>{about}]"
+        mime = f" ({block.mime_type})" if block.mime_type else ""
+        return f"[resource link: {block.name} <{block.uri}>{mime}{about}]"
     resource = block.resource
     mime = f" ({resource.mime_type})" if resource.mime_type else ""
     if isinstance(resource, types.TextResourceContents):
         return f"[resource: {resource.uri}{mime}]\n{resource.text}"
-    return f"[resource: {resource.uri}{mime}, {_decoded_size(resource.blob)} bytes]"
+    text = _blob_text(resource.mime_type, resource.blob)
+    if text is not None:
+        return f"[resource: {resource.uri}{mime}]\n{text}"
+    kind = "image" if (resource.mime_type or "").startswith("image/") else "resource"
+    return _described(kind, resource.mime_type or "", resource.blob, images, header=f"resource: {resource.uri}{mime}")
 
 
 def _dump(model: types.ContentBlock) -> Mapping[str, object]:
@@ -282,7 +349,8 @@ def _dump(model: types.ContentBlock) -> Mapping[str, object]:
 
 def tool_result_from_wire(result: types.CallToolResult) -> MCPToolResult:
     """Build an `MCPToolResult` from the SDK's ``CallToolResult``."""
-    parts = [content_block_text(block) for block in result.content]
+    images: list[ToolImage] = []
+    parts = [content_block_text(block, images) for block in result.content]
     structured = result.structured_content
     if not parts and structured is not None:
         parts.append(json.dumps(structured, ensure_ascii=False, sort_keys=True))
@@ -291,6 +359,7 @@ def tool_result_from_wire(result: types.CallToolResult) -> MCPToolResult:
         is_error=bool(result.is_error),
         structured_content=dict(structured) if structured is not None else None,
         content=tuple(_dump(block) for block in result.content),
+        images=tuple(images),
     )
 
 

@@ -4,59 +4,14 @@ from __future__ import annotations
 
 import json
 import signal
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import trio
 from daemon_harness import DaemonProcess
-from llm._server import FakeServer, Reply, sse
+from llm._server import LoopbackModel
 from weald.runtime.daemon.client import RPCCallError
-
-
-class LoopbackModel:
-    """tests/llm's `FakeServer` on its own trio thread: an OpenAI-compatible server a daemon process can call."""
-
-    def __init__(self) -> None:
-        self.server = FakeServer()
-        self._ready = threading.Event()
-        self._token: trio.lowlevel.TrioToken | None = None
-        self._scope: trio.CancelScope | None = None
-        self._thread = threading.Thread(target=trio.run, args=(self._main,), name="loopback-model", daemon=True)
-
-    async def _main(self) -> None:
-        async with trio.open_nursery() as nursery:
-            self._scope = nursery.cancel_scope
-            self._token = trio.lowlevel.current_trio_token()
-            await nursery.start(self.server.serve)
-            self._ready.set()
-
-    def __enter__(self) -> LoopbackModel:
-        self._thread.start()
-        assert self._ready.wait(30), "the loopback model server did not start"
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        assert self._token is not None
-        assert self._scope is not None
-        self._token.run_sync_soon(self._scope.cancel)
-        self._thread.join(30)
-
-    def answer(self, text: str) -> None:
-        """Queue one streamed Chat Completions answer."""
-        chunk = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m"}
-        body = [
-            sse({**chunk, "choices": [{"index": 0, "delta": {"role": "assistant", "content": text}}]}),
-            sse({**chunk, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}),
-            sse({**chunk, "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}}),
-            b"data: [DONE]\n\n",
-        ]
-        self.server.replies.append(Reply(body=body))
-
-    def requests(self) -> list[dict[str, Any]]:
-        return [seen.json() for seen in list(self.server.requests)]
 
 
 @pytest.fixture

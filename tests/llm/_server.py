@@ -4,7 +4,9 @@ Each test queues :class:`Reply` objects; the server answers the requests it
 receives with them in order and records every request. Streaming replies use
 chunked transfer encoding, one HTTP chunk per body piece, as real SSE servers
 do. Events let tests wait for conditions (the server stalling, the client
-hanging up) instead of sleeping.
+hanging up) instead of sleeping. `LoopbackModel` runs one on a thread of its
+own, for a daemon process to call; the ``anthropic_*`` helpers build
+Anthropic Messages streams.
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
+import threading
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 import attrs
 import h11
@@ -224,3 +228,126 @@ def unanswered_listener() -> Iterator[int]:
         port: int = listener.getsockname()[1]
         filler.connect(("127.0.0.1", port))
         yield port
+
+
+# -- Anthropic Messages streams ----------------------------------------------------------
+
+ANTHROPIC_MODEL = "claude-sonnet-4-5"
+
+
+def anthropic_event(kind: str, **fields: object) -> bytes:
+    return sse({"type": kind, **fields}, event=kind)
+
+
+def anthropic_message_start(input_tokens: int = 25, cache_read: int = 0) -> bytes:
+    return anthropic_event(
+        "message_start",
+        message={
+            "id": "msg_1nZdL29xx5MUA1yADyHTEsnR8uuvGzszyY",
+            "type": "message",
+            "role": "assistant",
+            "content": [],
+            "model": ANTHROPIC_MODEL,
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": {
+                "input_tokens": input_tokens,
+                "cache_creation_input_tokens": 0,
+                "cache_read_input_tokens": cache_read,
+                "output_tokens": 1,
+            },
+        },
+    )
+
+
+def anthropic_text_block(index: int, *pieces: str) -> list[bytes]:
+    return [
+        anthropic_event("content_block_start", index=index, content_block={"type": "text", "text": ""}),
+        *[
+            anthropic_event(
+                "content_block_delta",
+                index=index,
+                delta={"type": "text_delta", "text": piece},
+            )
+            for piece in pieces
+        ],
+        anthropic_event("content_block_stop", index=index),
+    ]
+
+
+def anthropic_tool_block(index: int, tool_id: str, name: str, *fragments: str) -> list[bytes]:
+    return [
+        anthropic_event(
+            "content_block_start",
+            index=index,
+            content_block={"type": "tool_use", "id": tool_id, "name": name, "input": {}},
+        ),
+        anthropic_event(
+            "content_block_delta",
+            index=index,
+            delta={"type": "input_json_delta", "partial_json": ""},
+        ),
+        *[
+            anthropic_event(
+                "content_block_delta",
+                index=index,
+                delta={"type": "input_json_delta", "partial_json": fragment},
+            )
+            for fragment in fragments
+        ],
+        anthropic_event("content_block_stop", index=index),
+    ]
+
+
+def anthropic_message_end(stop_reason: str, output_tokens: int) -> list[bytes]:
+    return [
+        anthropic_event(
+            "message_delta",
+            delta={"stop_reason": stop_reason, "stop_sequence": None},
+            usage={"output_tokens": output_tokens},
+        ),
+        anthropic_event("message_stop"),
+    ]
+
+
+class LoopbackModel:
+    """tests/llm's `FakeServer` on its own trio thread: an OpenAI-compatible server a daemon process can call."""
+
+    def __init__(self) -> None:
+        self.server = FakeServer()
+        self._ready = threading.Event()
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._scope: trio.CancelScope | None = None
+        self._thread = threading.Thread(target=trio.run, args=(self._main,), name="loopback-model", daemon=True)
+
+    async def _main(self) -> None:
+        async with trio.open_nursery() as nursery:
+            self._scope = nursery.cancel_scope
+            self._token = trio.lowlevel.current_trio_token()
+            await nursery.start(self.server.serve)
+            self._ready.set()
+
+    def __enter__(self) -> LoopbackModel:
+        self._thread.start()
+        assert self._ready.wait(30), "the loopback model server did not start"
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._token is not None
+        assert self._scope is not None
+        self._token.run_sync_soon(self._scope.cancel)
+        self._thread.join(30)
+
+    def answer(self, text: str) -> None:
+        """Queue one streamed Chat Completions answer."""
+        chunk = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m"}
+        body = [
+            sse({**chunk, "choices": [{"index": 0, "delta": {"role": "assistant", "content": text}}]}),
+            sse({**chunk, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}),
+            sse({**chunk, "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}}),
+            b"data: [DONE]\n\n",
+        ]
+        self.server.replies.append(Reply(body=body))
+
+    def requests(self) -> list[dict[str, Any]]:
+        return [seen.json() for seen in list(self.server.requests)]

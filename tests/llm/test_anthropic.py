@@ -14,6 +14,7 @@ from weald.runtime.llm import (
     AnthropicProvider,
     AuthenticationError,
     Completed,
+    Image,
     MalformedResponseError,
     Message,
     ModelRequest,
@@ -27,87 +28,17 @@ from weald.runtime.llm import (
     Usage,
 )
 
-from ._server import FakeServer, Reply, collect, error_reply, sse
+from ._server import FakeServer, Reply, collect, error_reply
+from ._server import anthropic_event as event
+from ._server import anthropic_message_end as message_end
+from ._server import anthropic_message_start as message_start
+from ._server import anthropic_text_block as text_block
+from ._server import anthropic_tool_block as tool_block
 from .conftest import KEY_ENV
 
 pytestmark = [pytest.mark.trio, pytest.mark.timeout(20)]
 
 MODEL = "claude-sonnet-4-5"
-
-
-def event(kind: str, **fields: object) -> bytes:
-    return sse({"type": kind, **fields}, event=kind)
-
-
-def message_start(input_tokens: int = 25, cache_read: int = 0) -> bytes:
-    return event(
-        "message_start",
-        message={
-            "id": "msg_1nZdL29xx5MUA1yADyHTEsnR8uuvGzszyY",
-            "type": "message",
-            "role": "assistant",
-            "content": [],
-            "model": MODEL,
-            "stop_reason": None,
-            "stop_sequence": None,
-            "usage": {
-                "input_tokens": input_tokens,
-                "cache_creation_input_tokens": 0,
-                "cache_read_input_tokens": cache_read,
-                "output_tokens": 1,
-            },
-        },
-    )
-
-
-def text_block(index: int, *pieces: str) -> list[bytes]:
-    return [
-        event("content_block_start", index=index, content_block={"type": "text", "text": ""}),
-        *[
-            event(
-                "content_block_delta",
-                index=index,
-                delta={"type": "text_delta", "text": piece},
-            )
-            for piece in pieces
-        ],
-        event("content_block_stop", index=index),
-    ]
-
-
-def tool_block(index: int, tool_id: str, name: str, *fragments: str) -> list[bytes]:
-    return [
-        event(
-            "content_block_start",
-            index=index,
-            content_block={"type": "tool_use", "id": tool_id, "name": name, "input": {}},
-        ),
-        event(
-            "content_block_delta",
-            index=index,
-            delta={"type": "input_json_delta", "partial_json": ""},
-        ),
-        *[
-            event(
-                "content_block_delta",
-                index=index,
-                delta={"type": "input_json_delta", "partial_json": fragment},
-            )
-            for fragment in fragments
-        ],
-        event("content_block_stop", index=index),
-    ]
-
-
-def message_end(stop_reason: str, output_tokens: int) -> list[bytes]:
-    return [
-        event(
-            "message_delta",
-            delta={"stop_reason": stop_reason, "stop_sequence": None},
-            usage={"output_tokens": output_tokens},
-        ),
-        event("message_stop"),
-    ]
 
 
 @pytest.fixture
@@ -260,6 +191,41 @@ async def test_an_overloaded_error_before_any_event_is_retried(make: Make, serve
 
     assert isinstance(events[-1], Completed)
     assert len(server.requests) == 2
+
+
+async def test_images_go_inside_the_tool_result_and_beside_user_text(
+    make: Make, server: FakeServer, api_key: str
+) -> None:
+    server.replies.append(Reply(body=[message_start(), *text_block(0, "ok"), *message_end("end_turn", 1)]))
+    png = Image("image/png", "iVBORw0KGgo=")
+    calls = [ToolCall.parse(id=f"toolu_{n}", name="shot", raw_arguments="{}") for n in (1, 2)]
+    request = ModelRequest(
+        model="",
+        messages=[
+            Message(role="user", content="Look", images=[png]),
+            Message(role="assistant", content="", tool_calls=calls),
+            Message(role="tool", content="a shot", tool_call_id="toolu_1", images=[png]),
+            Message(role="tool", content="", tool_call_id="toolu_2", images=[png]),
+        ],
+    )
+    await collect(make(), request)
+
+    block = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}
+    messages = server.requests[0].json()["messages"]
+    assert messages[0] == {"role": "user", "content": [{"type": "text", "text": "Look"}, block]}
+    assert messages[2] == {
+        "role": "user",
+        "content": [
+            {
+                "type": "tool_result",
+                "tool_use_id": "toolu_1",
+                "content": [{"type": "text", "text": "a shot"}, block],
+                "is_error": False,
+            },
+            # No empty text block: the API refuses them.
+            {"type": "tool_result", "tool_use_id": "toolu_2", "content": [block], "is_error": False},
+        ],
+    }
 
 
 async def test_unknown_events_and_blocks_are_skipped(make: Make, server: FakeServer, api_key: str) -> None:

@@ -17,6 +17,7 @@ from weald.runtime.llm import (
     AuthenticationError,
     BadRequestError,
     Completed,
+    Image,
     MalformedResponseError,
     Message,
     MissingAPIKeyError,
@@ -190,6 +191,47 @@ async def test_request_is_sent_in_the_chat_completions_wire_format(
             },
         }
     ]
+
+
+PNG = Image("image/png", "iVBORw0KGgo=")
+JPEG = Image("image/jpeg", "/9j/4AAQ")
+
+
+async def test_images_of_tool_results_follow_them_in_a_user_message_and_user_images_are_parts(
+    make: Make, server: FakeServer, api_key: str
+) -> None:
+    server.replies.append(Reply(body=text_stream("ok")))
+    calls = [ToolCall.parse(id=f"call_{n}", name="shot", raw_arguments="{}") for n in (1, 2, 3)]
+    request = ModelRequest(
+        model="",
+        messages=[
+            Message(role="user", content="Look", images=[JPEG]),
+            Message(role="assistant", content="", tool_calls=calls),
+            Message(role="tool", content="two shots", tool_call_id="call_1", name="shot", images=[PNG, PNG]),
+            Message(role="tool", content="none", tool_call_id="call_2", name="shot"),
+            Message(role="tool", content="one", tool_call_id="call_3", name="shot", images=[JPEG]),
+            Message(role="user", content="and now?"),
+        ],
+    )
+    await collect(make(), request)
+
+    url = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+    jpeg = {"type": "image_url", "image_url": {"url": "data:image/jpeg;base64,/9j/4AAQ"}}
+    messages = server.requests[0].json()["messages"]
+    assert messages[0] == {"role": "user", "content": [{"type": "text", "text": "Look"}, jpeg]}
+    # Every tool result directly after the calls; then their images, each labelled with its call.
+    assert [m["role"] for m in messages[1:]] == ["assistant", "tool", "tool", "tool", "user", "user"]
+    assert messages[5] == {
+        "role": "user",
+        "content": [
+            {"type": "text", "text": "[2 images returned by tool call call_1 (shot)]"},
+            url,
+            url,
+            {"type": "text", "text": "[1 image returned by tool call call_3 (shot)]"},
+            jpeg,
+        ],
+    }
+    assert messages[6] == {"role": "user", "content": "and now?"}
 
 
 async def test_parallel_tool_calls_are_assembled_in_order(make: Make, server: FakeServer, api_key: str) -> None:

@@ -13,6 +13,7 @@ from weald.runtime.llm import (
     AuthenticationError,
     Completed,
     HTTPErrorFault,
+    Image,
     MalformedScriptError,
     Message,
     ModelRequest,
@@ -81,6 +82,18 @@ async def test_each_call_consumes_the_next_turn_in_order() -> None:
     assert second.message == Message(role="assistant", content="All done.")
     assert second.stop_reason == "end_turn"
     assert provider.position == 2
+
+
+async def test_the_provider_records_what_it_was_sent_images_included_the_last_64_calls() -> None:
+    provider = ScriptedProvider.from_dict({"turns": [{"text": "seen"}] * 70})
+    image = Image("image/png", "iVBORw0KGgo=")
+    shown = ModelRequest(model="", messages=[Message(role="user", content="look", images=[image])])
+    await collect(provider, shown)
+    assert list(provider.requests) == [shown]
+    for n in range(69):
+        await collect(provider, ask(str(n)))
+    assert len(provider.requests) == 64
+    assert provider.requests[-1].messages[0].content == "68"
 
 
 async def test_replays_are_deterministic() -> None:

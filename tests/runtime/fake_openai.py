@@ -1,9 +1,11 @@
-"""A real OpenAI-compatible Chat Completions server on loopback, in a thread, for agent tests.
+"""A real OpenAI-compatible Chat Completions server on loopback, in a thread, for agent and daemon tests.
 
 It speaks the streaming wire format (``text/event-stream`` with ``data:``
-chunks, ``finish_reason``, a usage chunk and ``data: [DONE]``) and plays
-queued behaviours: a text reply, tool calls, an HTTP error status, or a
-stream that stalls after its first chunk.
+chunks, ``finish_reason``, a usage chunk and ``data: [DONE]``), records every
+request (its JSON body in `requests`, its headers in `headers`), and plays
+queued behaviours: a text reply, a tool call, an HTTP error status, a stream
+that stalls after its first chunk, or an error that echoes the request's
+headers (as some proxies do in their error messages).
 """
 
 from __future__ import annotations
@@ -27,12 +29,14 @@ def _chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
 
 
 class FakeOpenAI:
-    """Queue behaviours with `text`, `tool_call`, `status`, `stall`; read `requests` after."""
+    """Queue behaviours with `text`, `tool_call`, `status`, `stall`, `echo_headers_error`; read `requests` after."""
 
     def __init__(self) -> None:
         self.behaviours: deque[tuple[str, Any]] = deque()
         self.requests: list[dict[str, Any]] = []
+        self.headers: list[dict[str, str]] = []  # of each request, names lower-cased, in step with `requests`
         self.release_stall = threading.Event()
+        self._lock = threading.Lock()
         owner = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -41,17 +45,28 @@ class FakeOpenAI:
             def log_message(self, *args: object) -> None:
                 pass
 
+            def _json(self, status: int, message: str, kind: str) -> None:
+                body = json.dumps({"error": {"message": message, "type": kind}}).encode()
+                self.send_response(status)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
             def do_POST(self) -> None:
                 length = int(self.headers.get("content-length", 0))
-                owner.requests.append(json.loads(self.rfile.read(length)))
-                kind, arg = owner.behaviours.popleft() if owner.behaviours else ("text", "(no more replies)")
+                headers = {k.lower(): v for k, v in self.headers.items()}
+                body = json.loads(self.rfile.read(length))
+                with owner._lock:
+                    owner.requests.append(body)
+                    owner.headers.append(headers)
+                    number = len(owner.requests)
+                    kind, arg = owner.behaviours.popleft() if owner.behaviours else ("text", "(no more replies)")
                 if kind == "status":
-                    body = json.dumps({"error": {"message": f"fake error {arg}", "type": "server_error"}}).encode()
-                    self.send_response(arg)
-                    self.send_header("content-type", "application/json")
-                    self.send_header("content-length", str(len(body)))
-                    self.end_headers()
-                    self.wfile.write(body)
+                    self._json(arg, f"fake error {arg}", "server_error")
+                    return
+                if kind == "echo_headers_error":
+                    self._json(arg, f"bad request; you sent {json.dumps(headers)}", "invalid_request_error")
                     return
                 self.send_response(200)
                 self.send_header("content-type", "text/event-stream")
@@ -69,7 +84,7 @@ class FakeOpenAI:
                     name, arguments = arg
                     call = {
                         "index": 0,
-                        "id": "call_x",
+                        "id": f"call_{number}",
                         "type": "function",
                         "function": {"name": name, "arguments": json.dumps(arguments)},
                     }
@@ -113,4 +128,8 @@ class FakeOpenAI:
 
     def stall(self) -> FakeOpenAI:
         self.behaviours.append(("stall", None))
+        return self
+
+    def echo_headers_error(self, status: int = 400) -> FakeOpenAI:
+        self.behaviours.append(("echo_headers_error", status))
         return self

@@ -23,7 +23,7 @@ from typing import Any
 import attrs
 import pytest
 from daemon_harness import DaemonProcess
-from sec_openai import RecordingOpenAI
+from fake_openai import FakeOpenAI
 
 API_KEY = "sk-weald-" + "Zq8Xv3Lm9Pw2Rt7Ny4Ks"
 GITHUB_TOKEN = "ghp_" + "Jk4Lm5Nb6Vc7Xz8As9Df0"
@@ -109,7 +109,7 @@ def _tool_output(messages: list[dict[str, Any]], tool: str) -> str:
 @pytest.fixture(scope="module")
 def surfaces(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Surfaces]:
     root = tmp_path_factory.mktemp("secrets")
-    with RecordingOpenAI() as server:
+    with FakeOpenAI() as server:
         daemon = SecretDaemon(root, extra_config=_config(server.url))
         try:
             daemon.start()
@@ -145,7 +145,12 @@ def surfaces(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Surfaces]:
             texts["daemon log (stdout and stderr)"] = daemon.log.read_text()
             for store_file in sorted(root.glob("store.db*")):
                 texts[f"store file {store_file.name}"] = store_file.read_bytes().decode("latin-1")
-            yield Surfaces(texts, list(server.requests), _tool_output(history, "shell"), _tool_output(plain, "shell"))
+            yield Surfaces(
+                texts,
+                list(zip(server.headers, server.requests, strict=True)),
+                _tool_output(history, "shell"),
+                _tool_output(plain, "shell"),
+            )
         finally:
             daemon.close()
 
