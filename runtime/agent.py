@@ -77,6 +77,7 @@ __all__ = [
     "AskUser",
     "HistoryEntry",
     "PermissionState",
+    "SampleModel",
     "TurnRecord",
     "TurnResult",
     "WithdrawQuestion",
@@ -260,6 +261,25 @@ class PermissionState:
     open: bool
 
 
+@attrs.frozen
+class SampleModel:
+    """A model call on this agent's provider for someone else: an MCP server's ``sampling/createMessage``.
+
+    It is not part of the agent's history or turn; its usage counts toward the
+    agent's, and it is published as ``agent.sampled``.
+
+    Attributes:
+        request: the call (no tools).
+        reply: completed with ``(model, completed)``, or failed with the
+            provider's error.
+        origin: who asked (``mcp:<server>``).
+    """
+
+    request: ModelRequest
+    reply: Future[tuple[str, Completed]]
+    origin: str
+
+
 # -- internal messages -------------------------------------------------------------------------
 
 
@@ -279,6 +299,12 @@ class _ModelEvent:
 class _ModelDone:
     gen: int
     result: outcome.Outcome[None]
+
+
+@attrs.frozen
+class _Sampled:
+    origin: str
+    completed: Completed | None
 
 
 @attrs.frozen
@@ -655,6 +681,10 @@ class Agent(Actor):
             self.answer(message.question_id, message.answer)
         elif isinstance(message, WithdrawQuestion):
             self._on_withdraw(message)
+        elif isinstance(message, SampleModel):
+            self._sample(message)
+        elif isinstance(message, _Sampled):
+            self._on_sampled(message)
         elif isinstance(message, PermissionState):
             if message.open:
                 self._permissions.add(message.request_id)
@@ -769,6 +799,43 @@ class Agent(Actor):
             self._publish("agent.tool_call", {"turn_id": turn.id, "call_id": event.id, "tool": event.name})
         elif isinstance(event, Completed):
             self._on_completed(turn, event)
+
+    def _sample(self, message: SampleModel) -> None:
+        provider = self._provider
+        if provider is None:
+            message.reply.set_exception((RuntimeError, RuntimeError(f"{self.path} has no model yet"), None))
+            return
+        model = provider.model
+
+        async def call() -> Completed:
+            async with contextlib.aclosing(provider.stream(message.request)) as events:
+                async for event in events:
+                    if isinstance(event, Completed):
+                        return event
+            msg = f"the model {model} ended its answer without completing it"
+            raise ProviderError(msg)
+
+        def done(result: outcome.Outcome[Completed]) -> _Sampled:
+            # Runs on the loop thread as the call ends, even if this agent ended meanwhile.
+            if isinstance(result, outcome.Value):
+                message.reply.set((model, result.value))
+                return _Sampled(message.origin, result.value)
+            assert isinstance(result, outcome.Error)
+            message.reply.set_exception((type(result.error), result.error, result.error.__traceback__))
+            return _Sampled(message.origin, None)
+
+        self.run_io(call, reply=done, name=f"sampling for {message.origin}")
+
+    def _on_sampled(self, message: _Sampled) -> None:
+        self._save_provider_position()
+        usage = message.completed.usage if message.completed is not None else Usage()
+        if self._record is not None:
+            self._record.usage = self._record.usage + usage
+            self._persist_record()
+        self._publish(
+            "agent.sampled",
+            {"origin": message.origin, "ok": message.completed is not None, "usage": msgspec.to_builtins(usage)},
+        )
 
     def _on_completed(self, turn: _Turn, event: Completed) -> None:
         message = event.message

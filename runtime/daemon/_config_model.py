@@ -307,8 +307,12 @@ class MCPServerConfig:
         connect_timeout: Deadline for start-up and the handshake, in seconds.
         ping_timeout: How long the server has to answer a ping before it
             counts as hung (not responding) and is restarted, in seconds.
-        ping_interval: Seconds between pings while requests are in flight.
+        ping_interval: Seconds between pings (idle or not) that find a hung server.
         auth: ``[mcp.servers.NAME.auth]``, OAuth for an HTTP server.
+        sampling: When the server asks for a completion of the calling
+            agent's model: ``ask`` its person each time, ``allow``, or ``deny``.
+        log_level: The ``logging/setLevel`` sent to the server after the
+            handshake; None leaves the server's default.
     """
 
     command: str | None = checked(None, optional(check_string))
@@ -323,6 +327,8 @@ class MCPServerConfig:
     ping_timeout: float = checked(5.0, check_seconds)
     ping_interval: float = checked(30.0, check_seconds)
     auth: MCPAuthConfig | None = None
+    sampling: Literal["ask", "allow", "deny"] = "ask"
+    log_level: Literal["debug", "info", "notice", "warning", "error", "critical", "alert", "emergency"] | None = None
 
     def to_server_config(self, name: str) -> ServerConfig:
         """The `ServerConfig` for the server called ``name``.
@@ -351,6 +357,8 @@ class MCPServerConfig:
             ping_timeout=self.ping_timeout,
             ping_interval=self.ping_interval,
             auth=auth,
+            sampling=self.sampling,
+            log_level=self.log_level,
         )
 
 

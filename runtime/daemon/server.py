@@ -421,6 +421,8 @@ class Server(Actor):
             "mcp.servers": (NoParams, self._mcp_servers),
             "mcp.resources.list": (McpServerParams, self._mcp_resources_list),
             "mcp.resources.read": (McpReadParams, self._mcp_resources_read),
+            "mcp.resources.subscribe": (McpReadParams, self._mcp_resources_subscribe),
+            "mcp.resources.unsubscribe": (McpReadParams, self._mcp_resources_unsubscribe),
             "mcp.prompts.list": (McpServerParams, self._mcp_prompts_list),
             "mcp.prompts.get": (McpPromptParams, self._mcp_prompts_get),
             "daemon.status": (NoParams, self._daemon_status),
@@ -932,7 +934,7 @@ class Server(Actor):
                 for snapshot in await mcp.proxy().servers():
                     node = nodes.get(snapshot.path)
                     if node is not None:
-                        node["mcp"] = _mcp_view(snapshot)
+                        node["mcp"] = self._mcp_view(snapshot)
         faults = self._daemon.faults
         counts = faults.fault_counts_by_path() if faults is not None and hasattr(faults, "fault_counts_by_path") else {}
         for path, count in counts.items():
@@ -1119,30 +1121,59 @@ class Server(Actor):
 
     # -- MCP -------------------------------------------------------------------------------------------------
 
-    def _mcp(self, server: str) -> Any:
+    async def _mcp(self, server: str, request: Callable[[Any], Any]) -> Any:
+        """Run one request on a server's connection; its answer, or an RPC error saying why not.
+
+        Not configured: NOT_FOUND. Configured but not running now (starting,
+        restarting): APP_ERROR saying when it will be back. The server's own
+        refusal, a timeout or a lost connection: APP_ERROR with the reason.
+        """
+        from weald.runtime.mcp import MCPError
+
         ref = self.system.whereis(f"/mcp/{server}")
         if ref is None:
-            raise RPCError(NOT_FOUND, f"no connected MCP server {server!r}; mcp.servers lists them")
-        return ref.proxy()
+            supervisor = self.system.whereis("/mcp")
+            configured = supervisor is not None and any(s.server == server for s in await supervisor.proxy().servers())
+            if not configured:
+                raise RPCError(NOT_FOUND, f"no MCP server {server!r} is configured; mcp.servers lists them")
+            assert supervisor is not None
+            raise RPCError(APP_ERROR, await supervisor.proxy().unavailable(server))
+        try:
+            return await _maybe_future(await request(ref.proxy()))
+        except MCPError as exc:
+            raise RPCError(APP_ERROR, str(exc)) from exc
 
     async def _mcp_servers(self, conn: Connection, p: NoParams) -> list[dict[str, Any]]:
         mcp = self.system.whereis("/mcp")
         if mcp is None:
             return []
         # The mcp supervisor answers at once: no connection's handshake holds it.
-        return [_mcp_view(snapshot) for snapshot in await mcp.proxy().servers()]
+        return [self._mcp_view(snapshot) for snapshot in await mcp.proxy().servers()]
+
+    def _mcp_view(self, snapshot: Any) -> dict[str, Any]:
+        """One MCP server as ``mcp.servers`` and ``tree`` show it, with its last log messages."""
+        logs = self.system.events.recent(3, topic="mcp.log", where=lambda e: e.data.get("server") == snapshot.server)
+        return {**_mcp_view(snapshot), "recent_logs": [_plain(event.data) for event in logs]}
 
     async def _mcp_resources_list(self, conn: Connection, p: McpServerParams) -> Any:
-        return await _maybe_future(await self._mcp(p.server).list_resources())
+        return await self._mcp(p.server, lambda mcp: mcp.list_resources())
 
     async def _mcp_resources_read(self, conn: Connection, p: McpReadParams) -> Any:
-        return await _maybe_future(await self._mcp(p.server).read_resource(p.uri))
+        return await self._mcp(p.server, lambda mcp: mcp.read_resource(p.uri))
+
+    async def _mcp_resources_subscribe(self, conn: Connection, p: McpReadParams) -> dict[str, Any]:
+        await self._mcp(p.server, lambda mcp: mcp.subscribe(p.uri))
+        return {"subscribed": True}
+
+    async def _mcp_resources_unsubscribe(self, conn: Connection, p: McpReadParams) -> dict[str, Any]:
+        await self._mcp(p.server, lambda mcp: mcp.unsubscribe(p.uri))
+        return {"subscribed": False}
 
     async def _mcp_prompts_list(self, conn: Connection, p: McpServerParams) -> Any:
-        return await _maybe_future(await self._mcp(p.server).list_prompts())
+        return await self._mcp(p.server, lambda mcp: mcp.list_prompts())
 
     async def _mcp_prompts_get(self, conn: Connection, p: McpPromptParams) -> Any:
-        return await _maybe_future(await self._mcp(p.server).get_prompt(p.name, p.arguments))
+        return await self._mcp(p.server, lambda mcp: mcp.get_prompt(p.name, p.arguments))
 
     # -- the daemon ---------------------------------------------------------------------------------------
 

@@ -70,6 +70,7 @@ __all__ = [
     "SHUTDOWN_REASON",
     "Daemon",
     "DaemonError",
+    "Roots",
     "SessionRecord",
     "Sessions",
     "TurnGate",
@@ -279,6 +280,35 @@ def _aborted(reason: str) -> TurnResult:
     return TurnResult(turn_id="", ok=False, text="", usage=Usage(), steps=0, error=reason, aborted=True)
 
 
+class Roots:
+    """The working directories of the running top-level agents: the roots MCP servers are given.
+
+    Updated by `Sessions` as agents start and stop (on the loop thread); when
+    the set changes, the ``mcp`` supervisor tells every connected server
+    (``notifications/roots/list_changed``) and they ask for `paths` again.
+    """
+
+    def __init__(self, system: ActorSystem) -> None:
+        self._system = system
+        self._dirs: dict[str, str] = {}  # session id -> working dir
+
+    def paths(self) -> list[str]:
+        """The directories, sorted, each once."""
+        return sorted(set(self._dirs.values()))
+
+    def set_nowait(self, session_id: str, working_dir: str | None) -> None:
+        """Note that a session runs in ``working_dir`` (None: it stopped)."""
+        before = self.paths()
+        if working_dir is None:
+            self._dirs.pop(session_id, None)
+        else:
+            self._dirs[session_id] = working_dir
+        mcp = self._system.whereis("/mcp")
+        if self.paths() != before and mcp is not None:
+            with contextlib.suppress(ActorDeadError):
+                mcp.proxy().roots_changed()
+
+
 class Sessions:
     """Starts, stops, lists and restores sessions; used by the RPC methods (on the loop).
 
@@ -297,9 +327,11 @@ class Sessions:
         supervisor: Ref[Any],
         *,
         faults: Any = None,
+        roots: Roots | None = None,
     ) -> None:
         self.system = system
         self.config = config
+        self.roots = roots if roots is not None else Roots(system)
         # Tool calls see the faulting view when fault injection is on.
         self.registry = faults.wrap_registry(registry) if faults is not None else registry
         self._faults = faults
@@ -438,6 +470,7 @@ class Sessions:
                 "the top-level agents running); stop one with agent.stop or raise the limit in weald.toml"
             )
             raise DaemonError(msg) from exc
+        self.roots.set_nowait(record.session_id, record.working_dir)
         return ref
 
     async def stop(self, session_id: str) -> bool:
@@ -451,6 +484,7 @@ class Sessions:
             record.status = "stopped"
             await self.system.store.aput("sessions", session_id, record)
         self.gate.cancel_waiting_nowait(session_id, "the agent was stopped")
+        self.roots.set_nowait(session_id, None)
         ref = self.system.whereis(f"/sessions/{session_id}")
         if ref is not None:
             await self._proxy.terminate_child(ref)
@@ -605,6 +639,7 @@ class Daemon:
         self.registry = registry if registry is not None else default_registry.copy()
         register_config_secrets(config)
         self.system = ActorSystem(store_path=config.store.path, durability=config.store.durability)
+        self.roots = Roots(self.system)
         self.sessions: Sessions | None = None
         self._stop_requested = False
         self._lock_fd: int | None = None
@@ -644,7 +679,9 @@ class Daemon:
                     shutdown=120,
                 )
             ).get(timeout=30)
-            self.sessions = Sessions(self.system, self.config, self.registry, sessions, faults=self.faults)
+            self.sessions = Sessions(
+                self.system, self.config, self.registry, sessions, faults=self.faults, roots=self.roots
+            )
             self.sessions.sweep_spill()
             if restore:
                 self.system.loop.run(self.sessions.restore, progress)
@@ -673,7 +710,7 @@ class Daemon:
         from weald.runtime.mcp import mcp_supervisor_spec
 
         configs = [s.to_server_config(name) for name, s in servers.items()]
-        spec: ChildSpec = mcp_supervisor_spec(configs, self.registry)
+        spec: ChildSpec = mcp_supervisor_spec(configs, self.registry, roots=self.roots.paths)
         return spec
 
     def request_stop(self) -> None:

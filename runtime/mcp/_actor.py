@@ -56,13 +56,14 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import logging
 import math
 import os
 import shlex
 import time
 import urllib.parse
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any, Literal, NoReturn, TypeVar
 
@@ -77,6 +78,7 @@ from weald.runtime import (
     IOCancelledError,
     IOHandle,
     is_secret_name,
+    redact,
     redact_text,
     register_secret,
 )
@@ -106,6 +108,7 @@ from ._registry import (
 from ._resource_tools import resource_tools
 from ._session import MCPSession, open_connection
 from ._values import (
+    MCPLogMessage,
     MCPPrompt,
     MCPPromptResult,
     MCPResource,
@@ -253,6 +256,7 @@ class _ServerRecord:
         "starts",
         "statistics",
         "status",
+        "subscriptions",
         "tools",
     )
 
@@ -263,6 +267,7 @@ class _ServerRecord:
         self.failed_starts = 0
         self.attempt = 0
         self.retry_at: float | None = None
+        self.subscriptions: set[str] = set()  # resource URIs, subscribed again by every incarnation
         self.status: ConnectionStatus = "connecting"
         self.last_error: str | None = None
         self.server_info: MCPServerInfo | None = None
@@ -320,6 +325,32 @@ class _ServerRecord:
             f"MCP server {name!r} is connecting{attempt}, within its connect_timeout of "
             f"{self.config.connect_timeout:g} s; try again in a moment."
         )
+
+
+async def _subscribe(session: MCPSession, *, uri: str) -> None:
+    await session.subscribe_resource(uri)
+
+
+def _succeeded(future: Future[Any]) -> bool:
+    try:
+        future.get(timeout=0)
+    except Exception:
+        return False
+    return True
+
+
+#: The most characters of one server log message kept in its ``mcp.log`` event.
+LOG_DATA_CHARS = 2000
+
+
+def _log_data(data: object) -> object:
+    """A log message's data for an event: secrets cut out, bounded in size."""
+    if isinstance(data, str):
+        text = redact_text(data)
+        return text if len(text) <= LOG_DATA_CHARS else text[:LOG_DATA_CHARS] + "..."
+    cleaned = redact(data)
+    encoded = json.dumps(cleaned, ensure_ascii=False, default=str)
+    return cleaned if len(encoded) <= LOG_DATA_CHARS else encoded[:LOG_DATA_CHARS] + "..."
 
 
 def _first_line(text: str, limit: int = 300) -> str:
@@ -398,6 +429,12 @@ class _Connected:
         self.session = session
 
 
+class _RootsChanged:
+    """The roots changed: tell the server (``notifications/roots/list_changed``)."""
+
+    __slots__ = ()
+
+
 class _ToolsChanged:
     """The server's tool list changed (``notifications/tools/list_changed``, re-fetched)."""
 
@@ -455,6 +492,7 @@ class MCPConnection(Actor):
         permission: Permission = "ask",
         _record: _ServerRecord | None = None,
         _gate: StartGate | None = None,
+        _roots: Callable[[], Sequence[str]] | None = None,
     ) -> None:
         super().__init__()
         if not config.enabled:
@@ -465,6 +503,7 @@ class MCPConnection(Actor):
         self._permission: Permission = permission
         self._record = _record if _record is not None else _ServerRecord(config)
         self._gate = _gate
+        self._roots = _roots
         self._session: MCPSession | None = None
         self._inflight: dict[int, _InFlight] = {}
         self._registered: dict[str, ToolRoute] = {}  # registered name -> our tool function
@@ -620,8 +659,11 @@ class MCPConnection(Actor):
             async with open_connection(
                 config,
                 on_tools_changed=self._tools_changed_nowait,
+                on_log=self._log_nowait,
                 auth_storage=storage,
                 on_authorization=self._authorization_required,
+                on_notice=self._notice_nowait,
+                roots=self._roots,
             ) as session:
                 with contextlib.suppress(ActorDeadError):
                     self.actor_ref.tell(_Connected(session))
@@ -651,6 +693,22 @@ class MCPConnection(Actor):
         # crashes the actor (after reporting a failed start as such).
         assert isinstance(result, outcome.Error)
         return _ConnectionEnded(result.error)
+
+    def _log_nowait(self, message: MCPLogMessage) -> None:
+        # Called by the session's delivery task, in order; must not block or raise.
+        # Stderr lines are kept as the tail shown when the server fails, not published.
+        if message.source != "notification":
+            return
+        self._publish(
+            "mcp.log",
+            level=message.level,
+            logger=message.logger,
+            data=_log_data(message.data),
+        )
+
+    def _notice_nowait(self, kind: str, data: Mapping[str, Any]) -> None:
+        # Called by the task reading the server, in wire order; must not block.
+        self._publish(f"mcp.{kind}", **data)
 
     def _tools_changed_nowait(self, tools: tuple[MCPTool, ...]) -> None:
         # Called by the session's delivery task; must not block or raise.
@@ -682,6 +740,8 @@ class MCPConnection(Actor):
         self._sync_tools(session.tools)
         self._sweep_stale_tools()
         record.status = "running"
+        for uri in sorted(record.subscriptions):  # a new connection: subscribe again
+            self._resubscribe(uri)
         self._publish(
             "mcp.connected",
             transport=self._config.transport,
@@ -707,6 +767,9 @@ class MCPConnection(Actor):
             self._tools_changed(message.tools)
         elif isinstance(message, _Connected):
             self._connected(message.session)
+        elif isinstance(message, _RootsChanged):
+            if self._session is not None:
+                self._request("notifications/roots/list_changed", lambda session: session.notify_roots_changed())
         elif isinstance(message, _ConnectionEnded):
             if self._session is None:
                 self._start_failed(message.error)  # never connected: spawn, handshake, timeout or authorization
@@ -722,7 +785,11 @@ class MCPConnection(Actor):
 
         async def run(session: MCPSession) -> Any:
             return await session.call_tool(
-                call.tool, call.arguments, on_progress=call.on_progress, on_elicitation=call.on_elicitation
+                call.tool,
+                call.arguments,
+                on_progress=call.on_progress,
+                on_elicitation=call.on_elicitation,
+                on_sampling=call.on_sampling,
             )
 
         self._start(call.call_id, "call", f"tool {call.registered_name}", call.reply, run)
@@ -799,7 +866,13 @@ class MCPConnection(Actor):
             self._unregister(name)
         for name, tool in wanted.items():
             route = ToolRoute(
-                self.system, self.path, self.server, tool.name, name, unavailable=self._record.unavailable
+                self.system,
+                self.path,
+                self.server,
+                tool.name,
+                name,
+                unavailable=self._record.unavailable,
+                sampling=self._config.sampling,
             )
             weald_tool = build_tool(
                 tool,
@@ -880,6 +953,37 @@ class MCPConnection(Actor):
         """Start resources/read of ``uri``; a future of its parts (see `list_resources`)."""
         return self._request(f"resources/read {uri!r}", lambda session: session.read_resource(uri))
 
+    def subscribe(self, uri: str) -> Future[None]:
+        """Start resources/subscribe of ``uri``; each update is published as ``mcp.resource_updated``.
+
+        The subscription is kept across restarts: every new connection
+        subscribes again. The future is as `list_resources`'s; a failed
+        subscribe is not kept.
+        """
+        self._record.subscriptions.add(uri)
+        reply = self._request(f"resources/subscribe {uri!r}", partial(_subscribe, uri=uri))
+        reply._on_done(lambda done: self._subscribe_failed(uri) if not _succeeded(done) else None)
+        return reply
+
+    def unsubscribe(self, uri: str) -> Future[None]:
+        """Start resources/unsubscribe of ``uri`` and forget the subscription (see `subscribe`)."""
+        self._record.subscriptions.discard(uri)
+        return self._request(f"resources/unsubscribe {uri!r}", lambda session: session.unsubscribe_resource(uri))
+
+    def _subscribe_failed(self, uri: str) -> None:
+        # Runs where the request ended (the loop thread).
+        self._record.subscriptions.discard(uri)
+
+    def _resubscribe(self, uri: str) -> None:
+        def done(reply: Future[None]) -> None:
+            if not _succeeded(reply):
+                logger.warning(
+                    "MCP server %r: subscribing again to %s failed; the subscription is dropped", self.server, uri
+                )
+                self._subscribe_failed(uri)
+
+        self._request(f"resources/subscribe {uri!r}", partial(_subscribe, uri=uri))._on_done(done)
+
     def list_prompts(self) -> Future[tuple[MCPPrompt, ...]]:
         """Start prompts/list; a future of the server's prompt templates (see `list_resources`)."""
         return self._request("prompts/list", lambda session: session.list_prompts())
@@ -932,7 +1036,7 @@ class MCPSupervisor(Supervisor):
     resources (``mcp_list_resources``, ``mcp_read_resource``) are registered
     beside the servers' tools.
 
-    Through ``ref.proxy()``, besides `Supervisor`'s API: `servers`, `unavailable`.
+    Through ``ref.proxy()``, besides `Supervisor`'s API: `servers`, `unavailable`, `roots_changed`.
 
     Args:
         configs: the servers; disabled ones are skipped.
@@ -941,6 +1045,10 @@ class MCPSupervisor(Supervisor):
         backoff: restart backoff of every connection.
         start_rate: server starts (and restarts) per second at most (see
             `StartGate`); default `default_start_rate`.
+        roots: returns the directories servers may work in (the agents'
+            working directories), for their ``roots/list``; with it the
+            ``roots`` capability is declared. Call `roots_changed` when
+            what it returns changes.
 
     Raises:
         MCPConfigError: two enabled servers share a name.
@@ -955,6 +1063,7 @@ class MCPSupervisor(Supervisor):
         permission: Permission = "ask",
         backoff: Backoff = DEFAULT_BACKOFF,
         start_rate: float | None = None,
+        roots: Callable[[], Sequence[str]] | None = None,
     ) -> None:
         enabled = [config for config in configs if config.enabled]
         gate = StartGate(start_rate if start_rate is not None else default_start_rate())
@@ -973,7 +1082,7 @@ class MCPSupervisor(Supervisor):
                     child_id,
                     MCPConnection,
                     args=(config, registry),
-                    kwargs={"permission": permission, "_record": record, "_gate": gate},
+                    kwargs={"permission": permission, "_record": record, "_gate": gate, "_roots": roots},
                     shutdown=CONNECTION_SHUTDOWN,
                     backoff=backoff,
                 )
@@ -1056,6 +1165,13 @@ class MCPSupervisor(Supervisor):
             self._registry.unregister(name)
         self._resource_tools.clear()
 
+    def roots_changed(self) -> None:
+        """Tell every connected server that the roots changed (it asks for them again)."""
+        for info in self.which_children():
+            if info.ref is not None:
+                with contextlib.suppress(ActorDeadError):
+                    info.ref.tell(_RootsChanged())
+
     def unavailable(self, server: str) -> str:
         """Why ``server`` cannot take a request now and when it can, for the model."""
         record = next((r for r in self._records.values() if r.config.name == server), None)
@@ -1096,6 +1212,7 @@ def mcp_supervisor_spec(
     permission: Permission = "ask",
     backoff: Backoff = DEFAULT_BACKOFF,
     start_rate: float | None = None,
+    roots: Callable[[], Sequence[str]] | None = None,
 ) -> ChildSpec:
     """The `ChildSpec` of the daemon's ``mcp`` subtree, to start under the root.
 
@@ -1114,6 +1231,6 @@ def mcp_supervisor_spec(
         child_id,
         MCPSupervisor,
         args=(configs, registry),
-        kwargs={"permission": permission, "backoff": backoff, "start_rate": start_rate},
+        kwargs={"permission": permission, "backoff": backoff, "start_rate": start_rate, "roots": roots},
         shutdown=CONNECTION_SHUTDOWN * max(enabled, 1) + 1.0,
     )

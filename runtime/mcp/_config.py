@@ -55,6 +55,9 @@ _GRANTS: Final = ("authorization_code", "client_credentials")
 _MODES: Final = ("browser", "headless")
 _METHODS: Final = ("client_secret_basic", "client_secret_post", "none")
 _ENV_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+SAMPLING_POLICIES: Final = ("ask", "allow", "deny")
+#: MCP's log levels (RFC 5424's), least severe first.
+LOG_LEVELS: Final = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
 _LOOPBACK: Final = frozenset({"127.0.0.1", "localhost", "::1"})
 
 
@@ -272,6 +275,14 @@ class ServerConfig:
             server is found (and restarted) before anyone calls it.
         auth: OAuth for an HTTP server that requires it (`OAuthConfig`); a
             mapping is accepted too. None: no OAuth (static ``headers`` only).
+        sampling: What to do when the server asks the client's model for a
+            completion (``sampling/createMessage``): ``ask`` the person
+            driving the calling agent each time, ``allow`` without asking,
+            or ``deny`` (the capability is not declared).
+        log_level: The ``logging/setLevel`` sent after the handshake to a
+            server with the logging capability (``debug``, ``info``,
+            ``notice``, ``warning``, ``error``, ``critical``, ``alert``,
+            ``emergency``); None leaves the server's default.
     """
 
     name: str
@@ -287,6 +298,8 @@ class ServerConfig:
     ping_timeout: float = DEFAULT_PING_TIMEOUT
     ping_interval: float = DEFAULT_PING_INTERVAL
     auth: OAuthConfig | None = attrs.field(default=None, converter=_auth)
+    sampling: Literal["ask", "allow", "deny"] = "ask"
+    log_level: str | None = None
 
     def __attrs_post_init__(self) -> None:
         problems = self._problems()
@@ -330,6 +343,10 @@ class ServerConfig:
             problems.extend(f"auth.{problem}" for problem in self.auth.problems())
         if not isinstance(self.enabled, bool):
             problems.append("enabled must be true or false")
+        if self.sampling not in SAMPLING_POLICIES:
+            problems.append(f"sampling must be one of {', '.join(SAMPLING_POLICIES)}, not {self.sampling!r}")
+        if self.log_level is not None and self.log_level not in LOG_LEVELS:
+            problems.append(f"log_level must be one of {', '.join(LOG_LEVELS)}, not {self.log_level!r}")
         for field in ("call_timeout", "connect_timeout", "ping_timeout", "ping_interval"):
             value = getattr(self, field)
             if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:

@@ -32,6 +32,7 @@ __all__ = [
     "MCPElicitation",
     "MCPElicitationResult",
     "answer_with_defaults",
+    "ask_through_agent",
     "elicitation_defaults",
     "parse_answer",
     "question_choices",
@@ -338,37 +339,54 @@ class AgentElicitor:
         return CANCEL
 
     async def _ask(self, request: MCPElicitation, question: str) -> str | None:
-        # Imported here: weald.runtime.agent imports the tool runner and the
-        # model providers, which a client of open_connection alone never needs.
-        from weald.runtime.agent import AskUser, WithdrawQuestion
-
-        agent = self.runtime.whereis(self.agent_path)
-        if agent is None:
-            return None
-        question_id = uuid.uuid4().hex[:12]
-        reply: Future[str] = Future()
-        ask = AskUser(
+        return await ask_through_agent(
+            self.runtime,
+            self.agent_path,
             question,
             question_choices(request),
-            reply,
-            self.agent_path,
-            schema=dict(request.schema) if request.mode == "form" else None,
-            question_id=question_id,
             origin=f"mcp:{request.server}",
+            schema=dict(request.schema) if request.mode == "form" else None,
         )
-        try:
-            agent.tell(ask)
-        except ActorDeadError:
-            return None
-        try:
-            return await reply
-        except (RuntimeError, ActorDeadError):
-            return None  # withdrawn by the agent (an abort), or the agent crashed
-        except BaseException:
-            # Cancelled: the call's deadline, or the server gave up. Nobody waits any more.
-            with contextlib.suppress(ActorDeadError):
-                agent.tell(WithdrawQuestion(question_id, "the MCP server's request ended before it was answered"))
-            raise
+
+
+async def ask_through_agent(
+    runtime: Any,
+    agent_path: str,
+    question: str,
+    choices: tuple[str, ...],
+    *,
+    origin: str,
+    schema: Mapping[str, Any] | None = None,
+) -> str | None:
+    """Ask whoever drives the agent at ``agent_path`` (its question flow); the answer, or None.
+
+    None when the agent is gone, or withdrew the question (an abort). If the
+    caller is cancelled first, the question is withdrawn and the cancellation
+    goes on.
+    """
+    # Imported here: weald.runtime.agent imports the tool runner and the
+    # model providers, which a client of open_connection alone never needs.
+    from weald.runtime.agent import AskUser, WithdrawQuestion
+
+    agent = runtime.whereis(agent_path)
+    if agent is None:
+        return None
+    question_id = uuid.uuid4().hex[:12]
+    reply: Future[str] = Future()
+    ask = AskUser(question, choices, reply, agent_path, schema=schema, question_id=question_id, origin=origin)
+    try:
+        agent.tell(ask)
+    except ActorDeadError:
+        return None
+    try:
+        return await reply
+    except (RuntimeError, ActorDeadError):
+        return None  # withdrawn by the agent (an abort), or the agent crashed
+    except BaseException:
+        # Cancelled: the call's deadline, or the server gave up. Nobody waits any more.
+        with contextlib.suppress(ActorDeadError):
+            agent.tell(WithdrawQuestion(question_id, "the MCP server's request ended before it was answered"))
+        raise
 
 
 def _question_text(request: MCPElicitation) -> str:

@@ -22,6 +22,7 @@ from weald.tools import Permission, Tool, ToolContext, ToolResult
 
 from ._elicitation import AgentElicitor, ElicitationHandler
 from ._exceptions import MCPClosedError, MCPConnectionLost, MCPError, MCPNotResponding, MCPTimeout, MCPToolError
+from ._sampling import AgentSampler, SamplingHandler, SamplingPolicy
 from ._values import MCPTool, MCPToolResult
 
 if TYPE_CHECKING:
@@ -64,7 +65,16 @@ class NotConnected(MCPConnectionLost):
 class CallTool:
     """Message to an `MCPConnection`: run ``tool`` with ``arguments`` and complete ``reply``."""
 
-    __slots__ = ("arguments", "call_id", "on_elicitation", "on_progress", "registered_name", "reply", "tool")
+    __slots__ = (
+        "arguments",
+        "call_id",
+        "on_elicitation",
+        "on_progress",
+        "on_sampling",
+        "registered_name",
+        "reply",
+        "tool",
+    )
 
     def __init__(
         self,
@@ -75,6 +85,7 @@ class CallTool:
         on_progress: ProgressCallback | None,
         *,
         on_elicitation: ElicitationHandler | None = None,
+        on_sampling: SamplingHandler | None = None,
     ) -> None:
         self.call_id = next(_call_ids)
         self.tool = tool
@@ -83,6 +94,7 @@ class CallTool:
         self.reply = reply
         self.on_progress = on_progress
         self.on_elicitation = on_elicitation
+        self.on_sampling = on_sampling
 
 
 class CancelCall:
@@ -190,9 +202,10 @@ class ToolRoute:
         unavailable: says why the server cannot take a call now and when it
             can (``MCP server 'x' is restarting (attempt 3, retry in 4 s);
             try again then.``); called on the loop thread.
+        sampling: the server's sampling policy (``ask``, ``allow``, ``deny``).
     """
 
-    __slots__ = ("name", "path", "server", "system", "tool", "unavailable")
+    __slots__ = ("name", "path", "sampling", "server", "system", "tool", "unavailable")
 
     def __init__(
         self,
@@ -203,8 +216,10 @@ class ToolRoute:
         name: str,
         *,
         unavailable: Callable[[], str] | None = None,
+        sampling: SamplingPolicy = "ask",
     ) -> None:
         self.system = system
+        self.sampling: SamplingPolicy = sampling
         self.path = path
         self.server = server
         self.tool = tool
@@ -235,7 +250,15 @@ class ToolRoute:
             ctx.emit("output", progress_event(progress, total, message))
 
         reply: Future[MCPToolResult] = Future()
-        call = CallTool(self.tool, self.name, arguments, reply, on_progress, on_elicitation=_elicitor(ctx))
+        call = CallTool(
+            self.tool,
+            self.name,
+            arguments,
+            reply,
+            on_progress,
+            on_elicitation=_elicitor(ctx),
+            on_sampling=_sampler(ctx, self.sampling),
+        )
         try:
             ref.tell(call)
         except ActorDeadError:
@@ -278,6 +301,16 @@ def progress_event(progress: float, total: float | None, message: str | None) ->
     count = f"{progress:g}/{total:g}" if total is not None else f"{progress:g}"
     text = f"{message} ({count})" if message else f"progress {count}"
     return {"stream": "progress", "text": f"{text}\n", "progress": progress, "total": total, "message": message}
+
+
+def _sampler(ctx: ToolContext, policy: SamplingPolicy) -> AgentSampler | None:
+    """Who runs the server's sampling requests during this call: the calling agent's model, if there is one."""
+    runtime = getattr(ctx.session, "runtime", None)
+    agent_path = getattr(ctx.snapshot, "path", None)
+    if runtime is None or not isinstance(agent_path, str) or not agent_path:
+        return None
+    session_path = getattr(runtime, "session_path", None)
+    return AgentSampler(runtime, agent_path, session_path if isinstance(session_path, str) else agent_path, policy)
 
 
 def _elicitor(ctx: ToolContext) -> AgentElicitor | None:

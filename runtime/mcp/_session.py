@@ -12,9 +12,10 @@ Task layout inside ``open_connection`` (one trio nursery)::
     │              responding (hung)
     └── (the caller's ``async with`` body)
 
-Requests from the server (``elicitation/create``) are answered in tasks of
-the SDK's, by the handler of the tool call they belong to (see
-`MCPSession.call_tool`). OAuth, when the config has ``auth``, is an
+Requests from the server (``elicitation/create``, ``sampling/createMessage``)
+are answered in tasks of the SDK's, by the handlers of the tool call they
+belong to (see `MCPSession.call_tool`); ``roots/list`` by the ``roots``
+function given to `open_connection`. OAuth, when the config has ``auth``, is an
 ``httpx2.Auth`` on the HTTP client (``_auth``).
 
 The SDK (``mcp`` 2.x) is the protocol layer: JSON-RPC framing, request
@@ -29,8 +30,9 @@ import contextlib
 import contextvars
 import logging
 import math
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterator, Mapping
-from typing import Any, Literal, NoReturn, TypeVar
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Final, Literal, NoReturn, TypeVar
 
 import anyio
 import httpx2
@@ -41,6 +43,7 @@ import trio
 from mcp.client import Transport
 from mcp.client.auth import TokenStorage
 from mcp.client.session import ClientRequestContext
+from mcp.client.sse import sse_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.message import SessionMessage
 from weald.runtime._version import VERSION
@@ -69,6 +72,7 @@ from ._exceptions import (
     MCPToolError,
 )
 from ._names import register_tool_names
+from ._sampling import MCPSampling, MCPSamplingMessage, SamplingHandler, SamplingRefused, refuse_sampling
 from ._stdio import (
     ReadReceive,
     ReadSend,
@@ -108,6 +112,11 @@ ProgressCallback = Callable[[float, float | None, str | None], None]
 ToolsChangedCallback = Callable[[tuple[MCPTool, ...]], None]
 LogCallback = Callable[[MCPLogMessage], None]
 AuthorizationCallback = Callable[[str], None]
+#: Called with ``(kind, data)`` for the server's other notifications, in wire
+#: order: ``resources_changed`` ({}), ``prompts_changed`` ({}) and
+#: ``resource_updated`` ({"uri": ...}).
+NoticeCallback = Callable[[str, Mapping[str, Any]], None]
+RootsFunction = Callable[[], Sequence[str]]
 
 # Bounds, stated where they are used.
 LOG_BUFFER = 256  # log messages waiting for on_log; beyond this they are dropped
@@ -125,6 +134,13 @@ ELICITATION_MARGIN = 2.0
 # because the connection, not the server, ended it (JSON-RPC code -32000,
 # which servers also use for errors of their own, hence the message check).
 _SDK_CLOSED_MESSAGES = ("Connection closed",)
+
+# The server's notifications passed on to ``on_notice``, by kind.
+_NOTICES: Final = {
+    "notifications/resources/list_changed": "resources_changed",
+    "notifications/prompts/list_changed": "prompts_changed",
+    "notifications/resources/updated": "resource_updated",
+}
 _SDK_STREAM_FAILURE_PREFIX = "SSE stream"
 
 _State = Literal["starting", "open", "lost", "closed"]
@@ -133,11 +149,14 @@ _State = Literal["starting", "open", "lost", "closed"]
 class _CallRoute:
     """A tool call in flight, for the server's requests that come during it."""
 
-    __slots__ = ("deadline", "handler", "tool")
+    __slots__ = ("deadline", "handler", "sampler", "tool")
 
-    def __init__(self, tool: str, handler: ElicitationHandler | None, deadline: float) -> None:
+    def __init__(
+        self, tool: str, handler: ElicitationHandler | None, deadline: float, sampler: SamplingHandler | None = None
+    ) -> None:
         self.tool = tool
         self.handler = handler
+        self.sampler = sampler
         self.deadline = deadline
 
 
@@ -175,7 +194,8 @@ def _failures(exc: BaseException) -> list[BaseException]:
 
 def _describe_failure(exc: BaseException) -> str:
     if isinstance(exc, httpx2.HTTPError):
-        return f"HTTP error: {exc}"
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return f"HTTP error: {first}"
     if isinstance(exc, mcp.MCPError):
         return f"{exc.message} (JSON-RPC error {exc.code})"
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
@@ -250,10 +270,16 @@ class MCPSession(metaclass=_NoPublicConstructor):
         on_elicitation: ElicitationHandler | None,
         auth_storage: TokenStorage | None,
         on_authorization: AuthorizationCallback | None,
+        on_notice: NoticeCallback | None = None,
+        roots: RootsFunction | None = None,
     ) -> None:
         self._config = config
         self._on_tools_changed = on_tools_changed
         self._on_log = on_log
+        self._on_notice = on_notice
+        self._roots = roots
+        self._samplings = 0
+        self._samplings_refused = 0
         self._on_elicitation: ElicitationHandler = on_elicitation or answer_with_defaults
         self._auth_storage = auth_storage
         self._on_authorization = on_authorization
@@ -268,6 +294,8 @@ class MCPSession(metaclass=_NoPublicConstructor):
         self._client: mcp.ClientSession | None = None
         self._stdio: StdioServer | None = None
         self._last_http_error: str | None = None
+        self._first_post_status: int | None = None  # of the first POST (initialize): 404/405 means HTTP+SSE
+        self._legacy_sse = False  # speaking the 2024-11-05 HTTP+SSE transport
         self._server_info: MCPServerInfo | None = None
         self._capabilities: MCPCapabilities | None = None
         self._tools: tuple[MCPTool, ...] = ()
@@ -345,6 +373,9 @@ class MCPSession(metaclass=_NoPublicConstructor):
             log_messages_dropped=self._logs_dropped,
             elicitations=self._elicitations,
             elicitations_unrouted=self._elicitations_unrouted,
+            samplings=self._samplings,
+            samplings_refused=self._samplings_refused,
+            legacy_sse=self._legacy_sse,
             pings=self._pings,
             pings_unanswered=self._pings_unanswered,
             pid=self._stdio.pid if self._stdio is not None else None,
@@ -363,6 +394,7 @@ class MCPSession(metaclass=_NoPublicConstructor):
         *,
         on_progress: ProgressCallback | None = None,
         on_elicitation: ElicitationHandler | None = None,
+        on_sampling: SamplingHandler | None = None,
         timeout: float | None = None,
     ) -> MCPToolResult:
         """Call a tool and return its result.
@@ -389,6 +421,12 @@ class MCPSession(metaclass=_NoPublicConstructor):
                 ``==``: an `AgentElicitor` per session), and is declined if
                 calls of different handlers are in flight, so that nobody
                 answers another session's question.
+            on_sampling: Runs the server's ``sampling/createMessage``
+                requests that come during this call (an `AgentSampler` runs
+                them on the calling agent's model), routed as
+                ``on_elicitation`` is. None: they are refused (no model to
+                run them on). Never asked when the config's ``sampling`` is
+                ``deny``: the capability is not declared then.
             timeout: Seconds to wait for the result; defaults to the config's
                 ``call_timeout``. When it runs out the server is pinged, to
                 tell a slow tool from a hung server.
@@ -415,7 +453,14 @@ class MCPSession(metaclass=_NoPublicConstructor):
         self._calls_started += 1
         self._calls_in_flight += 1
         try:
-            result = await self._call_tool(wire_name, arguments, on_progress, on_elicitation, limit)
+            result = await self._call_tool(
+                wire_name,
+                arguments,
+                on_progress=on_progress,
+                on_elicitation=on_elicitation,
+                on_sampling=on_sampling,
+                limit=limit,
+            )
         except MCPTimeout:
             self._calls_timed_out += 1
             raise
@@ -435,8 +480,10 @@ class MCPSession(metaclass=_NoPublicConstructor):
         self,
         name: str,
         arguments: Mapping[str, object] | None,
+        *,
         on_progress: ProgressCallback | None,
         on_elicitation: ElicitationHandler | None,
+        on_sampling: SamplingHandler | None,
         limit: float,
     ) -> types.CallToolResult:
         with trio.CancelScope(deadline=trio.current_time() + limit) as scope:
@@ -445,7 +492,7 @@ class MCPSession(metaclass=_NoPublicConstructor):
             async def call(client: mcp.ClientSession) -> types.CallToolResult:
                 return await client.call_tool(name, dict(arguments or {}), progress_callback=relay)
 
-            route = _CallRoute(name, on_elicitation, scope.deadline)
+            route = _CallRoute(name, on_elicitation, scope.deadline, on_sampling)
             self._routes.append(route)
             token = _current_call.set(route)
             try:
@@ -813,32 +860,74 @@ class MCPSession(metaclass=_NoPublicConstructor):
         try:
             with trio.CancelScope(deadline=deadline) as scope:
                 self._runner_scope = scope
-                try:
-                    async with contextlib.AsyncExitStack() as stack:
-                        client = await self._connect(stack)
-                        await self._handshake(client)
-                        self._client = client
-                        self._state = "open"
-                        scope.deadline = math.inf
-                        started = True
-                        task_status.started()
-                        await self._done.wait()
-                except BaseException as exc:
-                    failures = _failures(exc)
-                    if not failures or not all(isinstance(f, Exception) for f in failures):
-                        raise  # cancellation, KeyboardInterrupt and the like pass through
-                    cause = failures[0]
-                    if isinstance(cause, MCPStartError | MCPConfigError):  # not spawned; auth's env unset
-                        raise cause from cause.__cause__
-                    if not started:
-                        raise self._start_error(cause) from cause
-                    if self._state == "closed":
-                        logger.warning("MCP server %r: error while closing: %s", self._config.name, cause)
-                    self._mark_lost(_describe_failure(cause))
+                while True:
+                    try:
+                        async with contextlib.AsyncExitStack() as stack:
+                            client = await self._connect(stack)
+                            await self._handshake(client)
+                            self._client = client
+                            self._state = "open"
+                            scope.deadline = math.inf
+                            started = True
+                            task_status.started()
+                            await self._done.wait()
+                    except BaseException as exc:
+                        failures = _failures(exc)
+                        if not failures or not all(isinstance(f, Exception) for f in failures):
+                            raise  # cancellation, KeyboardInterrupt and the like pass through
+                        cause = failures[0]
+                        if isinstance(cause, MCPStartError | MCPConfigError):  # not spawned; auth's env unset
+                            raise cause from cause.__cause__
+                        if not started and self._falls_back_to_sse():
+                            continue  # the same deadline covers both attempts
+                        if not started:
+                            raise self._start_error(cause) from cause
+                        if self._state == "closed":
+                            logger.warning("MCP server %r: error while closing: %s", self._config.name, cause)
+                        self._mark_lost(_describe_failure(cause))
+                    break
             if not started and scope.cancelled_caught:
                 raise self._handshake_timeout()
         finally:
             self._runner_finished.set()
+
+    def _falls_back_to_sse(self) -> bool:
+        """After a failed Streamable HTTP start: whether to try the legacy HTTP+SSE transport instead.
+
+        The spec's backwards compatibility rule: a POST of the initialize
+        request answered 404 or 405 means a server of the 2024-11-05
+        HTTP+SSE transport; a GET of the same URL opens its event stream.
+        """
+        if self._config.url is None or self._legacy_sse or self._first_post_status not in (404, 405):
+            return False
+        logger.info(
+            "MCP server %r answered the Streamable HTTP initialize with HTTP %s; trying the HTTP+SSE transport",
+            self._config.name,
+            self._first_post_status,
+        )
+        self._legacy_sse = True
+        self._last_http_error = None
+        # The first attempt's reader saw its stream end and marked the
+        # connection lost; nothing else runs before the start, so start over.
+        self._state = "starting"
+        self._lost_reason = None
+        self._done = trio.Event()
+        self._lost = trio.Event()
+        return True
+
+    def _http_client(
+        self,
+        headers: dict[str, str] | None = None,
+        timeout: httpx2.Timeout | None = None,
+        auth: httpx2.Auth | None = None,
+    ) -> httpx2.AsyncClient:
+        """The HTTP client of either transport: the config's headers, our timeouts, the status noted."""
+        return httpx2.AsyncClient(
+            headers={**dict(self._config.headers), **(headers or {})},
+            timeout=timeout or HTTP_TIMEOUT,
+            event_hooks={"response": [self._note_http_response]},
+            auth=auth,
+        )
 
     async def _connect(self, stack: contextlib.AsyncExitStack) -> mcp.ClientSession:
         transport: Transport
@@ -857,15 +946,11 @@ class MCPSession(metaclass=_NoPublicConstructor):
                     wait=self._waiting_on_a_person,
                     on_error=self._note_auth_error,
                 )
-            http = await stack.enter_async_context(
-                httpx2.AsyncClient(
-                    headers=dict(self._config.headers),
-                    timeout=HTTP_TIMEOUT,
-                    event_hooks={"response": [self._note_http_response]},
-                    auth=auth,
-                )
-            )
-            transport = streamable_http_client(self._config.url, http_client=http)
+            if self._legacy_sse:
+                transport = sse_client(self._config.url, httpx_client_factory=self._http_client, auth=auth)
+            else:
+                http = await stack.enter_async_context(self._http_client(auth=auth))
+                transport = streamable_http_client(self._config.url, http_client=http)
         upstream, write = await stack.enter_async_context(transport)
         tapped_send, tapped_receive = anyio.create_memory_object_stream[SessionMessage | Exception](0)
         # Normally closed by the tap and the SDK; these cover a failed start.
@@ -876,12 +961,22 @@ class MCPSession(metaclass=_NoPublicConstructor):
         # Unwinds before the nursery: the tap is cancelled once the SDK is done.
         stack.callback(nursery.cancel_scope.cancel)
         return await stack.enter_async_context(
-            mcp.ClientSession(tapped_receive, write, client_info=_client_info(), elicitation_callback=self._elicit)
+            mcp.ClientSession(
+                tapped_receive,
+                write,
+                client_info=_client_info(),
+                elicitation_callback=self._elicit,
+                # Declaring a capability is passing its callback (the SDK's rule).
+                sampling_callback=self._sample if self._config.sampling != "deny" else None,
+                list_roots_callback=self._list_roots if self._roots is not None else None,
+            )
         )
 
     async def _note_http_response(self, response: httpx2.Response) -> None:
         # The SDK turns an HTTP error into a generic JSON-RPC error and drops
         # the status; keep the last one so a failed start can name it.
+        if self._first_post_status is None and response.request.method == "POST":
+            self._first_post_status = response.status_code
         if response.status_code >= 400:
             self._last_http_error = f"HTTP {response.status_code} {response.reason_phrase}"
 
@@ -925,6 +1020,13 @@ class MCPSession(metaclass=_NoPublicConstructor):
         result = await client.initialize()
         self._server_info = server_info_from_wire(result)
         self._capabilities = capabilities_from_wire(result.capabilities)
+        level = self._config.log_level
+        if level is not None and result.capabilities.logging is not None:
+            request = types.SetLevelRequest(params=types.SetLevelRequestParams(level=level))  # type: ignore[arg-type]
+            try:
+                await client.send_request(request, types.EmptyResult)
+            except mcp.MCPError as exc:  # a server that cannot set its level still serves
+                logger.warning("MCP server %r refused logging/setLevel %s: %s", self._config.name, level, exc.message)
         if result.capabilities.tools is not None:
 
             async def page(client: mcp.ClientSession, cursor: str | None) -> types.ListToolsResult:
@@ -952,6 +1054,11 @@ class MCPSession(metaclass=_NoPublicConstructor):
             why = f"could not reach {self._config.url}: {_describe_failure(cause)}"
         else:
             why = _describe_failure(cause)
+        if self._legacy_sse:
+            why += (
+                f" (the Streamable HTTP initialize was answered HTTP {self._first_post_status}, "
+                "so the legacy HTTP+SSE transport was tried too)"
+            )
         return MCPStartError(
             _with_tail(f"MCP server {name!r} failed to start: {why}", tail),
             server=name,
@@ -1009,6 +1116,8 @@ class MCPSession(metaclass=_NoPublicConstructor):
         if message.method == "notifications/tools/list_changed":
             with contextlib.suppress(trio.WouldBlock):
                 self._refresh_send.send_nowait(None)
+        elif message.method in _NOTICES:
+            self._notice(_NOTICES[message.method], message.params or {})
         elif message.method == "notifications/message" and self._on_log is not None:
             try:
                 params = types.LoggingMessageNotificationParams.model_validate(message.params or {})
@@ -1024,6 +1133,21 @@ class MCPSession(metaclass=_NoPublicConstructor):
                     data=params.data,
                 )
             )
+
+    def _notice(self, kind: str, params: Mapping[str, Any]) -> None:
+        if self._on_notice is None:
+            return
+        data: dict[str, Any] = {}
+        if kind == "resource_updated":
+            uri = params.get("uri")
+            if not isinstance(uri, str):
+                self._invalid_messages += 1
+                return
+            data["uri"] = uri
+        try:
+            self._on_notice(kind, data)
+        except Exception:  # a callback's bug must not end the connection; the log says so
+            logger.exception("MCP server %r: handling its %s notification failed", self._config.name, kind)
 
     def _stderr_line(self, line: str) -> None:
         if self._on_log is not None:
@@ -1069,6 +1193,101 @@ class MCPSession(metaclass=_NoPublicConstructor):
                 logger.exception("MCP server %r: answering its elicitation failed", self._config.name)
                 return types.ErrorData(code=types.INTERNAL_ERROR, message=f"the client failed to answer: {exc}")
         return _elicit_result(result)
+
+    async def _sample(
+        self, context: ClientRequestContext, params: types.CreateMessageRequestParams
+    ) -> types.CreateMessageResult | types.ErrorData:
+        """Answer ``sampling/createMessage``; runs in a task of the SDK's, routed as an elicitation is."""
+        self._samplings += 1
+        # No call, or calls of several sessions over stdio (which does not say whose): nobody may answer.
+        route = self._route(context.request_id)
+        sampler = route.sampler if route is not None and route.sampler is not None else refuse_sampling
+        request = MCPSampling(
+            server=self._config.name,
+            messages=tuple(_sampling_message(message) for message in params.messages),
+            system_prompt=params.system_prompt,
+            max_tokens=params.max_tokens,
+            temperature=params.temperature,
+            tool=route.tool if route is not None else None,
+        )
+        deadline = route.deadline if route is not None else trio.current_time() + self._config.call_timeout
+        now = trio.current_time()
+        deadline -= min(ELICITATION_MARGIN, max(deadline - now, 0.0) / 4)
+        try:
+            with trio.fail_after(max(deadline - now, 0.0)):
+                result = await sampler(request)
+        except SamplingRefused as exc:
+            self._samplings_refused += 1
+            return types.ErrorData(code=-1, message=str(exc))
+        except trio.TooSlowError:
+            self._samplings_refused += 1
+            return types.ErrorData(
+                code=-1, message="the sampling request was not answered before its tool call's deadline"
+            )
+        except Exception as exc:  # the model failed: the server hears why, so does the log
+            logger.warning("MCP server %r: its sampling request failed: %s", self._config.name, exc)
+            return types.ErrorData(code=types.INTERNAL_ERROR, message=f"the client's model failed: {exc}")
+        return types.CreateMessageResult(
+            role="assistant",
+            content=types.TextContent(type="text", text=result.text),
+            model=result.model,
+            stop_reason=_stop_reason(result.stop_reason),
+        )
+
+    def _route(self, request_id: types.RequestId) -> _CallRoute | None:
+        """The call a server request belongs to: exactly (HTTP), or the one call, or the calls of one session."""
+        route = self._related.pop(request_id, None)
+        if route is not None:
+            return route
+        routes = list(self._routes)
+        if routes and all(r.sampler == routes[0].sampler and r.handler == routes[0].handler for r in routes):
+            return routes[0]
+        return None
+
+    async def _list_roots(self, context: ClientRequestContext) -> types.ListRootsResult:  # noqa: ARG002 - SDK's signature
+        """Answer ``roots/list`` with the directories the ``roots`` function names now."""
+        assert self._roots is not None  # the capability is declared only with it
+        roots = [
+            types.Root(uri=Path(path).as_uri(), name=Path(path).name or path)  # type: ignore[arg-type]
+            for path in self._roots()
+        ]
+        return types.ListRootsResult(roots=roots)
+
+    async def notify_roots_changed(self) -> None:
+        """Tell the server the roots changed (``notifications/roots/list_changed``); it asks again.
+
+        Raises:
+            MCPConnectionLost: The connection broke.
+            MCPClosedError: The session was closed.
+        """
+        client = await self._require_open("notifications/roots/list_changed")
+        try:
+            await client.send_notification(types.RootsListChangedNotification())
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
+            raise await self._loss_error("notifications/roots/list_changed") from exc
+
+    async def subscribe_resource(self, uri: str, *, timeout: float | None = None) -> None:
+        """Subscribe to updates of one resource (``resources/subscribe``); each comes to ``on_notice``.
+
+        Raises:
+            MCPServerError: The server refused (no subscribe capability, unknown URI).
+            MCPTimeout, MCPConnectionLost, MCPClosedError: As for any request.
+        """
+
+        async def subscribe(client: mcp.ClientSession) -> object:
+            request = types.SubscribeRequest(params=types.SubscribeRequestParams(uri=uri))
+            return await client.send_request(request, types.EmptyResult)
+
+        await self._with_timeout(f"resources/subscribe {uri!r}", timeout, subscribe)
+
+    async def unsubscribe_resource(self, uri: str, *, timeout: float | None = None) -> None:
+        """End a subscription (``resources/unsubscribe``); see `subscribe_resource`."""
+
+        async def unsubscribe(client: mcp.ClientSession) -> object:
+            request = types.UnsubscribeRequest(params=types.UnsubscribeRequestParams(uri=uri))
+            return await client.send_request(request, types.EmptyResult)
+
+        await self._with_timeout(f"resources/unsubscribe {uri!r}", timeout, unsubscribe)
 
     def _route_elicitation(self, request_id: types.RequestId) -> tuple[_CallRoute | None, ElicitationHandler | None]:
         """The call a server request belongs to, and who answers it (None: nobody may)."""
@@ -1128,6 +1347,29 @@ class MCPSession(metaclass=_NoPublicConstructor):
             self._refreshes += 1
             if self._on_tools_changed is not None:
                 self._on_tools_changed(tools)
+
+
+def _sampling_message(message: types.SamplingMessage) -> MCPSamplingMessage:
+    """A server's sampling message as text and images (audio, tool blocks: described in the text)."""
+    blocks = message.content if isinstance(message.content, list) else [message.content]
+    texts: list[str] = []
+    images: list[tuple[str, str]] = []
+    for block in blocks:
+        if isinstance(block, types.TextContent):
+            texts.append(block.text)
+        elif isinstance(block, types.ImageContent):
+            images.append((block.mime_type, block.data))
+        elif isinstance(block, types.AudioContent):
+            texts.append(f"[audio: {block.mime_type}]")
+        else:
+            texts.append(f"[{getattr(block, 'type', 'content')}]")
+    role: Literal["user", "assistant"] = "assistant" if message.role == "assistant" else "user"
+    return MCPSamplingMessage(role=role, text="\n".join(texts), images=tuple(images))
+
+
+def _stop_reason(reason: str) -> str:
+    """Our stop reason in the sampling result's words (``endTurn``, ``maxTokens``, ``stopSequence``)."""
+    return {"end_turn": "endTurn", "max_tokens": "maxTokens", "stop_sequence": "stopSequence"}.get(reason, reason)
 
 
 def _elicit_result(result: MCPElicitationResult) -> types.ElicitResult:
@@ -1216,6 +1458,8 @@ async def open_connection(
     on_elicitation: ElicitationHandler | None = None,
     auth_storage: TokenStorage | None = None,
     on_authorization: AuthorizationCallback | None = None,
+    on_notice: NoticeCallback | None = None,
+    roots: RootsFunction | None = None,
 ) -> AsyncIterator[MCPSession]:
     """Connect to an MCP server and keep the connection for the ``async with`` block.
 
@@ -1250,6 +1494,19 @@ async def open_connection(
         on_authorization: Called with the authorization URL a person must
             open (``auth.redirect_mode = "browser"``), once weald listens on
             the redirect URI; must not block. Default: a log warning.
+        on_notice: Called with ``(kind, data)`` for the server's
+            ``resources/list_changed`` (``resources_changed``),
+            ``prompts/list_changed`` (``prompts_changed``) and
+            ``resources/updated`` (``resource_updated``, data ``{"uri"}``)
+            notifications, in wire order, from the task reading the
+            server; must not block. An exception from it is logged.
+        roots: Returns the directories the server may work in, for its
+            ``roots/list`` requests; with it the ``roots`` capability (with
+            ``listChanged``) is declared, see `MCPSession.notify_roots_changed`.
+
+    The ``sampling`` capability is declared unless the config's
+    ``sampling`` is ``deny``; requests are run by the handler of the tool
+    call they come during (`MCPSession.call_tool`'s ``on_sampling``).
 
     Yields:
         The open session.
@@ -1272,6 +1529,8 @@ async def open_connection(
         on_elicitation=on_elicitation,
         auth_storage=auth_storage,
         on_authorization=on_authorization,
+        on_notice=on_notice,
+        roots=roots,
     )
     try:
         async with trio.open_nursery() as nursery:

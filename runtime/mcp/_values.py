@@ -237,6 +237,11 @@ class MCPSessionStatistics:
         elicitations: ``elicitation/create`` requests the server sent.
         elicitations_unrouted: Of those, the ones declined because calls of
             different sessions were in flight and stdio does not say whose it was.
+        samplings: ``sampling/createMessage`` requests the server sent.
+        samplings_refused: Of those, the ones refused (denied, declined,
+            unanswered in time, or no agent to run them on).
+        legacy_sse: The server speaks the 2024-11-05 HTTP+SSE transport
+            (it refused the Streamable HTTP initialize with 404 or 405).
         pings: Pings sent to check that the server still answers (after a
             request timed out, and every ``ping_interval`` seconds).
         pings_unanswered: Pings the server did not answer within
@@ -266,6 +271,9 @@ class MCPSessionStatistics:
     lost_reason: str | None
     elicitations: int = 0
     elicitations_unrouted: int = 0
+    samplings: int = 0
+    samplings_refused: int = 0
+    legacy_sse: bool = False
     pings: int = 0
     pings_unanswered: int = 0
 

