@@ -40,6 +40,7 @@ from weald.runtime._checks import (
 )
 from weald.runtime._secrets import REDACTED, is_secret_name
 from weald.runtime.daemon._config_model import (
+    TOML_KEY,
     AgentConfig,
     Config,
     DaemonConfig,
@@ -364,8 +365,9 @@ def _overrides(cls: type) -> dict[str, Any]:
     overrides: dict[str, Any] = {}
     for field in attrs.fields(cls):
         hook = _FIELD_HOOKS.get((cls, field.name)) or field.metadata.get(CHECK)
-        if hook is not None:
-            overrides[field.name] = override(struct_hook=hook)
+        rename = field.metadata.get(TOML_KEY)
+        if hook is not None or rename is not None:
+            overrides[field.name] = override(struct_hook=hook, rename=rename)
     return overrides
 
 
@@ -468,6 +470,9 @@ def _unstructure_tools(tools: ToolsConfig) -> dict[str, object]:
 
 
 converter.register_unstructure_hook(ToolsConfig, _unstructure_tools)
+converter.register_unstructure_hook(
+    MCPConfig, make_dict_unstructure_fn(MCPConfig, converter, imports=override(rename="import"))
+)
 
 
 def structure_config(data: Mapping[str, object]) -> Config:

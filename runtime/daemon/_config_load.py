@@ -205,6 +205,8 @@ def _normalized(source: Source) -> dict[str, object]:
             if isinstance(table, dict) and key in table:
                 table[key] = _resolve_relative(table[key], source.base_dir)
         mcp = data.get("mcp")
+        if isinstance(mcp, dict) and isinstance(mcp.get("import"), list):
+            mcp["import"] = [_resolve_relative(item, source.base_dir) for item in mcp["import"]]
         servers = mcp.get("servers") if isinstance(mcp, dict) else None
         if isinstance(servers, dict):
             for server in servers.values():
@@ -450,10 +452,55 @@ def config_from_sources(
         Path.home() if home is None else home,
         os.environ if environ is None else environ,
     )
+    config, import_problems = _with_imports(config, Path.home() if home is None else home)
     late = _late_problems(config)
-    if late:
-        raise ConfigError([ConfigProblem(_origin(sources, path), format_path(path), message) for path, message in late])
+    if late or import_problems:
+        raise ConfigError(
+            import_problems
+            + [ConfigProblem(_origin(sources, path), format_path(path), message) for path, message in late]
+        )
     return config
+
+
+def _with_imports(config: Config, home: Path) -> tuple[Config, list[ConfigProblem]]:
+    """The config with the MCP servers of its ``[mcp] import`` files under its own, and their problems.
+
+    A server weald.toml names itself wins over an imported one of that name;
+    between imported files the first wins. What a file holds that cannot be
+    translated is not a problem (``weald mcp list`` shows it); a file that
+    cannot be read, or a server that translates to an invalid table, is.
+    """
+    if not config.mcp.imports:
+        return config, []
+    from weald.runtime.daemon._config_convert import converter
+    from weald.runtime.daemon._config_model import MCPServerConfig
+    from weald.runtime.daemon._mcp_import import read_foreign_config
+
+    imported: dict[str, MCPServerConfig] = {}
+    problems: list[ConfigProblem] = []
+    paths = [_expand_home(path, home) for path in config.mcp.imports]
+    for path in paths:
+        try:
+            found = read_foreign_config(path)
+        except ValueError as exc:
+            problems.append(ConfigProblem(str(path), "", f"cannot import MCP servers (mcp.import): {exc}"))
+            continue
+        for name, table in found.servers.items():
+            if name in config.mcp.servers or name in imported:
+                continue
+            try:
+                server = converter.structure(dict(table), MCPServerConfig)
+            except (ValueProblem, BaseValidationError) as exc:
+                problems.extend(
+                    ConfigProblem(str(path), format_path(("mcp", "servers", name, *where)), message)
+                    for where, message in problems_from(exc)
+                )
+                continue
+            if server.cwd is not None and not server.cwd.is_absolute():
+                server = attrs.evolve(server, cwd=path.parent / _expand_home(server.cwd, home))
+            imported[name] = server
+    servers = {**imported, **config.mcp.servers}
+    return attrs.evolve(config, mcp=attrs.evolve(config.mcp, servers=servers, imports=tuple(paths))), problems
 
 
 def parse_config(

@@ -45,6 +45,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CHECK",
     "DEFAULT_MODEL",
+    "TOML_KEY",
     "AgentConfig",
     "Config",
     "ConfigError",
@@ -76,6 +77,9 @@ Permission = Literal["allow", "ask", "deny"]
 #: A tool's permission rule: one permission, or (for tools whose calls have a
 #: subject, like shell's command) glob patterns on the subject -> permission.
 PermissionRule = Permission | Mapping[str, Permission]
+
+#: The attrs metadata key of a field whose TOML key is not its name (``import``, a Python keyword).
+TOML_KEY: Final = "weald.config.toml_key"
 
 # --- Value checks of the configuration's own kinds --------------------------------------------
 
@@ -368,9 +372,15 @@ class MCPConfig:
 
     Attributes:
         servers: ``[mcp.servers.NAME]`` tables, by name.
+        imports: ``import = [...]``: other hosts' config files (Claude
+            Desktop, Claude Code, OpenCode) whose MCP servers are read at
+            every load, under the ones weald.toml names itself (which win a
+            name both have). Relative paths are relative to the file that
+            gives them.
     """
 
     servers: Mapping[str, MCPServerConfig] = attrs.field(factory=dict, hash=False)
+    imports: tuple[Path, ...] = attrs.field(default=(), metadata={TOML_KEY: "import"})
 
 
 @attrs.frozen(kw_only=True)

@@ -572,6 +572,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("action", nargs="?", choices=["show"], default="show", help="show (the default)")
     p.set_defaults(func=cmd_config)
 
+    from weald.runtime.daemon._cli_mcp import add_mcp_commands
+
+    add_mcp_commands(sub, common, _print_json)
+
     p = sub.add_parser("demo", parents=[common], help="a self-contained demo (no API key)", description=_doc(cmd_demo))
     p.add_argument("--keep", action="store_true", help="keep the demo's temporary project and store")
     p.set_defaults(func=cmd_demo)
@@ -581,7 +585,15 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``weald`` console script."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    command: list[str] = []
+    if words[:2] == ["mcp", "add"] and "--" in words:
+        # argparse's "--" does not reach a sub-subcommand: the server's command line is split off here.
+        at = words.index("--")
+        words, command = words[:at], words[at + 1 :]
+    args = parser.parse_args(words)
+    if command:
+        args.target = [*args.target, *command]
     try:
         result: int = args.func(args)
     except DaemonUnavailableError as exc:

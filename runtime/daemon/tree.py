@@ -638,6 +638,7 @@ class Daemon:
         self.faults = faults
         self.registry = registry if registry is not None else default_registry.copy()
         register_config_secrets(config)
+        self._mcp_configs = _mcp_configs(config)
         self.system = ActorSystem(store_path=config.store.path, durability=config.store.durability)
         self.roots = Roots(self.system)
         self.sessions: Sessions | None = None
@@ -706,11 +707,9 @@ class Daemon:
             os.close(fd)  # closing the only descriptor releases the flock
 
     def _mcp_spec(self) -> ChildSpec:
-        servers = {name: s for name, s in self.config.mcp.servers.items() if s.enabled}
         from weald.runtime.mcp import mcp_supervisor_spec
 
-        configs = [s.to_server_config(name) for name, s in servers.items()]
-        spec: ChildSpec = mcp_supervisor_spec(configs, self.registry, roots=self.roots.paths)
+        spec: ChildSpec = mcp_supervisor_spec(self._mcp_configs, self.registry, roots=self.roots.paths)
         return spec
 
     def request_stop(self) -> None:
@@ -764,6 +763,24 @@ class Daemon:
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
+
+
+def _mcp_configs(config: Config) -> list[Any]:
+    """The enabled MCP servers' configs, each with the environment variables its ``${...}`` use.
+
+    Captured when the daemon is made, before anything at start may scrub
+    secrets from the process environment: a server restarted hours later
+    still expands ``${GITHUB_TOKEN}`` to what the daemon was started with.
+    """
+    servers = {name: server for name, server in config.mcp.servers.items() if server.enabled}
+    if not servers:
+        return []
+    configs = []
+    for name, server in servers.items():
+        built = server.to_server_config(name)
+        captured = {variable: os.environ[variable] for variable in built.variables() if variable in os.environ}
+        configs.append(attrs.evolve(built, environ=captured))
+    return configs
 
 
 def register_config_secrets(config: Config, environ: Mapping[str, str] | None = None) -> None:

@@ -380,8 +380,9 @@ def _endpoint(config: ServerConfig) -> str:
 def _register_config_secrets(config: ServerConfig) -> None:
     # So a token echoed in an error or a stderr tail is cut from every output:
     # the whole value, and its parts ("Bearer <token>" shows the token alone).
+    # Values that use ${VAR} are registered once expanded (ServerConfig.resolved).
     for name, value in [*config.headers.items(), *config.env.items()]:
-        if is_secret_name(name):
+        if is_secret_name(name) and "${" not in value:
             for secret in {value, *value.split()}:
                 register_secret(secret)
 

@@ -10,11 +10,19 @@ from collections.abc import Mapping
 from typing import Final, Literal
 
 import attrs
-from weald.runtime import register_secret
+from weald.runtime import is_secret_name, register_secret
+from weald.runtime._secrets import is_secret_env_name
 
 from ._exceptions import MCPConfigError
 
-__all__ = ["DEFAULT_AUTHORIZATION_TIMEOUT", "DEFAULT_REDIRECT_URI", "OAuthConfig", "ServerConfig"]
+__all__ = [
+    "DEFAULT_AUTHORIZATION_TIMEOUT",
+    "DEFAULT_REDIRECT_URI",
+    "OAuthConfig",
+    "ServerConfig",
+    "expand_variables",
+    "referenced_variables",
+]
 
 DEFAULT_CALL_TIMEOUT = 60.0
 DEFAULT_CONNECT_TIMEOUT = 30.0
@@ -24,6 +32,62 @@ DEFAULT_PING_INTERVAL = 30.0
 DEFAULT_REDIRECT_URI: Final = "http://127.0.0.1:33418/callback"
 #: How long a person has to complete a browser authorization, in seconds.
 DEFAULT_AUTHORIZATION_TIMEOUT: Final = 300.0
+
+
+# ``${NAME}`` or ``${NAME:-default}``; ``$${`` is a literal ``${``.
+_VARIABLE: Final = re.compile(r"\$(\$)?\{([^}]*)\}")
+_VARIABLE_BODY: Final = re.compile(r"(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?::-(?P<default>.*))?", re.DOTALL)
+
+
+class _Unset(KeyError):
+    """A variable a value uses is not set and has no default."""
+
+
+def referenced_variables(text: str) -> list[str]:
+    """The environment variables ``text`` uses (``${NAME}``, ``${NAME:-default}``), in order.
+
+    Raises:
+        ValueError: A ``${...}`` is malformed (not a variable name, or not closed).
+    """
+    names: list[str] = []
+    for match in _VARIABLE.finditer(text):
+        if match.group(1):
+            continue  # $${...}: literal
+        body = _VARIABLE_BODY.fullmatch(match.group(2))
+        if body is None:
+            raise ValueError(f"${{{match.group(2)}}} is not ${{NAME}} or ${{NAME:-default}}")
+        names.append(body["name"])
+    rest = _VARIABLE.sub("", text)
+    if "${" in rest:
+        raise ValueError("a ${ is not closed with }")
+    return names
+
+
+def expand_variables(text: str, environ: Mapping[str, str]) -> str:
+    """``text`` with each ``${NAME}`` replaced by its value in ``environ`` (``${NAME:-default}``: or the default).
+
+    A variable that is unset, or set but empty, takes its default (as in the
+    shell's ``:-``); ``$${`` stands for a literal ``${``.
+
+    Raises:
+        KeyError: A variable without a default is not set (its name is the key).
+    """
+
+    def one(match: re.Match[str]) -> str:
+        if match.group(1):
+            return "${" + match.group(2) + "}"
+        body = _VARIABLE_BODY.fullmatch(match.group(2))
+        assert body is not None  # checked when the config was built
+        value = environ.get(body["name"], "")
+        if value:
+            return value
+        if body["default"] is not None:
+            return str(body["default"])
+        if body["name"] in environ:
+            return ""  # set but empty, and no default: empty it is
+        raise _Unset(body["name"])
+
+    return _VARIABLE.sub(one, text)
 
 
 def _str_tuple(value: object) -> tuple[str, ...]:
@@ -283,6 +347,13 @@ class ServerConfig:
             server with the logging capability (``debug``, ``info``,
             ``notice``, ``warning``, ``error``, ``critical``, ``alert``,
             ``emergency``); None leaves the server's default.
+        environ: Where the ``${NAME}`` and ``${NAME:-default}`` in
+            ``command``, ``args``, ``env``, ``url`` and ``headers`` take their
+            values (see `resolved`): the daemon captures the variables a
+            config uses when it starts. None: ``os.environ`` at connect time.
+
+    The values stay as written (``${GITHUB_TOKEN}``, not the token) in the
+    config and everything that shows it; they are expanded only to connect.
     """
 
     name: str
@@ -300,6 +371,7 @@ class ServerConfig:
     auth: OAuthConfig | None = attrs.field(default=None, converter=_auth)
     sampling: Literal["ask", "allow", "deny"] = "ask"
     log_level: str | None = None
+    environ: Mapping[str, str] | None = attrs.field(default=None, eq=False, hash=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         problems = self._problems()
@@ -309,6 +381,61 @@ class ServerConfig:
                 f"invalid MCP server config {label}: " + "; ".join(problems),
                 server=self.name if isinstance(self.name, str) else None,
             )
+
+    def variables(self) -> list[str]:
+        """The environment variables the config's ``${...}`` use, each once, in order."""
+        texts = [self.command or "", *self.args, *self.env.values(), self.url or "", *self.headers.values()]
+        names: list[str] = []
+        for text in texts:
+            for name in referenced_variables(text):
+                if name not in names:
+                    names.append(name)
+        return names
+
+    def resolved(self) -> ServerConfig:
+        """A copy with every ``${...}`` expanded from `environ` (or ``os.environ``).
+
+        The values of secret-looking variables, and of ``env`` and
+        ``headers`` entries with secret-looking names, are registered as
+        secrets, so no output shows them.
+
+        Raises:
+            MCPConfigError: A variable without a default is not set; the
+                message names the field and the variable.
+        """
+        if not self.variables():
+            return self
+        environ = os.environ if self.environ is None else self.environ
+
+        def expand(field: str, text: str) -> str:
+            try:
+                value = expand_variables(text, environ)
+            except _Unset as exc:
+                name = exc.args[0]
+                raise MCPConfigError(
+                    f"MCP server {self.name!r}: {field} uses ${{{name}}}, which is not set in the daemon's "
+                    f"environment; set it where the daemon starts, or give a default (${{{name}:-value}})",
+                    server=self.name,
+                ) from None
+            return value
+
+        for name in self.variables():
+            if is_secret_env_name(name) and environ.get(name):
+                register_secret(environ[name])
+        env = {key: expand(f"env.{key}", value) for key, value in self.env.items()}
+        headers = {key: expand(f"headers.{key}", value) for key, value in self.headers.items()}
+        for key, value in [*env.items(), *headers.items()]:
+            if is_secret_name(key) and value != (self.env.get(key) or self.headers.get(key)):
+                for secret in {value, *value.split()}:
+                    register_secret(secret)
+        return attrs.evolve(
+            self,
+            command=None if self.command is None else expand("command", self.command),
+            args=[expand(f"args[{n}]", arg) for n, arg in enumerate(self.args)],
+            env=env,
+            url=None if self.url is None else expand("url", self.url),
+            headers=headers,
+        )
 
     @property
     def transport(self) -> Literal["stdio", "http"]:
@@ -329,6 +456,7 @@ class ServerConfig:
             problems.append("args must all be strings")
         problems.extend(_mapping_problems("env", self.env))
         problems.extend(_mapping_problems("headers", self.headers))
+        problems.extend(self._variable_problems())
         if self.url is not None:
             problems.extend(_url_problems(self.url))
             if self.args or self.env or self.cwd is not None:
@@ -351,6 +479,20 @@ class ServerConfig:
             value = getattr(self, field)
             if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
                 problems.append(f"{field} must be a positive number of seconds, not {value!r}")
+        return problems
+
+    def _variable_problems(self) -> list[str]:
+        texts = {"command": self.command, "url": self.url}
+        texts.update({f"args[{n}]": arg for n, arg in enumerate(self.args)})
+        texts.update({f"env.{k}": v for k, v in self.env.items()})
+        texts.update({f"headers.{k}": v for k, v in self.headers.items()})
+        problems: list[str] = []
+        for field, text in texts.items():
+            if isinstance(text, str):
+                try:
+                    referenced_variables(text)
+                except ValueError as exc:
+                    problems.append(f"{field}: {exc}")
         return problems
 
 

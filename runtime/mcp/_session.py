@@ -1518,10 +1518,12 @@ async def open_connection(
             tail of its stderr when there are any.
         MCPHandshakeTimeout: Start-up took longer than ``connect_timeout``
             (not counting time spent waiting for a person to authorize).
-        MCPConfigError: An environment variable that ``auth`` names is unset.
+        MCPConfigError: An environment variable that ``auth`` names is unset,
+            or one a ``${NAME}`` uses (without a default).
     """
     if not config.enabled:
         raise MCPConfigError(f"MCP server {config.name!r} is disabled in its config", server=config.name)
+    config = config.resolved()  # ${VAR} expanded here, for this connection only
     session = MCPSession._create(
         config,
         on_tools_changed,
