@@ -458,7 +458,8 @@ class ServerConfig:
         problems.extend(_mapping_problems("headers", self.headers))
         problems.extend(self._variable_problems())
         if self.url is not None:
-            problems.extend(_url_problems(self.url))
+            if "${" not in str(self.url):  # checked once expanded, by `resolved`
+                problems.extend(_url_problems(self.url))
             if self.args or self.env or self.cwd is not None:
                 problems.append("args, env and cwd apply to stdio servers only")
         if self.command is not None and self.headers:

@@ -51,6 +51,12 @@ def test_variables_expand_with_defaults_and_a_missing_one_names_the_field() -> N
         "MCP server 's': headers.Authorization uses ${NO_SUCH}, which is not set in the daemon's environment; "
         "set it where the daemon starts, or give a default (${NO_SUCH:-value})"
     )
+    templated = ServerConfig(name="s", url="${MCP_URL:-https://x.example/mcp}", environ={"MCP_URL": "ftp://no"})
+    with pytest.raises(MCPConfigError, match="url must be an absolute http:// or https:// URL, not 'ftp://no'"):
+        templated.resolved()
+    assert ServerConfig(name="s", url="${MCP_URL:-https://x.example/mcp}", environ={}).resolved().url == (
+        "https://x.example/mcp"
+    )
     with pytest.raises(MCPConfigError, match=r"args\[0\]: a \$\{ is not closed"):
         ServerConfig(name="s", command="x", args=["${OOPS"])
     with pytest.raises(MCPConfigError, match=r"env.A: \$\{1BAD\} is not \$\{NAME\}"):
@@ -201,11 +207,15 @@ def test_weald_mcp_import_writes_the_tables_of_a_claude_desktop_config_and_repor
     assert f"{d.config} has no MCP server 'notion docs'" in missing.stderr
 
 
-def test_weald_mcp_add_writes_a_server_that_a_daemon_then_runs(tmp_path: Path) -> None:
-    d = DaemonProcess(tmp_path)
-    added = d.cli("mcp", "add", "time", "-e", "TZ=UTC", "--", sys.executable, "-m", "mcp_server_time")
+def test_mcp_import_is_read_live_under_a_server_weald_mcp_add_wrote(tmp_path: Path) -> None:
+    desktop = tmp_path / "claude" / "claude_desktop_config.json"
+    desktop.parent.mkdir()
+    clock = {"command": sys.executable, "args": ["-m", "mcp_server_time", "--local-timezone", "UTC"]}
+    desktop.write_text(json.dumps({"mcpServers": {"clock": clock, "shadowed": {"command": "/nonexistent/server"}}}))
+    d = DaemonProcess(tmp_path, extra_config='[mcp]\nimport = ["claude/claude_desktop_config.json"]\n')
+    added = d.cli("mcp", "add", "shadowed", "-e", "TZ=UTC", "--", sys.executable, "-m", "mcp_server_time")
     assert added.returncode == 0, added.stderr
-    assert tomllib.loads(d.config.read_text())["mcp"]["servers"]["time"] == {
+    assert tomllib.loads(d.config.read_text())["mcp"]["servers"]["shadowed"] == {
         "command": sys.executable,
         "args": ["-m", "mcp_server_time"],
         "env": {"TZ": "UTC"},
@@ -215,36 +225,14 @@ def test_weald_mcp_add_writes_a_server_that_a_daemon_then_runs(tmp_path: Path) -
     assert "--env applies to stdio servers; an HTTP server takes --header" in refused.stderr
     try:
         d.start()
-        d.wait_mcp("time")
-        listed = d.cli("mcp", "list")
-        assert listed.returncode == 0, listed.stderr
-        assert f"time: {sys.executable} -m mcp_server_time [stdio] - running" in listed.stdout
-        assert d.terminate() == 0, d.log.read_text()
-    finally:
-        d.close()
-
-
-def test_mcp_import_is_read_live_under_weald_tomls_own_servers(tmp_path: Path) -> None:
-    desktop = tmp_path / "claude" / "claude_desktop_config.json"
-    desktop.parent.mkdir()
-    desktop.write_text(
-        json.dumps(
-            {
-                "mcpServers": {
-                    "clock": {"command": sys.executable, "args": ["-m", "mcp_server_time", "--local-timezone", "UTC"]},
-                    "shadowed": {"command": "/nonexistent/server"},
-                }
-            }
-        )
-    )
-    config = f'[mcp]\nimport = ["claude/claude_desktop_config.json"]\n\n[mcp.servers.shadowed]\ncommand = "{sys.executable}"\nargs = ["-m", "mcp_server_time"]\n'
-    d = DaemonProcess(tmp_path, extra_config=config)
-    try:
-        d.start()
+        # The imported server runs; weald.toml's own "shadowed" wins over the imported one.
         servers = {s["server"]: s["status"] for s in d.wait_mcp("clock", "shadowed")}
         assert servers == {"clock": "running", "shadowed": "running"}
-        listed = json.loads(d.cli("mcp", "list", "--json").stdout)["servers"]
-        assert {row["server"]: row["from"] for row in listed} == {"clock": str(desktop), "shadowed": "weald.toml"}
+        listed = d.cli("mcp", "list")
+        assert listed.returncode == 0, listed.stderr
+        assert f"shadowed: {sys.executable} -m mcp_server_time [stdio] - running" in listed.stdout
+        rows = json.loads(d.cli("mcp", "list", "--json").stdout)["servers"]
+        assert {row["server"]: row["from"] for row in rows} == {"clock": str(desktop), "shadowed": "weald.toml"}
         assert d.terminate() == 0, d.log.read_text()
     finally:
         d.close()

@@ -25,8 +25,10 @@ SAMPLE = "mcp__everything__trigger-sampling-request"
 ROOTS = "mcp__everything__get-roots-list"
 
 
-@pytest.fixture
-def everything_daemon(tmp_path: Path, node: str, everything_js: Path):
+@pytest.fixture(scope="module")
+def everything_daemon(tmp_path_factory: pytest.TempPathFactory, node: str, everything_js: Path):
+    """One daemon for the module's tests (each uses its own agents; the roots test counts on none in other dirs)."""
+    tmp_path = tmp_path_factory.mktemp("host")
     config = f"""
 [mcp.servers.everything]
 command = "{node}"
