@@ -9,17 +9,27 @@ Two nets:
   password, read by `refresh_from_env`) are cut out of every string,
   wherever they appear.
 
+And one wall: `scrub_environ` takes every such variable out of the
+process's environment, where anything it spawns (or anything that may read
+``/proc/<pid>/environ``) would find it, and keeps the values in memory;
+`environ_value` is how the code that needs one (a provider's API key, an
+MCP server's OAuth secret, a variable ``env_keep`` passes on) reads it.
+
 A name looks secret when it matches one of the usual spellings
-(``api-key``, ``apikey``, ``access_token``...) or when one of its
-``_``-separated words (case-insensitive, trailing digits ignored) is a
-secret word: ``GITHUB_PAT``, ``GH_TOKEN_2``, ``DB_PASS``, ``CI_JOB_JWT``.
-Whole words, never substrings: ``PATH``, ``KEYBOARD`` and ``PASSTHROUGH``
-are not secret. Environment variables are judged a little more strictly than
-the keys of weald's own data (`is_secret_env_name`).
+(``api-key``, ``apikey``, ``access_token``, ``*webhook*``,
+``*credential*``...) or when one of its ``_``-separated words
+(case-insensitive, trailing digits ignored) is a secret word:
+``GITHUB_PAT``, ``GH_TOKEN_2``, ``DB_PASS``, ``CI_JOB_JWT``, ``STRIPE_SK``,
+``SENTRY_DSN``, ``SSHPASS``, ``BEARER``. Whole words, never substrings:
+``PATH``, ``KEYBOARD``, ``DISK`` and ``PASSTHROUGH`` are not secret.
+Environment variables are judged a little more strictly than the keys of
+weald's own data (`is_secret_env_name`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
 import re
 import threading
@@ -28,6 +38,7 @@ from typing import Any
 
 __all__ = [
     "REDACTED",
+    "environ_value",
     "is_known_secret",
     "is_secret_env_name",
     "is_secret_env_value",
@@ -36,14 +47,17 @@ __all__ = [
     "redact_text",
     "refresh_from_env",
     "register_secret",
+    "restore_environ",
     "sanitized_env",
+    "scrub_environ",
 ]
 
 REDACTED = "[redacted]"
 
 _SECRET_NAME = re.compile(
     r"(api[-_]?key|apikey|authorization|auth[-_]?token|access[-_]?token|refresh[-_]?token|"
-    r"secret|password|passwd|credential|cookie|private[-_]?key|[-_]token$|[-_]key$)",
+    r"secret|password|passwd|credential|cookie|private[-_]?key|webhook|conn(ection)?[-_]?str(ing)?|"
+    r"[-_]token$|[-_]key$)",
     re.IGNORECASE,
 )
 _MIN_SECRET_LEN = 8
@@ -52,6 +66,7 @@ _MIN_SECRET_LEN = 8
 _SECRET_WORDS = frozenset(
     {
         "auth",
+        "bearer",
         "cookie",
         "credential",
         "credentials",
@@ -59,14 +74,20 @@ _SECRET_WORDS = frozenset(
         "jwt",
         "key",
         "pass",
+        "passphrase",
         "passwd",
         "password",
         "pat",
         "secret",
         "secrets",
+        "sk",
+        "sshpass",
         "token",
     },
 )
+# Secret words only inside a compound name: ``MYSQL_PWD`` is a password,
+# ``PWD`` alone is the working directory.
+_COMPOUND_SECRET_WORDS = frozenset({"pwd"})
 # A name ending in one of these names where a secret lives, not the secret:
 # ``SSH_AUTH_SOCK`` is the agent's socket path, which git over ssh needs.
 _LOCATION_WORDS = frozenset({"sock", "socket"})
@@ -94,7 +115,9 @@ def is_secret_name(name: str) -> bool:
     if _SECRET_NAME.search(name) is not None:
         return True
     words = _words(name)
-    return len(words) > 1 and words[-1] not in _LOCATION_WORDS and not _SECRET_WORDS.isdisjoint(words)
+    if len(words) < 2 or words[-1] in _LOCATION_WORDS:
+        return False
+    return not (_SECRET_WORDS.isdisjoint(words) and _COMPOUND_SECRET_WORDS.isdisjoint(words))
 
 
 def is_secret_env_name(name: str) -> bool:
@@ -171,15 +194,161 @@ def sanitized_env(environ: Mapping[str, str] | None = None, keep: tuple[str, ...
     its name).
 
     Args:
-        environ: the environment to clean (``os.environ`` by default).
+        environ: the environment to clean (``os.environ`` by default, with
+            the variables `scrub_environ` took out of it for ``keep``).
         keep: names to keep even though they look secret.
     """
     env = os.environ if environ is None else environ
-    return {k: v for k, v in env.items() if k in keep or not _is_secret_variable(k, v)}
+    clean = {k: v for k, v in env.items() if k in keep or not _is_secret_variable(k, v)}
+    if environ is None:
+        # A variable kept on purpose may have been scrubbed from os.environ.
+        with _lock:
+            clean.update({name: _kept[name] for name in keep if name not in clean and name in _kept})
+    return clean
 
 
 def _is_secret_variable(name: str, value: str) -> bool:
     return is_secret_env_name(name) or is_secret_env_value(value) or value in _secrets
+
+
+# -- the scrubbed environment ------------------------------------------------------------------
+
+# What `scrub_environ` took out of os.environ, by name; restored by `restore_environ`.
+# Invariant: a name is in _kept only while it is absent from os.environ
+# because of a scrub (a variable set again later wins: `environ_value`
+# reads os.environ first).
+_kept: dict[str, str] = {}
+_scrubs = 0  # scrubs not yet undone by restore_environ
+
+# PR_SET_DUMPABLE: a process that is not dumpable cannot be ptraced or have
+# its /proc/<pid>/mem and environ read by other processes of its user.
+_PR_SET_DUMPABLE = 4
+
+
+def environ_value(name: str) -> str | None:
+    """The value of environment variable ``name`` as this process started with it.
+
+    ``os.environ`` first, then the secrets `scrub_environ` took out of it.
+    Code that reads a secret the configuration names (``api_key_env``, an
+    MCP server's ``client_secret_env``) reads it here, never from
+    ``os.environ`` directly.
+
+    Returns:
+        The value, or None when it is not set.
+    """
+    value = os.environ.get(name)
+    if value is not None:
+        return value
+    with _lock:
+        return _kept.get(name)
+
+
+def scrub_environ() -> list[str]:
+    """Take every secret-looking variable out of this process's environment; keep the values in memory.
+
+    A variable goes when `sanitized_env` would drop it: its name looks
+    secret, its value is a URL carrying a password, or its value is a
+    registered secret. Each value is registered as a secret (never printed)
+    and stays readable through `environ_value`. Then:
+
+    - ``os.environ`` (and so the environment of every process spawned
+      without an explicit ``env``) no longer has them;
+    - the entries are zeroed in the process's initial environment block,
+      which is what ``/proc/<pid>/environ`` shows (unsetting a variable
+      does not change that block);
+    - the process is made non-dumpable (Linux), so processes of the same
+      user can neither ptrace it nor read its memory through ``/proc``.
+
+    Call it once at daemon start, before anything is spawned; undo it with
+    `restore_environ` (for a daemon hosted inside another program, such as
+    a test). Idempotent apart from that.
+
+    Returns:
+        The names removed, sorted.
+    """
+    global _scrubs
+    removed: dict[str, str] = {}
+    for name, value in list(os.environ.items()):
+        if _is_secret_variable(name, value):
+            register_secret(value)
+            removed[name] = value
+            with contextlib.suppress(KeyError):
+                del os.environ[name]
+    with _lock:
+        _kept.update(removed)
+        _scrubs += 1
+    _forget_posix_copy(removed)
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        _wipe_initial_environ({name.encode("utf-8", "surrogateescape") for name in removed})
+    _set_dumpable(False)
+    return sorted(removed)
+
+
+def restore_environ() -> None:
+    """Undo `scrub_environ`: put the scrubbed variables back (unless set again meanwhile).
+
+    The process's initial environment block stays wiped. Once every scrub
+    has been undone, the process is dumpable again.
+    """
+    global _scrubs
+    with _lock:
+        _scrubs = max(0, _scrubs - 1)
+        if _scrubs:
+            return
+        kept = dict(_kept)
+        _kept.clear()
+    for name, value in kept.items():
+        os.environ.setdefault(name, value)
+    _set_dumpable(True)
+
+
+def _forget_posix_copy(removed: Mapping[str, str]) -> None:
+    """Drop the copy CPython keeps of the start-up environment (``posix.environ``) too."""
+    try:
+        import posix
+    except ImportError:  # not a POSIX system
+        return
+    table: dict[bytes, bytes] = posix.environ
+    for name in removed:
+        table.pop(name.encode("utf-8", "surrogateescape"), None)
+
+
+def _wipe_initial_environ(names: set[bytes]) -> int:
+    """Zero the ``NAME=value`` entries of ``names`` in the environment block the kernel shows as environ.
+
+    The block lies between ``env_start`` and ``env_end`` (fields 50 and 51
+    of ``/proc/self/stat``, Linux 3.5+) on the main thread's stack; nothing
+    points into a wiped entry any more once the variable is unset.
+
+    Returns:
+        How many entries were wiped.
+    """
+    if not names:
+        return 0
+    with open("/proc/self/stat", "rb") as f:
+        stat = f.read()
+    # After "pid (comm)", the fields start at field 3 (state): field N is index N - 3.
+    fields = stat.rpartition(b")")[2].split()
+    start, end = int(fields[47]), int(fields[48])
+    if not 0 < start < end:
+        return 0
+    block = ctypes.string_at(start, end - start)
+    wiped = 0
+    offset = 0
+    for entry in block.split(b"\0"):
+        if entry.partition(b"=")[0] in names:
+            ctypes.memset(start + offset, 0, len(entry))
+            wiped += 1
+        offset += len(entry) + 1
+    return wiped
+
+
+def _set_dumpable(dumpable: bool) -> None:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_DUMPABLE, int(dumpable), 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: nothing to do
+        pass
 
 
 refresh_from_env()

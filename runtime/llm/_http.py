@@ -17,7 +17,6 @@ import contextlib
 import email.utils
 import logging
 import math
-import os
 import random
 import time
 from collections.abc import AsyncGenerator, Callable, Generator, Mapping
@@ -26,6 +25,7 @@ from typing import ClassVar, Protocol
 import httpx
 import msgspec
 import trio
+from weald.runtime import environ_value
 
 from ._body import ResponseBody
 from ._exceptions import (
@@ -232,7 +232,9 @@ class StreamDecoder(Protocol):
 class _EnvKeyAuth(httpx.Auth):
     """Puts the API key from an environment variable on each request.
 
-    The key is read when the request goes out and lives nowhere else.
+    The key is read when the request goes out and lives nowhere else: from
+    the environment, or, once the daemon has scrubbed its environment, from
+    the copy `weald.runtime.environ_value` keeps in memory.
     """
 
     def __init__(
@@ -254,7 +256,7 @@ class _EnvKeyAuth(httpx.Auth):
 
     def check(self) -> None:
         """Raise :class:`MissingAPIKeyError` if a required key is absent."""
-        if self._required and not os.environ.get(self.env_var):
+        if self._required and not environ_value(self.env_var):
             raise MissingAPIKeyError(
                 f"{self._provider} needs an API key, but the environment variable "
                 f"{self.env_var} is not set or is empty. Set it, or name another "
@@ -264,10 +266,10 @@ class _EnvKeyAuth(httpx.Auth):
 
     def secret(self) -> str | None:
         """The key, for scrubbing it from server text; never store it."""
-        return os.environ.get(self.env_var) or None
+        return environ_value(self.env_var) or None
 
     def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
-        key = os.environ.get(self.env_var)
+        key = environ_value(self.env_var)
         if key:
             request.headers[self._header] = f"{self._scheme} {key}" if self._scheme else key
         else:

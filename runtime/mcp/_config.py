@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Final, Literal
 
 import attrs
-from weald.runtime import is_secret_name, register_secret
+from weald.runtime import environ_value, is_secret_name, register_secret
 from weald.runtime._secrets import is_secret_env_name
 
 from ._exceptions import MCPConfigError
@@ -270,7 +270,7 @@ class OAuthConfig:
         name = getattr(self, field)
         if name is None:
             return None
-        value = os.environ.get(name, "")
+        value = environ_value(name) or ""
         if not value:
             raise MCPConfigError(
                 f"MCP server {server!r}: auth.{field} names the environment variable {name}, which is not set",
@@ -350,7 +350,8 @@ class ServerConfig:
         environ: Where the ``${NAME}`` and ``${NAME:-default}`` in
             ``command``, ``args``, ``env``, ``url`` and ``headers`` take their
             values (see `resolved`): the daemon captures the variables a
-            config uses when it starts. None: ``os.environ`` at connect time.
+            config uses when it starts. None: the daemon's environment at connect time
+            (`weald.runtime.environ_value`, which still holds scrubbed secrets).
 
     The values stay as written (``${GITHUB_TOKEN}``, not the token) in the
     config and everything that shows it; they are expanded only to connect.
@@ -393,7 +394,7 @@ class ServerConfig:
         return names
 
     def resolved(self) -> ServerConfig:
-        """A copy with every ``${...}`` expanded from `environ` (or ``os.environ``).
+        """A copy with every ``${...}`` expanded from `environ` (or the daemon's environment).
 
         The values of secret-looking variables, and of ``env`` and
         ``headers`` entries with secret-looking names, are registered as
@@ -405,7 +406,11 @@ class ServerConfig:
         """
         if not self.variables():
             return self
-        environ = os.environ if self.environ is None else self.environ
+        # Without a captured environment, read each variable as the daemon started with it:
+        # a secret the daemon scrubbed from os.environ is still there (environ_value).
+        environ = self.environ
+        if environ is None:
+            environ = {name: value for name in self.variables() if (value := environ_value(name)) is not None}
 
         def expand(field: str, text: str) -> str:
             try:
