@@ -30,14 +30,28 @@ from weald.runtime._events import Event, EventBus, Subscription
 from weald.runtime._files import check_regular_file, read_regular_file
 from weald.runtime._future import Future, is_loop_thread
 from weald.runtime._loop import Loop, LoopStatistics
+from weald.runtime._processes import (
+    MARK_VARIABLE,
+    ChildProcess,
+    LeftoverProcess,
+    marked_processes,
+    new_process_mark,
+    open_child_process,
+    scan_proc,
+    set_process_owner,
+    stop_leftover_processes,
+)
 from weald.runtime._secrets import (
     REDACTED,
+    environ_value,
     is_known_secret,
     is_secret_name,
     redact,
     redact_text,
     register_secret,
+    restore_environ,
     sanitized_env,
+    scrub_environ,
 )
 from weald.runtime._store import Store
 from weald.runtime._system import (
@@ -52,12 +66,14 @@ from weald.runtime._system import (
 )
 
 __all__ = [
+    "MARK_VARIABLE",
     "REDACTED",
     "Actor",
     "ActorDeadError",
     "ActorError",
     "ActorSnapshot",
     "ActorSystem",
+    "ChildProcess",
     "ComponentSnapshot",
     "Down",
     "Event",
@@ -69,6 +85,7 @@ __all__ = [
     "IOActor",
     "IOCancelledError",
     "IOHandle",
+    "LeftoverProcess",
     "Loop",
     "LoopBlockedError",
     "LoopStatistics",
@@ -91,14 +108,23 @@ __all__ = [
     "UnreadableFileError",
     "WealdError",
     "check_regular_file",
+    "environ_value",
     "is_known_secret",
     "is_loop_thread",
     "is_secret_name",
+    "marked_processes",
+    "new_process_mark",
+    "open_child_process",
     "read_regular_file",
     "redact",
     "redact_text",
     "register_secret",
+    "restore_environ",
     "sanitized_env",
+    "scan_proc",
+    "scrub_environ",
+    "set_process_owner",
+    "stop_leftover_processes",
 ]
 
 _logging.getLogger(__name__).addHandler(_logging.NullHandler())

@@ -39,7 +39,9 @@ def _no_blocking_calls_on_the_loop() -> Iterator[None]:
 def _our_threads() -> set[threading.Thread]:
     # trio keeps a global cache of idle worker threads ("Trio thread N") that
     # exit on their own; they belong to trio, not to the system under test.
-    return {t for t in threading.enumerate() if not t.name.startswith("Trio thread")}
+    # "weald-spawner" forks every child process, for the life of the process
+    # (a child's parent-death signal fires when its forking thread exits).
+    return {t for t in threading.enumerate() if not t.name.startswith("Trio thread") and t.name != "weald-spawner"}
 
 
 @pytest.fixture

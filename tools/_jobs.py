@@ -34,14 +34,13 @@ from typing import Any, Literal, Protocol
 
 import attrs
 import trio
+from weald.runtime import ChildProcess, marked_processes, new_process_mark
 from weald.tools._contract import ToolError
 from weald.tools._process import (
     DEFAULT_KILL_GRACE,
     KILL_WAIT,
     OutputCapture,
     capture_until_exit,
-    marked_processes,
-    new_mark,
     open_group_process,
     signal_group,
     terminate_groups_blocking,
@@ -157,6 +156,7 @@ class _Job:
         "pid",
         "process",
         "run_in",
+        "sandboxed",
         "scope",
         "started",
         "started_at",
@@ -181,6 +181,7 @@ class _Job:
         self.cwd = cwd
         self.run_in = cwd  # where the process starts (a pinned /proc/self/fd path, or cwd)
         self.pass_fds: tuple[int, ...] = ()
+        self.sandboxed = False
         self.env = env
         self.capture = capture
         self.token = trio.lowlevel.current_trio_token()
@@ -189,7 +190,7 @@ class _Job:
         self.scope = trio.CancelScope()
         self.stdin_lock = trio.Lock()
         self.handle: CancelHandle | None = None
-        self.process: trio.Process | None = None
+        self.process: ChildProcess | None = None
         self.pid: int | None = None
         self.status: JobStatus = "starting"
         self.exit_code: int | None = None
@@ -197,7 +198,7 @@ class _Job:
         self.kill_requested = False
         # In the environment of every process the job starts, so that one that
         # leaves its session (setsid) is still found and stopped with the job.
-        self.mark = new_mark()
+        self.mark = new_process_mark()
         self.started_at = time.time()
         self.ended_at: float | None = None
 
@@ -311,6 +312,7 @@ class JobTable:
         env: Mapping[str, str] | None = None,
         pass_fds: Sequence[int] = (),
         run_in: Path | None = None,
+        sandboxed: bool = False,
     ) -> JobInfo:
         """Start ``argv`` as a background job; return once it runs.
 
@@ -325,6 +327,8 @@ class JobTable:
                 stay open until this returns, which is when the job runs.
             run_in: where the process starts, if not ``cwd`` (a pinned
                 ``/proc/self/fd/N`` naming ``cwd``'s directory).
+            sandboxed: ``argv`` runs the command in bubblewrap's PID
+                namespace (see `weald.tools._process.terminate_group`).
 
         Raises:
             ToolError: the table is closed, too many jobs run, or the program did not start.
@@ -346,6 +350,7 @@ class JobTable:
             )
             job = _Job(job_id, argv, command=command, cwd=cwd, env=env, capture=capture)
             job.pass_fds = tuple(pass_fds)
+            job.sandboxed = sandboxed
             job.run_in = run_in if run_in is not None else cwd
             self._jobs[job_id] = job
             self._prune_locked()
@@ -392,6 +397,7 @@ class JobTable:
                     session=True,
                     pass_fds=job.pass_fds,
                     mark=job.mark,
+                    sandboxed=job.sandboxed,
                 ) as process:
                     job.process = process
                     job.pid = process.pid

@@ -16,12 +16,21 @@ does. Elsewhere ``killpg(pgid, 0)`` is the test.
 
 A process can also leave the session (``setsid``, ``nohup setsid ...&``,
 a daemon's double fork). To find those, a caller can *mark* a command:
-its environment gets ``WEALD_SHELL_CALL=<mark>``, which every process it
-starts inherits, and cleanup also stops every live process whose
-``/proc/<pid>/environ`` carries that mark (the mechanism weald's fault
-injection uses to find a call's processes). A process that rebuilds its
-environment from nothing (``env -i``) drops the mark and is not found.
-Without ``/proc`` the mark is passed on but finds nothing.
+its environment gets ``WEALD_PROCESS_MARK=<mark>`` (`weald.runtime.new_process_mark`),
+which every process it starts inherits, and cleanup also stops every live
+process whose ``/proc/<pid>/environ`` carries that mark (the mechanism
+weald's fault injection uses to find a call's processes). A process that
+rebuilds its environment from nothing (``env -i``) drops the mark and is
+not found. Without ``/proc`` the mark is passed on but finds nothing.
+
+A command may run inside bubblewrap (``sandboxed=True``, the shell tool's OS
+sandbox): the process started here is then ``bwrap``, and the command runs
+in a PID namespace of its own below it, which the kernel empties the moment
+``bwrap`` dies. Stopping it sends SIGTERM to the processes inside first and
+kills ``bwrap`` (so all of them) only after the grace period.
+
+Every process is forked by `weald.runtime.open_child_process`, so it gets
+SIGKILL if the daemon dies (bubblewrap asks for that itself).
 
 `OutputCapture` holds what such a process prints: a bounded tail in memory,
 the whole of it spooled to a file once it outgrows the tail, and coalesced
@@ -36,7 +45,6 @@ import logging
 import math
 import os
 import re
-import secrets
 import shutil
 import signal
 import subprocess
@@ -50,13 +58,13 @@ from typing import IO, Any
 
 import attrs
 import trio
+from weald.runtime import MARK_VARIABLE, ChildProcess, marked_processes, open_child_process, scan_proc
 from weald.tools._contract import ToolError
 from weald.tools._spill import SpillBudget
 
 __all__ = [
     "DEFAULT_KILL_GRACE",
     "KILL_WAIT",
-    "MARK_VARIABLE",
     "RIPGREP_FILTERS",
     "CapturedText",
     "OutputCapture",
@@ -66,11 +74,10 @@ __all__ = [
     "find_ripgrep",
     "group_alive",
     "leftover_processes",
-    "marked_processes",
-    "new_mark",
     "open_group_process",
     "own_deadline",
     "pump",
+    "sandbox_members",
     "signal_group",
     "terminate_group",
     "terminate_groups_blocking",
@@ -91,11 +98,6 @@ kernel (uninterruptible sleep); past this it is logged and left."""
 # (grows from the first to the second value).
 _POLL_FIRST = 0.005
 _POLL_MAX = 0.05
-
-_PROC = Path("/proc")
-
-MARK_VARIABLE = "WEALD_SHELL_CALL"
-"""The environment variable that marks every process one command started."""
 
 
 def find_executable(name: str) -> str | None:
@@ -149,31 +151,6 @@ def own_deadline(timeout: float) -> float:
 # -- process groups ------------------------------------------------------------
 
 
-def _scan_proc(entry: str, accept: Callable[[bytes], bool]) -> list[int] | None:
-    """Pids whose ``/proc/<pid>/<entry>`` content ``accept`` takes; None when /proc cannot be read.
-
-    procfs reads come from kernel memory, never from a disk: they cannot
-    block the trio loop. A process that is gone, or that this user may not
-    read, is skipped.
-    """
-    try:
-        names = os.listdir(_PROC)
-    except OSError:
-        return None
-    found = []
-    for name in names:
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/{entry}", "rb") as f:
-                content = f.read()
-        except OSError:
-            continue
-        if accept(content):
-            found.append(int(name))
-    return found
-
-
 def _proc_members(pgid: int, *, session: bool) -> list[int] | None:
     """Live members of process group ``pgid`` (and of session ``pgid`` if asked), from /proc.
 
@@ -188,7 +165,7 @@ def _proc_members(pgid: int, *, session: bool) -> list[int] | None:
             return False
         return int(fields[2]) == pgid or (session and int(fields[3]) == pgid)
 
-    return _scan_proc("stat", member)
+    return scan_proc("stat", member)
 
 
 def group_alive(pgid: int, *, session: bool = False) -> bool:
@@ -210,25 +187,6 @@ def group_alive(pgid: int, *, session: bool = False) -> bool:
         # Without /proc, a successful killpg is all we know.
         return not session
     return bool(members)
-
-
-def new_mark() -> str:
-    """A fresh, unguessable mark for one command's processes."""
-    return secrets.token_hex(8)
-
-
-def marked_processes(mark: str) -> list[int] | None:
-    """Live processes (any parent, any session) whose environment carries ``MARK_VARIABLE=mark``.
-
-    One read of ``/proc/<pid>/environ`` per process: about 0.2 ms for 70
-    processes. Zombies have an empty environment, so they do not count.
-    Processes of other users cannot be read, so they do not either.
-
-    Returns:
-        Their pids, or None when /proc cannot be read (not Linux).
-    """
-    entry = b"\0" + MARK_VARIABLE.encode() + b"=" + mark.encode() + b"\0"
-    return _scan_proc("environ", lambda environ: entry in b"\0" + environ)
 
 
 def leftover_processes(pgid: int, *, session: bool = False, mark: str | None = None) -> list[int]:
@@ -264,14 +222,35 @@ def _signal_all(pgid: int, sig: int, *, session: bool, mark: str | None) -> None
             os.kill(pid, sig)
 
 
-def _leader_and_group_alive(process: trio.Process, session: bool, mark: str | None) -> bool:
+def sandbox_members(outer: int) -> list[int]:
+    """The processes running inside the bubblewrap sandbox whose outer ``bwrap`` process is ``outer``.
+
+    ``bwrap`` forks the sandbox's init (pid 1 of its PID namespace), which
+    starts a session of its own (``--new-session``) for the command: the
+    members of the init's session, init excluded, are the command and what
+    it started (those that moved to yet another session are found by their
+    mark, or die with the namespace).
+    """
+
+    def child(stat: bytes) -> bool:
+        fields = stat.rpartition(b")")[2].split()
+        return len(fields) > 1 and fields[0] not in (b"Z", b"X") and int(fields[1]) == outer
+
+    inits = scan_proc("stat", child) or []
+    members: set[int] = set()
+    for init in inits:
+        members.update(pid for pid in _proc_members(init, session=True) or () if pid != init)
+    return sorted(members)
+
+
+def _leader_and_group_alive(process: ChildProcess, session: bool, mark: str | None) -> bool:
     # Reading returncode reaps the leader once it has exited, so that it
     # stops counting as a member of its own group.
     leader_running = process.returncode is None
     return leader_running or group_alive(process.pid, session=session) or bool(mark and marked_processes(mark))
 
 
-async def _wait_gone(process: trio.Process, *, session: bool, mark: str | None, timeout: float) -> bool:
+async def _wait_gone(process: ChildProcess, *, session: bool, mark: str | None, timeout: float) -> bool:
     deadline = trio.current_time() + timeout
     delay = _POLL_FIRST
     while _leader_and_group_alive(process, session, mark):
@@ -284,11 +263,12 @@ async def _wait_gone(process: trio.Process, *, session: bool, mark: str | None, 
 
 
 async def terminate_group(
-    process: trio.Process,
+    process: ChildProcess,
     *,
     grace: float = DEFAULT_KILL_GRACE,
     session: bool = False,
     mark: str | None = None,
+    sandboxed: bool = False,
 ) -> bool:
     """Stop ``process`` and every process in its group; return once they are all gone.
 
@@ -301,7 +281,10 @@ async def terminate_group(
         grace: seconds the group has to exit after SIGTERM.
         session: also stop processes that left the group but not the session.
         mark: also stop every process whose environment carries this mark
-            (see `marked_processes`), wherever it went.
+            (see `weald.runtime.marked_processes`), wherever it went.
+        sandboxed: ``process`` is ``bwrap`` with a PID namespace below it:
+            SIGTERM goes to the processes inside (`sandbox_members`), and
+            SIGKILL to ``bwrap``, which takes the whole namespace with it.
 
     Returns:
         True if anything was still running and had to be signalled.
@@ -310,8 +293,16 @@ async def terminate_group(
     if not _leader_and_group_alive(process, session, mark):
         await process.wait()
         return False
-    _signal_all(pgid, signal.SIGTERM, session=session, mark=mark)
-    _signal_all(pgid, signal.SIGCONT, session=session, mark=mark)
+    if sandboxed:
+        # SIGTERM to bwrap itself would end the namespace at once (its init
+        # dies with it): the command gets its grace period from inside.
+        for pid in {*sandbox_members(pgid), *(marked_processes(mark) or () if mark else ())}:
+            for sig in (signal.SIGTERM, signal.SIGCONT):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, sig)
+    else:
+        _signal_all(pgid, signal.SIGTERM, session=session, mark=mark)
+        _signal_all(pgid, signal.SIGCONT, session=session, mark=mark)
     if not await _wait_gone(process, session=session, mark=mark, timeout=grace):
         _signal_all(pgid, signal.SIGKILL, session=session, mark=mark)
         if not await _wait_gone(process, session=session, mark=mark, timeout=KILL_WAIT):
@@ -363,12 +354,14 @@ async def open_group_process(
     session: bool = False,
     pass_fds: Sequence[int] = (),
     mark: str | None = None,
-) -> AsyncIterator[trio.Process]:
+    sandboxed: bool = False,
+) -> AsyncIterator[ChildProcess]:
     """Start ``argv`` in a new session with piped stdout and stderr; stop all of it on exit.
 
     Leaving the block, for any reason, runs `terminate_group` shielded and
     closes the pipes: when the block is left, nothing the command started
-    is running.
+    is running. The process gets SIGKILL if this process dies
+    (`weald.runtime.open_child_process`).
 
     Args:
         argv: the program and its arguments.
@@ -381,6 +374,8 @@ async def open_group_process(
             pinned directory it runs in, as ``cwd=/proc/self/fd/<n>``).
         mark: put ``MARK_VARIABLE=mark`` into the environment, and on exit
             also stop every process carrying it (those that left the session).
+        sandboxed: ``argv`` starts ``bwrap --die-with-parent`` with a PID
+            namespace (see `terminate_group`).
 
     Raises:
         OSError: the program could not be started.
@@ -388,7 +383,7 @@ async def open_group_process(
     environ = dict(env) if env is not None else None
     if mark is not None:
         environ = {**(os.environ if environ is None else environ), MARK_VARIABLE: mark}
-    process = await trio.lowlevel.open_process(
+    process = await open_child_process(
         list(argv),
         cwd=str(cwd),
         env=environ,
@@ -397,12 +392,13 @@ async def open_group_process(
         stderr=subprocess.PIPE,
         start_new_session=True,
         pass_fds=tuple(pass_fds),
+        die_with_parent=not sandboxed,
     )
     try:
         yield process
     finally:
         with trio.CancelScope(shield=True):
-            await terminate_group(process, grace=grace, session=session, mark=mark)
+            await terminate_group(process, grace=grace, session=session, mark=mark, sandboxed=sandboxed)
             for stream in (process.stdin, process.stdout, process.stderr):
                 if stream is not None:
                     await stream.aclose()
@@ -695,7 +691,7 @@ async def pump(stream: trio.abc.ReceiveStream, name: str, capture: OutputCapture
         await capture.feed(name, data)
 
 
-async def capture_until_exit(process: trio.Process, capture: OutputCapture, *, drain: float = 0.25) -> bool:
+async def capture_until_exit(process: ChildProcess, capture: OutputCapture, *, drain: float = 0.25) -> bool:
     """Copy the process's stdout and stderr into ``capture`` until it exits.
 
     Output keeps being read until both pipes close, but at most ``drain``

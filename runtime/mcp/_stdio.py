@@ -33,6 +33,7 @@ import trio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from mcp.client.stdio import get_default_environment
 from mcp.shared.message import SessionMessage
+from weald.runtime import MARK_VARIABLE, ChildProcess, new_process_mark, open_child_process
 
 from ._config import ServerConfig
 from ._exceptions import MCPStartError
@@ -212,7 +213,7 @@ class StdioServer:
     def __init__(
         self,
         config: ServerConfig,
-        process: trio.Process,
+        process: ChildProcess,
         *,
         on_lost: Callable[[str], None],
         on_stderr_line: Callable[[str], None],
@@ -373,11 +374,14 @@ def _split_lines(buffer: bytearray) -> list[bytes]:
     return lines
 
 
-async def _spawn(config: ServerConfig) -> trio.Process:
+async def _spawn(config: ServerConfig) -> ChildProcess:
     assert config.command is not None
-    env = get_default_environment() | dict(config.env)
+    # The mark finds what the server started if the daemon dies before it
+    # could stop them (`weald.runtime.stop_leftover_processes`, at the next start).
+    env = get_default_environment() | dict(config.env) | {MARK_VARIABLE: new_process_mark()}
     try:
-        return await trio.lowlevel.open_process(
+        # Forked so that it gets SIGKILL if the daemon dies.
+        return await open_child_process(
             [config.command, *config.args],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,

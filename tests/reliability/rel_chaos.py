@@ -240,8 +240,11 @@ def child_processes() -> set[int]:
 
 
 def our_threads() -> set[threading.Thread]:
-    """Live threads, without trio's cache of idle workers ("Trio thread N"), which exit on their own."""
-    return {t for t in threading.enumerate() if not t.name.startswith("Trio thread")}
+    """Live threads, without trio's cache of idle workers ("Trio thread N"), which exit on their own.
+
+    Nor the process-wide "weald-spawner", which forks every child process and lives as long as the process.
+    """
+    return {t for t in threading.enumerate() if not t.name.startswith("Trio thread") and t.name != "weald-spawner"}
 
 
 # -- a run ------------------------------------------------------------------------------------------------------
