@@ -445,7 +445,11 @@ class ToolRunner(Actor):
         super().__init__()
         self._session_id = session_id
         self._working_dir = Path(working_dir).resolve()
-        self._config = config or RunnerConfig()
+        config = config or RunnerConfig()
+        # Commands in the OS sandbox never see the store (histories, tasks, tokens).
+        tool_config = config.tool_config
+        private = (*tool_config.private_paths, str(self.system.store_path.parent))
+        self._config = attrs.evolve(config, tool_config=attrs.evolve(tool_config, private_paths=private))
         self._registry = registry if registry is not None else default_registry
         out = Path(output_dir) if output_dir else self.system.store_path.parent / "weald-outputs" / session_id
         self._output_dir = out

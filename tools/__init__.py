@@ -22,6 +22,7 @@ from weald.tools import skills as _skills  # noqa: F401
 from weald.tools import sub_agent as _sub_agent  # noqa: F401
 from weald.tools import tasks as _tasks  # noqa: F401
 from weald.tools import write_file as _write_file  # noqa: F401
+from weald.tools._bwrap import SANDBOX_ENABLE_HINT, SandboxStatus, sandbox_status
 from weald.tools._contract import (
     AbortSignal,
     PatternMatcher,
@@ -47,6 +48,7 @@ from weald.tools._session import SessionServices
 from weald.tools._spill import SpillBudget, SpillLimits, remove_spill_dir, sweep_spill_dirs
 
 __all__ = [
+    "SANDBOX_ENABLE_HINT",
     "AbortSignal",
     "JobInfo",
     "JobOutput",
@@ -55,6 +57,7 @@ __all__ = [
     "Permission",
     "PermissionScope",
     "ReadLedger",
+    "SandboxStatus",
     "SessionServices",
     "SpillBudget",
     "SpillLimits",
@@ -71,6 +74,7 @@ __all__ = [
     "limit_output",
     "nursery_spawner",
     "remove_spill_dir",
+    "sandbox_status",
     "sweep_spill_dirs",
     "tool",
     "validate_arguments",

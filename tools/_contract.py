@@ -210,6 +210,10 @@ class AbortSignal:
             raise ToolError(f"the call was {self.reason}")
 
 
+def _path_strings(paths: Iterable[object]) -> tuple[str, ...]:
+    return tuple(str(path) for path in paths)
+
+
 @attrs.frozen
 class ToolConfig:
     """Configuration a tool may read (frozen; from ``weald.toml`` ``[tools]``).
@@ -218,11 +222,14 @@ class ToolConfig:
         max_output_lines: lines of output that reach the model.
         max_output_bytes: bytes of output that reach the model.
         options: per-tool options, by tool name (e.g. ``{"shell": {"env_keep": [...]}}``).
+        private_paths: paths no command in the OS sandbox may see, set by
+            the runtime: the daemon's state directory, socket and config files.
     """
 
     max_output_lines: int = 2000
     max_output_bytes: int = 50 * 1024
     options: Mapping[str, Mapping[str, Any]] = attrs.field(factory=dict)
+    private_paths: tuple[str, ...] = attrs.field(default=(), converter=_path_strings)
 
     def option(self, tool_name: str, key: str, default: Any = None) -> Any:
         """Return ``options[tool_name][key]``, or ``default``."""

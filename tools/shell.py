@@ -10,7 +10,7 @@ whole process group is stopped (SIGTERM, then SIGKILL) before the call ends;
 processes it left running in the background when it exited are stopped too,
 including those that left its session (``setsid``): every process the
 command starts carries a mark for the call in its environment
-(``WEALD_SHELL_CALL``), and what carries it is stopped with the group. The
+(``WEALD_PROCESS_MARK``), and what carries it is stopped with the group. The
 result says processes were stopped only once none is left; otherwise it
 names the ones that survived.
 
@@ -18,13 +18,25 @@ names the ones that survived.
 and returns its id at once; ``action`` ``wait``, ``input``, ``kill`` and
 ``list`` follow it up.
 
+Where bubblewrap works, every command and background job runs in weald's
+OS sandbox (`weald.tools._bwrap`): the filesystem read-only except the
+project, a private ``/tmp`` (one per session) and configured paths; the
+daemon's state, socket and config and the usual homes of credentials
+hidden; a PID namespace of its own, which dies whole with the command, the
+call, the agent and the daemon; no network unless configured.
+
 Options (``[tools.shell]``): ``env`` (variables added to the
 environment), ``env_keep`` (secret-looking variables to keep), ``kill_grace``
-(seconds between SIGTERM and SIGKILL, default 2).
+(seconds between SIGTERM and SIGKILL, default 2), ``sandbox`` (``"auto"``:
+the OS sandbox where it works, else process groups only; ``"required"``:
+refuse to run a command without it; ``"off"``), ``network`` (true, false,
+or a list of command patterns that may use it), ``writable``, ``readable``
+and ``hidden`` (lists of paths; ``~`` is the home directory).
 """
 
 from __future__ import annotations
 
+import fnmatch
 import functools
 import shutil
 import signal
@@ -36,7 +48,16 @@ from typing import Any
 
 import attrs
 import trio
-from weald.runtime import sanitized_env
+from weald.runtime import ChildProcess, new_process_mark, sanitized_env
+from weald.tools._bwrap import (
+    SANDBOX_ENABLE_HINT,
+    SandboxPolicy,
+    bwrap_argv,
+    cached_sandbox_status,
+    default_hidden_paths,
+    expand_paths,
+    sandbox_status,
+)
 from weald.tools._contract import ToolContext, ToolError, ToolResult, tool
 from weald.tools._jobs import JobInfo, JobOutput, JobTable
 from weald.tools._process import (
@@ -44,7 +65,6 @@ from weald.tools._process import (
     OutputCapture,
     capture_until_exit,
     leftover_processes,
-    new_mark,
     open_group_process,
     own_deadline,
 )
@@ -240,6 +260,133 @@ def _environment(ctx: ToolContext, workdir: Path) -> dict[str, str]:
     return env
 
 
+# -- the OS sandbox ---------------------------------------------------------------
+
+# A network pattern matches a command made of one simple command only: with
+# any of these in it, the command may run something the pattern never named.
+_SHELL_SYNTAX = frozenset(";&|<>()$`\n\r")
+
+_READ_ONLY_HINT = (
+    "The command runs in weald's OS sandbox, where only the project directory and /tmp are writable "
+    "(and the rest of the filesystem is read-only). If it must write elsewhere (a cache such as ~/.cache, "
+    "a toolchain's directory), ask the user to add that path to [tools.shell] writable in weald.toml."
+)
+_NETWORK_HINT = (
+    "The command runs in weald's OS sandbox without network access. If it needs the network, ask the user "
+    "to allow it in weald.toml: [tools.shell] network = true, or a list of command patterns such as "
+    '["npm install*", "pip install *"].'
+)
+_READ_ONLY_SIGNS = ("Read-only file system",)
+_NETWORK_SIGNS = (
+    "Could not resolve host",
+    "Temporary failure in name resolution",
+    "Name or service not known",
+    "Network is unreachable",
+    "network is unreachable",
+    "No address associated with hostname",
+    "getaddrinfo",
+    "ENOTFOUND",
+    "EAI_AGAIN",
+)
+
+
+class _Launch:
+    """How a command is started: its argv, environment and descriptors, in or out of the sandbox."""
+
+    __slots__ = ("argv", "env", "mode", "network", "pass_fds", "sandboxed")
+
+    def __init__(self, argv: list[str], env: dict[str, str], *, mode: str, network: bool, pass_fds: tuple[int, ...]):
+        self.argv = argv
+        self.env = env
+        self.mode = mode  # "bwrap", "off" (configured) or "unavailable" (auto, and bwrap does not work here)
+        self.network = network
+        self.pass_fds = pass_fds
+        self.sandboxed = mode == "bwrap"
+
+
+def network_allowed(setting: object, command: str) -> bool:
+    """Whether ``[tools.shell] network`` lets ``command`` use the network.
+
+    ``true`` and ``false`` say it for every command. A list of glob
+    patterns allows a command that one of them matches whole, and only
+    when it is one simple command: with ``;``, ``&``, ``|``, a redirection,
+    a substitution or a second line in it, no pattern matches (the pattern
+    would otherwise lend the network to whatever follows).
+    """
+    if isinstance(setting, bool):
+        return setting
+    if not isinstance(setting, list | tuple) or any(char in _SHELL_SYNTAX for char in command):
+        return False
+    text = command.strip()
+    return any(fnmatch.fnmatchcase(text, str(pattern)) for pattern in setting)
+
+
+async def _launch(ctx: ToolContext, command: str, workdir: Path, fd: int) -> _Launch:
+    """The command line for ``command``: in the OS sandbox when it is on and works here.
+
+    Raises:
+        ToolError: ``sandbox = "required"`` and the sandbox does not work here.
+    """
+    env = _environment(ctx, workdir)
+    mode = str(ctx.config.option("shell", "sandbox", "auto"))
+    network = network_allowed(ctx.config.option("shell", "network", False), command)
+    if mode == "off":
+        return _Launch(_argv(command), env, mode="off", network=True, pass_fds=(fd,))
+    status = cached_sandbox_status()
+    if status is None:
+        status = await trio.to_thread.run_sync(sandbox_status)
+    if not status.available or status.bwrap is None:
+        if mode == "required":
+            raise ToolError(
+                f'commands may only run in weald\'s OS sandbox here ([tools.shell] sandbox = "required"), '
+                f"and it does not work on this machine: {status.reason}. Nothing was run. Ask the user to "
+                f"{SANDBOX_ENABLE_HINT}.",
+            )
+        return _Launch(_argv(command), env, mode="unavailable", network=True, pass_fds=(fd,))
+    env["TMPDIR"] = "/tmp"  # noqa: S108 - the sandbox's own /tmp
+    argv = await trio.to_thread.run_sync(_sandbox_argv, ctx, status.bwrap, command, workdir, network)
+    # No descriptor goes in: one opened out here would lead back out of the
+    # sandbox's mounts (openat(fd, "..")). bwrap starts in the pinned
+    # directory and enters it again by its name, inside.
+    return _Launch(argv, env, mode="bwrap", network=network, pass_fds=())
+
+
+def _sandbox_argv(ctx: ToolContext, bwrap: str, command: str, workdir: Path, network: bool) -> list[str]:
+    """Runs in a worker thread: it looks at the filesystem."""
+    option = ctx.config.option
+    tmp = None
+    if ctx.session is not None:
+        # One private /tmp per session, so a job and later calls share it.
+        tmp = Path(ctx.session.output_dir) / "tmp"
+        tmp.mkdir(mode=0o700, parents=True, exist_ok=True)
+    project = Path(ctx.working_dir)
+    policy = SandboxPolicy(
+        project=project,
+        workdir=workdir,
+        writable=expand_paths(option("shell", "writable", ()), base=project),
+        readable=(*expand_paths(option("shell", "readable", ()), base=project), *ctx.allowed_dirs),
+        hidden=(
+            *default_hidden_paths(),
+            *expand_paths(ctx.config.private_paths),
+            *expand_paths(option("shell", "hidden", ()), base=project),
+        ),
+        network=network,
+        tmp=tmp,
+    )
+    return bwrap_argv(bwrap, policy, _argv(command))
+
+
+def _sandbox_hints(launch: _Launch, output: str, failed: bool) -> list[str]:
+    if not launch.sandboxed or not failed:
+        return []
+    hints = []
+    if any(sign in output for sign in _READ_ONLY_SIGNS):
+        hints.append(_READ_ONLY_HINT)
+    if not launch.network and any(sign in output for sign in _NETWORK_SIGNS):
+        hints.append(_NETWORK_HINT)
+    return hints
+
+
 def _workdir(ctx: ToolContext, cwd: str | None) -> Path:
     path = ctx.resolve_path(cwd if cwd is not None else ".", must_exist=True)
     if not path.is_dir():
@@ -257,12 +404,19 @@ def _describe_exit(code: int | None) -> str:
     if code is None:
         return "no exit code"
     if code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
-        return f"killed by {name}"
+        return f"killed by {_signal_name(-code)}"
+    if 128 < code <= 128 + 64:
+        # What a shell (and the sandbox, for the command it ran) reports
+        # for a process a signal killed.
+        return f"exit code {code} (128 + {code - 128}: killed by {_signal_name(code - 128)})"
     return f"exit code {code}"
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 def _omitted_note(omitted: int, spool: Path | str | None, error: str | None = None, cut: str | None = None) -> str:
@@ -312,6 +466,7 @@ async def _run_in(
 ) -> ToolResult:
     limits = _Limits.of(ctx)
     grace = float(ctx.config.option("shell", "kill_grace", DEFAULT_KILL_GRACE))
+    launch = await _launch(ctx, command, workdir, fd)
     capture = OutputCapture(
         tail_bytes=limits.bytes,
         spool_dir=_spool_dir(ctx),
@@ -320,20 +475,21 @@ async def _run_in(
         spill=getattr(ctx.session, "spill", None),
     )
     started = trio.current_time()
-    process: trio.Process | None = None
+    process: ChildProcess | None = None
     timed_out = False
     left_running = False
-    mark = new_mark()
+    mark = new_process_mark()
     try:
         async with open_group_process(
-            _argv(command),
+            launch.argv,
             cwd=pinned,
-            env=_environment(ctx, workdir),
+            env=launch.env,
             stdin=subprocess.DEVNULL,
             grace=grace,
             session=True,
-            pass_fds=(fd,),
+            pass_fds=launch.pass_fds,
             mark=mark,
+            sandboxed=launch.sandboxed,
         ) as process:
             with trio.move_on_after(own_deadline(timeout)) as deadline:
                 held_open = await capture_until_exit(process, capture, drain=_DRAIN_AFTER_EXIT)
@@ -362,6 +518,7 @@ async def _run_in(
         survivors=survivors,
         duration=duration,
         limits=limits,
+        launch=launch,
     )
 
 
@@ -375,6 +532,7 @@ def _foreground_result(
     survivors: list[int],
     duration: float,
     limits: _Limits,
+    launch: _Launch,
 ) -> ToolResult:
     tail = capture.tail(max_lines=limits.lines)
     spool = capture.spool_path if tail.omitted else None
@@ -406,11 +564,13 @@ def _foreground_result(
             "The command left processes running in the background; they were stopped when it ended. "
             "Start long-running processes (servers, watchers) with background=true.",
         )
+    hints.extend(_sandbox_hints(launch, tail.text, not ok))
     data: dict[str, Any] = {
         "exit_code": code,
         "timed_out": timed_out,
         "duration": round(duration, 3),
         "output_bytes": capture.total,
+        "sandbox": launch.mode,
     }
     if survivors:
         data["survivors"] = survivors
@@ -425,19 +585,21 @@ async def _start_job(ctx: ToolContext, command: str, cwd: str | None) -> ToolRes
     jobs = _job_table(ctx)
     workdir = _workdir(ctx, cwd)
     with pinned_directory(ctx, workdir) as (pinned, fd):  # held until the job has started in it
+        launch = await _launch(ctx, command, workdir, fd)
         info = await jobs.start(
-            _argv(command),
+            launch.argv,
             command=command,
             cwd=workdir,
-            env=_environment(ctx, workdir),
-            pass_fds=(fd,),
+            env=launch.env,
+            pass_fds=launch.pass_fds,
             run_in=pinned,
+            sandboxed=launch.sandboxed,
         )
     return ToolResult.success(
         f"Started {info.id} (pid {info.pid}) in the background: {command}\n"
         f"Use action='wait' with job_id='{info.id}' to read its output and see whether it ended, "
         "'input' to write to its stdin, 'kill' to stop it.",
-        data={"job_id": info.id, "pid": info.pid},
+        data={"job_id": info.id, "pid": info.pid, "sandbox": launch.mode},
     )
 
 

@@ -55,6 +55,8 @@ from weald.runtime.daemon._config_model import (
     StoreConfig,
     ToolsConfig,
     check_full_model_spec,
+    check_network,
+    check_sandbox_mode,
 )
 
 __all__ = [
@@ -119,7 +121,9 @@ BUILTIN_TOOLS: Final = frozenset(
 #: tools, MCP tools) pass through unchecked.
 _BUILTIN_TOOL_OPTIONS: Final[Mapping[str, frozenset[str]]] = {
     **{name: frozenset({"timeout"}) for name in BUILTIN_TOOLS},
-    "shell": frozenset({"timeout", "env", "env_keep", "kill_grace"}),
+    "shell": frozenset(
+        {"timeout", "env", "env_keep", "kill_grace", "sandbox", "network", "writable", "readable", "hidden"}
+    ),
     "files": frozenset({"allow_hardlinks", "max_read_bytes"}),
 }
 
@@ -128,6 +132,11 @@ _TOOL_OPTION_CHECKS: Final[Mapping[tuple[str, str], Hook]] = {
     ("shell", "env_keep"): check_str_tuple,
     ("shell", "env"): check_str_table,
     ("shell", "kill_grace"): check_nonnegative_seconds,
+    ("shell", "sandbox"): check_sandbox_mode,
+    ("shell", "network"): check_network,
+    ("shell", "writable"): check_str_tuple,
+    ("shell", "readable"): check_str_tuple,
+    ("shell", "hidden"): check_str_tuple,
     ("files", "allow_hardlinks"): check_bool,
     ("files", "max_read_bytes"): check_positive_int,
 }

@@ -99,6 +99,22 @@ def check_env_name(value: object, _type: object = None) -> str:
     return value
 
 
+def check_sandbox_mode(value: object, _type: object = None) -> str:
+    """``[tools.shell] sandbox``: ``"auto"``, ``"required"`` or ``"off"``."""
+    if value not in ("auto", "required", "off"):
+        raise InvalidValue('"auto", "required" or "off"', value)
+    return str(value)
+
+
+def check_network(value: object, _type: object = None) -> bool | tuple[str, ...]:
+    """``[tools.shell] network``: true, false, or an array of command patterns."""
+    if isinstance(value, bool):
+        return value
+    if not isinstance(value, list | tuple):
+        raise InvalidValue("true, false or an array of command patterns", value)
+    return check_str_tuple(value)
+
+
 def check_http_url(value: object, _type: object = None) -> str:
     """An absolute ``http://`` or ``https://`` URL."""
     if not isinstance(value, str):

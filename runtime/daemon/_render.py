@@ -50,6 +50,9 @@ def render_tree(root: dict[str, Any]) -> Tree:
             parts.append(_mcp_label(server))
         if node.get("children_hidden"):
             parts.append(f"[dim](+{node['children_hidden']} below)[/dim]")
+        if node.get("sandbox"):
+            colour = "green" if node["sandbox"].startswith("bwrap") else "yellow"
+            parts.append(f"[{colour}]shell sandbox: {escape(node['sandbox'])}[/{colour}]")
         return " ".join(parts)
 
     def add(branch: Tree, node: dict[str, Any]) -> None:

@@ -141,6 +141,13 @@ def _log_warnings_to_stderr() -> None:
     logging.getLogger("weald").addHandler(handler)
 
 
+def _warn_sandbox(daemon: Any, err: Console) -> None:
+    """Say loudly, on stderr, that shell commands run without the OS sandbox (or are refused)."""
+    report = daemon.sandbox
+    if report is not None and report.warning:
+        err.print(f"[bold red]WARNING:[/bold red] {escape(report.warning)}", soft_wrap=True)
+
+
 def _make_faults(args: argparse.Namespace, config: Any) -> Any:
     """The fault injector ``--faults FILE`` or ``[faults]`` asks for, or None.
 
@@ -192,6 +199,7 @@ def _embedded_daemon(config: Any) -> Iterator[Path]:
         socket_path = Path(tmp) / "weald.sock"
         daemon = Daemon(config, socket_path=socket_path)
         daemon.start(restore=False)
+        _warn_sandbox(daemon, _console(stderr=True))
         try:
             yield socket_path
         finally:

@@ -948,6 +948,8 @@ class Server(Actor):
             if parent is not None:
                 parent["children"].append(nodes[path])
         root = nodes[base]
+        if base == "/" and self._daemon.sandbox is not None:
+            root["sandbox"] = self._daemon.sandbox.describe()  # how shell commands run
         if p.depth is not None:
             _prune(root, p.depth)
         return root
@@ -1193,6 +1195,7 @@ class Server(Actor):
             "turns": _plain(self._sessions.gate.statistics()) if self._daemon.sessions is not None else None,
             "max_message_bytes": self._max_message_bytes,
             "front": self._front_status(),
+            "sandbox": self._daemon.sandbox.to_dict() if self._daemon.sandbox is not None else None,
         }
 
     def _front_status(self) -> dict[str, Any]:

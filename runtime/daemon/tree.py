@@ -55,9 +55,20 @@ from typing import Any
 import attrs
 import msgspec
 import trio
-from weald.runtime import ActorDeadError, ActorSystem, Future, Ref, WealdError, is_secret_name, register_secret
+from weald.runtime import (
+    ActorDeadError,
+    ActorSystem,
+    Future,
+    Ref,
+    WealdError,
+    environ_value,
+    is_secret_name,
+    register_secret,
+    restore_environ,
+)
 from weald.runtime.agent import AgentConfig, TurnResult
-from weald.runtime.daemon.config import Config
+from weald.runtime.daemon._hygiene import SandboxReport, prepare_process, stop_leftovers
+from weald.runtime.daemon.config import CONFIG_ENV, Config
 from weald.runtime.daemon.server import SHUTDOWN_REASON, Server, prepare_socket
 from weald.runtime.llm import Provider, Usage, make_provider
 from weald.runtime.session import SessionConfig, agent_path, session_spec, valid_session_id
@@ -328,10 +339,13 @@ class Sessions:
         *,
         faults: Any = None,
         roots: Roots | None = None,
+        private_paths: tuple[str, ...] = (),
     ) -> None:
         self.system = system
         self.config = config
         self.roots = roots if roots is not None else Roots(system)
+        # What no sandboxed command may see: the state directory, the socket, the config file.
+        self.private_paths = private_paths
         # Tool calls see the faulting view when fault injection is on.
         self.registry = faults.wrap_registry(registry) if faults is not None else registry
         self._faults = faults
@@ -366,7 +380,7 @@ class Sessions:
             timeouts=dict(tools.timeouts),
             permissions=dict(tools.permissions),
             permission_timeout=tools.permission_timeout,
-            tool_config=tools.to_tool_config(),
+            tool_config=attrs.evolve(tools.to_tool_config(), private_paths=self.private_paths),
             spill=self.config.spill.to_limits(),
         )
 
@@ -641,6 +655,8 @@ class Daemon:
         self._mcp_configs = _mcp_configs(config)
         self.system = ActorSystem(store_path=config.store.path, durability=config.store.durability)
         self.roots = Roots(self.system)
+        self.state_dir = self.system.store_path.parent
+        self.sandbox: SandboxReport | None = None
         self.sessions: Sessions | None = None
         self._stop_requested = False
         self._lock_fd: int | None = None
@@ -657,14 +673,19 @@ class Daemon:
         if self.socket_path is not None:
             prepare_socket(self.socket_path)
         self._lock_fd = lock_state_dir(self.system.store_path)
+        # No secret in the environment, marks for this state directory, the sandbox decided.
+        self.sandbox, _ = prepare_process(self.config, self.state_dir)
         try:
             self.system.start()
         except BaseException:
+            restore_environ()
             self._unlock()
             raise
         self.started_at = time.time()
         root = self.system.root.proxy()
         try:
+            # Before anything new is spawned (MCP servers, restored sessions).
+            stop_leftovers(self.system, self.state_dir)
             if self.faults is not None:
                 self.faults.install(self.system)
             root.start_child(self._mcp_spec()).get(timeout=60)
@@ -681,7 +702,13 @@ class Daemon:
                 )
             ).get(timeout=30)
             self.sessions = Sessions(
-                self.system, self.config, self.registry, sessions, faults=self.faults, roots=self.roots
+                self.system,
+                self.config,
+                self.registry,
+                sessions,
+                faults=self.faults,
+                roots=self.roots,
+                private_paths=self._private_paths(),
             )
             self.sessions.sweep_spill()
             if restore:
@@ -697,6 +724,7 @@ class Daemon:
                 ).get(timeout=30)
         except BaseException:
             self.system.shutdown()
+            restore_environ()
             self._unlock()
             raise
         return self
@@ -705,6 +733,14 @@ class Daemon:
         fd, self._lock_fd = self._lock_fd, None
         if fd is not None:
             os.close(fd)  # closing the only descriptor releases the flock
+
+    def _private_paths(self) -> tuple[str, ...]:
+        paths = [str(self.state_dir), str(self.config.spill.root(self.system.store_path))]
+        if self.socket_path is not None:
+            paths.append(str(self.socket_path))
+        if os.environ.get(CONFIG_ENV):
+            paths.append(os.environ[CONFIG_ENV])
+        return tuple(paths)
 
     def _mcp_spec(self) -> ChildSpec:
         from weald.runtime.mcp import mcp_supervisor_spec
@@ -744,6 +780,8 @@ class Daemon:
             self.system.shutdown(timeout=timeout)
         finally:
             self._unlock()  # last: the store is closed
+        if self.sandbox is not None:
+            restore_environ()  # for a program hosting the daemon; `weald serve` exits next
 
     async def _wind_down(self, timeout: float) -> None:
         """Stop accepting, abort running turns, and deliver every pending reply (on the loop)."""
@@ -790,10 +828,10 @@ def register_config_secrets(config: Config, environ: Mapping[str, str] | None = 
     its secret-looking ``extra_headers`` (whole, and each word, so the token
     of ``Bearer <token>`` too).
     """
-    env = os.environ if environ is None else environ
     for provider in config.providers.values():
-        if provider.api_key_env and env.get(provider.api_key_env):
-            register_secret(env[provider.api_key_env])
+        key = (environ_value if environ is None else environ.get)(provider.api_key_env or "")
+        if provider.api_key_env and key:
+            register_secret(key)
         for name, value in provider.extra_headers.items():
             if is_secret_name(name) and value:
                 register_secret(value)

@@ -80,7 +80,7 @@ def test_a_misspelt_option_of_a_built_in_tool_fails_weald_config_with_its_path(t
     assert run.stdout == ""
     assert (
         f"  {tmp_path / 'weald.toml'}: tools.shell.timout: unknown option; did you mean timeout? "
-        "(known options: env, env_keep, kill_grace, timeout)"
+        "(known options: env, env_keep, hidden, kill_grace, network, readable, sandbox, timeout, writable)"
     ) in run.stderr.splitlines()
 
 

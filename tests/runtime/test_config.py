@@ -526,7 +526,8 @@ def test_options_of_built_in_tools_are_checked_and_other_tools_options_pass_thro
     ]
     # A misspelt option of a built-in tool would leave the real one unset: it is reported.
     assert problems("[tools.shell]\ntimout = 5\n[tools.grep]\ncontext = 2\n[tools.files]\nmax_read = 10\n") == [
-        "tools.shell.timout: unknown option; did you mean timeout? (known options: env, env_keep, kill_grace, timeout)",
+        "tools.shell.timout: unknown option; did you mean timeout? (known options: env, env_keep, hidden, "
+        "kill_grace, network, readable, sandbox, timeout, writable)",
         "tools.grep.context: unknown option; known options: timeout",
         "tools.files.max_read: unknown option; did you mean max_read_bytes? "
         "(known options: allow_hardlinks, max_read_bytes)",

@@ -3,7 +3,9 @@
 Run through the real tool runner in a real `ActorSystem`: the command starts
 a ``setsid`` sleeper (a session of its own, reparented to init, out of
 reach of a process-group kill) and waits; leaving the ``with`` block must
-stop it.
+stop it. These run with the OS sandbox off, to test the isolation shell
+falls back on without it (the pid the command prints is then the real
+one); test_sandbox_attacks.py runs the sandboxed twins.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ def test_a_sleeper_that_left_the_session_does_not_outlive_the_actor_system(
 ) -> None:
     pid_file = project / "sleeper.pid"
     with ActorSystem(store_path=tmp_path / "store.db") as system:
-        runner = RunnerHarness(system, project)
+        runner = RunnerHarness(system, project, options={"shell": {"sandbox": "off"}})
         request = ToolCallRequest("b1-c0", "shell", {"command": f"{start} echo $! > sleeper.pid; wait"})
         runner.runner.tell(RunTools("b1", (request,), None, runner.agent, agent_id="sec", agent_path="/agent"))
         wait_until(lambda: pid_file.read_text().strip() if pid_file.exists() else None, message="the sleeper's pid")

@@ -18,6 +18,13 @@ from weald.tools.shell import shell
 # A short grace between SIGTERM and SIGKILL keeps the tests quick.
 FAST_KILL = {"shell": {"kill_grace": 0.3}}
 
+# The tests that watch the command's processes by their pids (printed by the
+# command itself, as $$ and $!) check the process-group isolation shell
+# falls back on where the OS sandbox is off or unavailable: inside the
+# sandbox those pids are its own namespace's. tests/tools/test_shell_sandbox.py
+# runs the same scenarios in the sandbox.
+GROUPS_ONLY = {"shell": {"kill_grace": 0.3, "sandbox": "off"}}
+
 
 def group_gone(pgid: int) -> bool:
     try:
@@ -133,7 +140,7 @@ async def test_secrets_are_removed_from_the_environment_and_configured_variables
 @pytest.mark.trio
 async def test_a_timeout_stops_the_command_and_says_how_to_allow_more(make_ctx: Callable[..., ToolContext]) -> None:
     started = trio.current_time()
-    result = await run(make_ctx(), command="echo $$; echo partial; sleep 30", timeout=0.5)
+    result = await run(make_ctx(options=GROUPS_ONLY), command="echo $$; echo partial; sleep 30", timeout=0.5)
     assert trio.current_time() - started < 5
     assert not result.ok
     assert result.data["timed_out"]
@@ -146,7 +153,9 @@ async def test_a_timeout_stops_the_command_and_says_how_to_allow_more(make_ctx: 
 
 @pytest.mark.trio
 async def test_a_command_that_ignores_sigterm_is_killed(make_ctx: Callable[..., ToolContext]) -> None:
-    result = await run(make_ctx(), command="trap '' TERM; echo $$; sleep 1000 & echo $!; wait", timeout=0.5)
+    result = await run(
+        make_ctx(options=GROUPS_ONLY), command="trap '' TERM; echo $$; sleep 1000 & echo $!; wait", timeout=0.5
+    )
     assert result.data["timed_out"]
     pgid, sleeper = (int(word) for word in result.output.split()[:2])
     assert not process_alive(pgid)
@@ -172,7 +181,7 @@ async def test_grandchildren_and_processes_that_left_the_group_are_all_killed(
         "wait"
     )
     events: list[dict[str, Any]] = []
-    ctx = make_ctx(emit=lambda kind, data: events.append(dict(data)))
+    ctx = make_ctx(options=GROUPS_ONLY, emit=lambda kind, data: events.append(dict(data)))
     async with trio.open_nursery() as nursery:
         nursery.start_soon(run_positional, ctx, command)
         await await_until(lambda: len(printed_numbers(events)) == 4, message="four pids printed")
@@ -188,7 +197,7 @@ async def test_grandchildren_and_processes_that_left_the_group_are_all_killed(
 
 @pytest.mark.trio
 async def test_processes_left_in_the_background_are_stopped_with_a_hint(make_ctx: Callable[..., ToolContext]) -> None:
-    result = await run(make_ctx(), command="sleep 1000 & echo $!")
+    result = await run(make_ctx(options=GROUPS_ONLY), command="sleep 1000 & echo $!")
     assert result.ok
     sleeper = int(result.output)
     assert not process_alive(sleeper)
@@ -302,7 +311,7 @@ async def test_a_process_that_left_the_session_is_stopped_when_the_command_ends(
 ) -> None:
     # `setsid` in a `&` child is not a group leader, so it execs sleep in
     # place: $! is the sleeper, now in a session of its own.
-    result = await run(make_ctx(), command=command)
+    result = await run(make_ctx(options=GROUPS_ONLY), command=command)
     sleepers.append(int(result.output.split()[-1]))
     assert result.ok, result.output
     assert not process_alive(sleepers[0])
@@ -314,7 +323,9 @@ async def test_a_process_that_left_the_session_is_stopped_when_the_command_ends(
 async def test_a_process_that_left_the_session_is_stopped_on_a_timeout(
     make_ctx: Callable[..., ToolContext], sleepers: list[int]
 ) -> None:
-    result = await run(make_ctx(), command="setsid sleep 300 >/dev/null 2>&1 & echo $!; sleep 1000", timeout=1)
+    result = await run(
+        make_ctx(options=GROUPS_ONLY), command="setsid sleep 300 >/dev/null 2>&1 & echo $!; sleep 1000", timeout=1
+    )
     sleepers.append(int(result.output.split()[0]))
     assert result.data["timed_out"]
     assert not process_alive(sleepers[0])
@@ -326,7 +337,7 @@ async def test_a_process_that_left_the_session_is_stopped_when_the_call_is_abort
     make_ctx: Callable[..., ToolContext], sleepers: list[int]
 ) -> None:
     events: list[dict[str, Any]] = []
-    ctx = make_ctx(emit=lambda kind, data: events.append(dict(data)))
+    ctx = make_ctx(options=GROUPS_ONLY, emit=lambda kind, data: events.append(dict(data)))
     async with trio.open_nursery() as nursery:
         nursery.start_soon(run_positional, ctx, "setsid sleep 300 >/dev/null 2>&1 & echo $!; wait")
         await await_until(lambda: printed_numbers(events), message="the sleeper's pid")
