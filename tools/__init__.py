@@ -44,6 +44,7 @@ from weald.tools._contract import (
 from weald.tools._jobs import JobInfo, JobOutput, JobTable, nursery_spawner
 from weald.tools._ledger import ReadLedger
 from weald.tools._limits import limit_output, within_limits
+from weald.tools._process import find_executable
 from weald.tools._session import SessionServices
 from weald.tools._spill import SpillBudget, SpillLimits, remove_spill_dir, sweep_spill_dirs
 
@@ -70,6 +71,7 @@ __all__ = [
     "ToolResult",
     "default_registry",
     "describe_exception",
+    "find_executable",
     "invoke",
     "limit_output",
     "nursery_spawner",

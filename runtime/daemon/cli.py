@@ -7,6 +7,7 @@
     weald agents | tree | debug-state ID | tasks            look inside a running daemon
     weald demo                                              a self-contained tour, no API key needed
     weald status | stop | config                            the daemon and its configuration
+    weald doctor                                            check this machine (sandbox, rg, node, disk)
 
 Every command takes ``--json`` for scripts. ``weald run`` uses the running
 daemon, or starts an embedded one (in this process) when none runs.
@@ -29,6 +30,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import attrs
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -501,6 +503,32 @@ def cmd_config(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_doctor(args: argparse.Namespace) -> int:
+    """Check what this machine lets weald do: the shell sandbox, ripgrep, node for MCP servers, the state disk."""
+    from weald.runtime.daemon._doctor import run_checks
+    from weald.runtime.daemon.config import Config, ConfigError
+
+    try:
+        config, error = _load_config(args), None
+    except ConfigError as exc:
+        config, error = Config(), str(exc)
+    checks = run_checks(config, error)
+    failed = any(check.status == "fail" for check in checks)
+    if args.json:
+        _print_json({"ok": not failed, "checks": [attrs.asdict(check) for check in checks]})
+        return EXIT_FAILED if failed else EXIT_OK
+    marks = {"ok": "[green]ok[/green]", "warn": "[yellow]warn[/yellow]", "fail": "[bold red]FAIL[/bold red]"}
+    table = Table("check", "", "what was found", box=None, padding=(0, 1))
+    for check in checks:
+        table.add_row(check.name, marks[check.status], escape(check.detail))
+    out = _console()
+    out.print(table)
+    for check in checks:
+        if check.fix:
+            out.print(f"[bold]{escape(check.name)}[/bold]: {escape(check.fix)}", soft_wrap=True)
+    return EXIT_FAILED if failed else EXIT_OK
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     """Run the self-contained demo."""
     from weald.runtime.daemon.demo import run_demo
@@ -579,6 +607,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("config", parents=[common], help="show the configuration", description=_doc(cmd_config))
     p.add_argument("action", nargs="?", choices=["show"], default="show", help="show (the default)")
     p.set_defaults(func=cmd_config)
+
+    p = sub.add_parser("doctor", parents=[common], help="check this machine for weald", description=_doc(cmd_doctor))
+    p.set_defaults(func=cmd_doctor)
 
     from weald.runtime.daemon._cli_mcp import add_mcp_commands
 
