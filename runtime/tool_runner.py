@@ -27,6 +27,7 @@ import fnmatch
 import functools
 import itertools
 import re
+import shutil
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -490,6 +491,9 @@ class ToolRunner(Actor):
             self._calls.stop(block=False)
             with trio.move_on_after(5):
                 await self._calls.exited()
+        # The sandbox's /tmp of this session (shell): nothing runs in it any more.
+        with trio.CancelScope(shield=True), trio.move_on_after(10):
+            await trio.to_thread.run_sync(shutil.rmtree, self._output_dir / "tmp", True)
 
     def on_failure(self, *_: object) -> None:
         """After a crash, kill background jobs at once (no grace)."""
