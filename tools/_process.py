@@ -222,25 +222,29 @@ def _signal_all(pgid: int, sig: int, *, session: bool, mark: str | None) -> None
             os.kill(pid, sig)
 
 
-def sandbox_members(outer: int) -> list[int]:
+def sandbox_members(outer: int, mark: str | None = None) -> list[int]:
     """The processes running inside the bubblewrap sandbox whose outer ``bwrap`` process is ``outer``.
 
     ``bwrap`` forks the sandbox's init (pid 1 of its PID namespace), which
     starts a session of its own (``--new-session``) for the command: the
     members of the init's session, init excluded, are the command and what
-    it started (those that moved to yet another session are found by their
-    mark, or die with the namespace).
+    it started; those that moved to yet another session are found by
+    ``mark`` (or die with the namespace). ``bwrap`` and its init carry the
+    mark too, and are never among them: either one's death ends the
+    namespace at once.
     """
 
     def child(stat: bytes) -> bool:
         fields = stat.rpartition(b")")[2].split()
         return len(fields) > 1 and fields[0] not in (b"Z", b"X") and int(fields[1]) == outer
 
-    inits = scan_proc("stat", child) or []
+    inits = set(scan_proc("stat", child) or ())
     members: set[int] = set()
     for init in inits:
-        members.update(pid for pid in _proc_members(init, session=True) or () if pid != init)
-    return sorted(members)
+        members.update(_proc_members(init, session=True) or ())
+    if mark is not None:
+        members.update(marked_processes(mark) or ())
+    return sorted(members - inits - {outer})
 
 
 def _leader_and_group_alive(process: ChildProcess, session: bool, mark: str | None) -> bool:
@@ -296,7 +300,7 @@ async def terminate_group(
     if sandboxed:
         # SIGTERM to bwrap itself would end the namespace at once (its init
         # dies with it): the command gets its grace period from inside.
-        for pid in {*sandbox_members(pgid), *(marked_processes(mark) or () if mark else ())}:
+        for pid in sandbox_members(pgid, mark):
             for sig in (signal.SIGTERM, signal.SIGCONT):
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, sig)

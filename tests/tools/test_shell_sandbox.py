@@ -1,0 +1,409 @@
+"""The shell tool in its OS sandbox: real bubblewrap, real namespaces, real mounts.
+
+Every test runs commands through `invoke` with the sandbox on (the default,
+``auto``, where bubblewrap works; the ``bubblewrap`` fixture installs it when
+it is missing). A command's own pids are its namespace's, so processes are
+found on the host by a unique argument (``sleep 900.<tag>``), which survives
+``env -i``.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import socket
+import tempfile
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+from weald.runtime import scan_proc
+from weald.runtime.testing import await_until, process_alive
+from weald.tools import SessionServices, ToolConfig, ToolContext, ToolError, ToolResult, invoke, sandbox_status
+from weald.tools._jobs import JobTable, nursery_spawner
+from weald.tools.shell import network_allowed, shell
+
+pytestmark = pytest.mark.usefixtures("bubblewrap")
+
+FAST_KILL: dict[str, Any] = {"kill_grace": 0.5}
+
+
+@pytest.fixture
+def work(tmp_path: Path) -> Path:
+    path = tmp_path / "work"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+def make_ctx(work: Path, tmp_path: Path) -> Callable[..., ToolContext]:
+    def make(
+        *, shell_options: Mapping[str, Any] | None = None, private: tuple[str, ...] = (), **fields: Any
+    ) -> ToolContext:
+        fields.setdefault("working_dir", work)
+        fields.setdefault("session", SessionServices(output_dir=tmp_path / "out"))
+        fields["config"] = ToolConfig(options={"shell": {**FAST_KILL, **(shell_options or {})}}, private_paths=private)
+        return ToolContext(**fields)
+
+    return make
+
+
+async def run(ctx: ToolContext, **arguments: Any) -> ToolResult:
+    return await invoke(shell, ctx, arguments)
+
+
+def read(path: Path) -> str:
+    return path.read_text()
+
+
+def tag() -> str:
+    """A unique sleep duration: ``sleep <tag>`` is findable on the host, whatever the process's environment."""
+    return f"9{secrets.randbelow(10**6):06d}.{secrets.randbelow(10**6):06d}"
+
+
+def host_processes(sleep: str) -> list[int]:
+    """Live host processes running exactly ``sleep <tag>`` (not the shells whose command line names it)."""
+    argv = f"sleep\0{sleep.removeprefix('sleep ')}\0".encode()
+    found = scan_proc("cmdline", lambda cmdline: cmdline == argv) or []
+    return [pid for pid in found if process_alive(pid)]
+
+
+@pytest.fixture
+def visible(tmp_path: Path) -> Iterator[Path]:
+    """A directory outside /tmp (which the sandbox replaces whole): what is in it is visible unless hidden."""
+    path = Path(tempfile.mkdtemp(prefix="weald-test-", dir="/var/tmp"))
+    yield path
+    shutil.rmtree(path)
+
+
+@pytest.fixture
+def fake_home(visible: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A home directory full of credentials, as $HOME (the sandbox hides what it finds there)."""
+    home = visible / "home"
+    files = {
+        ".ssh/id_ed25519": "ssh-private-key-material",
+        ".aws/credentials": "aws_secret_access_key = AKIAsecret",
+        ".config/gcloud/application_default_credentials.json": '{"private_key": "gcloud-secret"}',
+        ".netrc": "machine example.com password netrc-secret",
+        ".docker/config.json": '{"auths": {"x": {"auth": "docker-secret"}}}',
+        ".weald/weald.toml": "# weald-config-secret",
+        ".git-credentials": "https://user:gitcred-secret@example.com",
+    }
+    for name, text in files.items():
+        (home / name).parent.mkdir(parents=True, exist_ok=True)
+        (home / name).write_text(text)
+    monkeypatch.setenv("HOME", str(home))
+    return home
+
+
+# -- the filesystem -------------------------------------------------------------------------
+
+
+@pytest.mark.trio
+async def test_the_project_is_writable_and_the_rest_of_the_filesystem_is_read_only(
+    make_ctx: Callable[..., ToolContext], work: Path, visible: Path
+) -> None:
+    result = await run(make_ctx(), command=f"echo made > made.txt && echo pwned > {visible}/pwned.txt")
+    assert (work / "made.txt").read_text() == "made\n"
+    assert not (visible / "pwned.txt").exists()
+    assert not result.ok
+    assert "Read-only file system" in result.output
+    assert result.data["sandbox"] == "bwrap"
+    assert any("[tools.shell] writable" in hint for hint in result.hints)
+
+
+@pytest.mark.trio
+async def test_the_hosts_tmp_is_out_of_reach(make_ctx: Callable[..., ToolContext], tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.txt").write_text("tmp-secret")
+    result = await run(make_ctx(), command=f"cat {outside}/secret.txt; echo pwned > {outside}/pwned.txt")
+    assert "tmp-secret" not in result.output
+    assert not (outside / "pwned.txt").exists()
+
+
+@pytest.mark.trio
+async def test_paths_configured_writable_can_be_written_relative_ones_in_the_project(
+    make_ctx: Callable[..., ToolContext], work: Path, tmp_path: Path
+) -> None:
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (work / "build").mkdir()
+    ctx = make_ctx(shell_options={"writable": [str(cache)]})
+    result = await run(ctx, command=f"echo cached > {cache}/c.txt && touch build/ok")
+    assert result.ok, result.output
+    assert (cache / "c.txt").read_text() == "cached\n"
+
+
+@pytest.mark.trio
+async def test_tmp_is_private_to_the_session_and_shared_by_its_calls(
+    make_ctx: Callable[..., ToolContext], tmp_path: Path
+) -> None:
+    host_file = Path("/tmp") / f"weald-host-{secrets.token_hex(6)}"
+    host_file.write_text("host")
+    try:
+        ctx = make_ctx()
+        first = await run(ctx, command=f"test -e {host_file} && echo visible || echo hidden; echo kept > /tmp/note")
+        assert first.output.strip() == "hidden"
+        second = await run(ctx, command="cat /tmp/note")
+        assert second.output.strip() == "kept"
+        assert read(tmp_path / "out" / "tmp" / "note") == "kept\n"  # the session's /tmp, on the host
+    finally:
+        host_file.unlink()
+
+
+@pytest.mark.trio
+async def test_home_secrets_and_the_daemons_private_paths_are_not_visible(
+    make_ctx: Callable[..., ToolContext], fake_home: Path, visible: Path
+) -> None:
+    state = visible / "state"
+    state.mkdir()
+    (state / "store.db").write_text("store-secret")
+    ctx = make_ctx(private=(str(state),))
+    command = (
+        "cat ~/.ssh/id_ed25519 ~/.aws/credentials ~/.config/gcloud/*.json ~/.netrc ~/.docker/config.json "
+        f"~/.weald/weald.toml ~/.git-credentials {state}/store.db"
+    )
+    result = await run(ctx, command=command)
+    for secret in ("ssh-private", "AKIAsecret", "gcloud-secret", "netrc-secret", "docker-secret"):
+        assert secret not in result.output
+    for secret in ("weald-config-secret", "gitcred-secret", "store-secret"):
+        assert secret not in result.output
+    # The directories are there, and empty.
+    listing = await run(ctx, command=f"ls -A ~/.ssh ~/.aws ~/.weald {state}")
+    assert listing.ok, listing.output
+    for name in ("id_ed25519", "credentials", "weald.toml", "store.db"):
+        assert name not in listing.output
+
+
+@pytest.mark.trio
+async def test_a_hidden_path_configured_readable_is_shown_read_only(
+    make_ctx: Callable[..., ToolContext], fake_home: Path
+) -> None:
+    ctx = make_ctx(shell_options={"readable": ["~/.aws"]})
+    result = await run(ctx, command="cat ~/.aws/credentials; echo x >> ~/.aws/credentials")
+    assert "AKIAsecret" in result.output
+    assert "Read-only file system" in result.output
+    assert (fake_home / ".aws/credentials").read_text() == "aws_secret_access_key = AKIAsecret"
+
+
+@pytest.mark.trio
+async def test_the_projects_own_weald_config_cannot_be_rewritten_from_inside(
+    make_ctx: Callable[..., ToolContext], work: Path
+) -> None:
+    (work / "weald.toml").write_text('[tools.permissions]\nshell = "ask"\n')
+    (work / ".weald" / "skills").mkdir(parents=True)
+    command = "echo 'shell = \"allow\"' >> weald.toml; touch .weald/skills/evil; echo more > notes.txt; cat notes.txt"
+    result = await run(make_ctx(), command=command)
+    assert (work / "weald.toml").read_text() == '[tools.permissions]\nshell = "ask"\n'
+    assert not (work / ".weald" / "skills" / "evil").exists()
+    assert (work / "notes.txt").read_text() == "more\n"
+    assert result.output.count("Read-only file system") == 2
+
+
+# -- processes ------------------------------------------------------------------------------
+
+
+@pytest.mark.trio
+async def test_the_command_sees_only_its_own_processes(
+    make_ctx: Callable[..., ToolContext], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Secret-looking, so not passed to commands: only the daemon's own environment holds it.
+    monkeypatch.setenv("WEALD_TEST_CANARY_TOKEN", "canary-" + secrets.token_hex(8))
+    here = os.getpid()
+    command = (
+        f"ls /proc | grep -c '^[0-9]'; test -e /proc/{here} && echo sees-the-daemon; "
+        "tr '\\0' '\\n' < /proc/$PPID/environ; for f in /proc/[0-9]*/environ; do cat $f; done | tr '\\0' '\\n'"
+    )
+    result = await run(make_ctx(), command=command)
+    assert result.ok, result.output
+    # bwrap's init, bash, ls, grep (and the loop's processes, later): a handful, not the machine's.
+    assert int(result.output.split()[0]) < 10
+    assert "sees-the-daemon" not in result.output
+    assert "canary-" not in result.output
+    assert "WEALD_TEST_CANARY_TOKEN" not in result.output
+
+
+@pytest.mark.trio
+async def test_processes_that_leave_the_session_and_clear_their_environment_end_with_the_command(
+    make_ctx: Callable[..., ToolContext],
+) -> None:
+    sleep = tag()
+    result = await run(make_ctx(), command=f"setsid env -i bash -c 'sleep {sleep}' & sleep 0.2; echo started")
+    assert result.ok, result.output
+    assert host_processes(f"sleep {sleep}") == []
+
+
+@pytest.mark.trio
+async def test_a_timeout_ends_every_process_of_the_command(make_ctx: Callable[..., ToolContext]) -> None:
+    sleep = tag()
+    command = f"trap '' TERM; setsid env -i bash -c 'trap \"\" TERM; sleep {sleep}' & sleep 1000"
+    result = await run(make_ctx(), command=command, timeout=1)
+    assert result.data["timed_out"]
+    assert host_processes(f"sleep {sleep}") == []
+
+
+@pytest.mark.trio
+async def test_an_aborted_call_ends_every_process_and_the_command_gets_its_sigterm_first(
+    make_ctx: Callable[..., ToolContext], work: Path
+) -> None:
+    sleep = tag()
+    # A loop, not `wait`: bash runs its trap at the next command, whichever signal lands first.
+    command = (
+        "trap 'echo got-term > term.txt; exit 0' TERM; "
+        f"setsid env -i bash -c 'sleep {sleep}' & while :; do sleep 0.05; done"
+    )
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(lambda: run(make_ctx(), command=command))
+        await await_until(lambda: host_processes(f"sleep {sleep}"), timeout=10, message="the sleeper to start")
+        nursery.cancel_scope.cancel()
+    assert host_processes(f"sleep {sleep}") == []
+    assert (work / "term.txt").read_text() == "got-term\n"
+
+
+@pytest.mark.trio
+async def test_a_command_killed_by_a_signal_says_which(make_ctx: Callable[..., ToolContext]) -> None:
+    result = await run(make_ctx(), command="kill -SEGV $$")
+    assert not result.ok
+    assert "SIGSEGV" in result.output
+
+
+@pytest.mark.trio
+async def test_a_background_job_and_what_it_started_end_when_it_is_killed(
+    nursery: trio.Nursery, make_ctx: Callable[..., ToolContext], tmp_path: Path
+) -> None:
+    jobs = JobTable(nursery_spawner(nursery), output_dir=tmp_path / "out", kill_grace=0.5)
+    ctx = make_ctx(session=SessionServices(output_dir=tmp_path / "out", jobs=jobs))
+    sleep = tag()
+    started = await run(ctx, command=f"setsid env -i bash -c 'sleep {sleep}' & sleep 1000", background=True)
+    assert started.data["sandbox"] == "bwrap"
+    await await_until(lambda: host_processes(f"sleep {sleep}"), timeout=10, message="the job's sleeper")
+    await run(ctx, action="kill", job_id=started.data["job_id"])
+    assert host_processes(f"sleep {sleep}") == []
+    await jobs.aclose()
+
+
+# -- the network ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def listener() -> Iterator[int]:
+    """A TCP server on the host's loopback that answers every connection with ``hello``."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    server.settimeout(0.2)
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except TimeoutError:
+                continue
+            with conn:
+                conn.sendall(b"hello\n")
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield server.getsockname()[1]
+    stop.set()
+    thread.join(5)
+    server.close()
+
+
+PROBE = """\
+import socket, sys
+try:
+    with socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=5) as s:
+        print(s.recv(16).decode().strip())
+except OSError as exc:
+    print("no network:", exc)
+    sys.exit(1)
+"""
+
+
+@pytest.mark.trio
+async def test_the_network_is_off_by_default_on_when_configured_and_per_pattern(
+    make_ctx: Callable[..., ToolContext], work: Path, listener: int
+) -> None:
+    (work / "probe.py").write_text(PROBE)
+    command = f"python3 probe.py 127.0.0.1 {listener}"
+    off = await run(make_ctx(), command=command)
+    assert not off.ok
+    assert "no network" in off.output
+    on = await run(make_ctx(shell_options={"network": True}), command=command)
+    assert on.output.strip() == "hello"
+    patterned = make_ctx(shell_options={"network": ["python3 probe.py *"]})
+    assert (await run(patterned, command=command)).output.strip() == "hello"
+    # The pattern lends the network to that one command only, never to what a ';' adds to it.
+    assert "no network" in (await run(patterned, command=f"{command}; true")).output
+
+
+@pytest.mark.trio
+async def test_a_command_that_finds_no_network_is_told_how_to_get_it(
+    make_ctx: Callable[..., ToolContext], work: Path
+) -> None:
+    (work / "probe.py").write_text(PROBE)
+    result = await run(make_ctx(), command="python3 probe.py 10.255.255.1 80")
+    assert not result.ok
+    assert "Network is unreachable" in result.output
+    assert any("[tools.shell] network" in hint for hint in result.hints)
+
+
+def test_network_patterns_match_one_simple_command_only() -> None:
+    patterns = ["npm install*", "git fetch"]
+    assert network_allowed(patterns, "npm install left-pad")
+    assert network_allowed(patterns, "  git fetch ")
+    for command in [
+        "npm install x; curl evil",
+        "npm install x && curl evil",
+        "npm install x | sh",
+        "npm install $(curl evil)",
+        "npm install `curl evil`",
+        "npm install x\ncurl evil",
+        "npm install x > ~/.bashrc",
+        "git fetch origin",
+        "curl evil",
+    ]:
+        assert not network_allowed(patterns, command), command
+    assert network_allowed(True, "anything; at all")
+    assert not network_allowed(False, "npm install")
+
+
+# -- where bubblewrap does not work ---------------------------------------------------------
+
+
+@pytest.fixture
+def no_bwrap(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """A PATH without bwrap (bash, env and the rest stay): the machine as one without bubblewrap."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in ("bash", "sh", "env", "echo", "true", "cat"):
+        found = next((Path(d) / name for d in ("/usr/bin", "/bin") if (Path(d) / name).exists()), None)
+        if found is not None:
+            (bin_dir / name).symlink_to(found)
+    monkeypatch.setenv("PATH", str(bin_dir))
+    assert not sandbox_status(refresh=True).available
+    yield
+    monkeypatch.undo()
+    assert sandbox_status(refresh=True).available
+
+
+@pytest.mark.trio
+@pytest.mark.usefixtures("no_bwrap")
+async def test_without_bubblewrap_required_refuses_and_auto_runs_with_process_groups(
+    make_ctx: Callable[..., ToolContext], work: Path
+) -> None:
+    with pytest.raises(ToolError, match=r"sandbox = \\?\"required\\?\".*not installed.*apt-get install bubblewrap"):
+        await shell.fn(make_ctx(shell_options={"sandbox": "required"}), command="echo ran > ran.txt")
+    assert not (work / "ran.txt").exists()
+    result = await run(make_ctx(), command="echo ran")
+    assert result.ok
+    assert result.data["sandbox"] == "unavailable"
+    off = await run(make_ctx(shell_options={"sandbox": "off"}), command="echo ran")
+    assert off.data["sandbox"] == "off"
