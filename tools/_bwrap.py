@@ -188,11 +188,11 @@ def _mounts(policy: SandboxPolicy) -> list[tuple[str, Path, Path]]:
         mounts.append(("--bind", tmp_dir, tmp))
     else:
         mounts.append(("--tmpfs", tmp, tmp))
-    for path in policy.hidden:
-        real = _real(path)
+    hidden = {real for real in (_real(path) for path in policy.hidden) if real is not None}
+    for real in sorted(hidden):
         # A path the configuration shows again (or makes writable) stays; one
         # that does not exist has nothing to hide; one in /tmp is already gone.
-        if real is None or real in shown or any(real == w for w in writable) or _within(real, tmp):
+        if real in shown or real in writable or _within(real, tmp):
             continue
         try:
             mode = os.stat(real).st_mode
@@ -207,9 +207,9 @@ def _mounts(policy: SandboxPolicy) -> list[tuple[str, Path, Path]]:
     mounts.extend(("--ro-bind", path, path) for path in sorted(shown))
     if project is not None:
         for name in _PROTECTED_IN_PROJECT:
-            real = _real(project / name)
-            if real is not None and _within(real, project):
-                mounts.append(("--ro-bind", real, real))
+            protected = _real(project / name)
+            if protected is not None and _within(protected, project):
+                mounts.append(("--ro-bind", protected, protected))
     # Stable: at equal depth, the order above (hide, then bind, then show).
     mounts.sort(key=lambda mount: len(mount[2].parts))
     return mounts
