@@ -91,6 +91,24 @@ SECRET_NAMES = [
     "GCP_CREDENTIALS",
     "auth_cookie",
     "token2",
+    # The second audit's: a password for sshpass, bare bearer tokens, Stripe's secret keys,
+    # webhook URLs, DSNs, credential files' contents, passwords in compound names.
+    "SSHPASS",
+    "BEARER",
+    "BEARER_TOKEN",
+    "STRIPE_SK",
+    "STRIPE_LIVE_SK",
+    "SLACK_WEBHOOK_URL",
+    "DISCORD_WEBHOOK",
+    "MYWEBHOOKSECRET",
+    "SENTRY_DSN",
+    "DATABASE_DSN",
+    "GOOGLE_APPLICATION_CREDENTIALS_JSON",
+    "AZURE_CREDENTIALS",
+    "MYSQL_PWD",
+    "GPG_PASSPHRASE",
+    "AZURE_STORAGE_CONNECTION_STRING",
+    "DB_CONN_STR",
 ]
 
 # Secret words inside other words do not count.
@@ -109,6 +127,11 @@ NOT_SECRET_NAMES = [
     "input_tokens",
     "LC_ALL",
     "SSH_AUTH_SOCK",  # a socket path: git over ssh needs it
+    "PWD",  # the working directory; MYSQL_PWD is a password
+    "OLDPWD",
+    "DISK",
+    "TASKS",
+    "SKIP_TESTS",
     "XDG_SESSION_ID",
     "DBUS_SESSION_BUS_ADDRESS",
 ]
