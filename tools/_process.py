@@ -294,6 +294,10 @@ async def terminate_group(
         True if anything was still running and had to be signalled.
     """
     pgid = process.pid
+    if sandboxed and process.returncode is not None:
+        # bwrap exits after its init, and the kernel empties a PID namespace
+        # before its init is gone: nothing of the command is left to look for.
+        return False
     if not _leader_and_group_alive(process, session, mark):
         await process.wait()
         return False

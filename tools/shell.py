@@ -493,7 +493,10 @@ async def _run_in(
         ) as process:
             with trio.move_on_after(own_deadline(timeout)) as deadline:
                 held_open = await capture_until_exit(process, capture, drain=_DRAIN_AFTER_EXIT)
-                left_running = held_open or bool(leftover_processes(process.pid, session=True, mark=mark))
+                # In the sandbox nothing outlives the command: its namespace is gone when bwrap is.
+                left_running = held_open or (
+                    not launch.sandboxed and bool(leftover_processes(process.pid, session=True, mark=mark))
+                )
             timed_out = deadline.cancelled_caught
         # Leaving the block stopped whatever was still running: all of it
         # on a timeout, what the command left in the background otherwise.
@@ -508,7 +511,8 @@ async def _run_in(
     assert process is not None
     # Checked, not assumed: a process stuck in the kernel, or one that
     # changed its user, outlives even SIGKILL.
-    survivors = leftover_processes(process.pid, session=True, mark=mark) if left_running or timed_out else []
+    check = (left_running or timed_out) and not (launch.sandboxed and process.returncode is not None)
+    survivors = leftover_processes(process.pid, session=True, mark=mark) if check else []
     return _foreground_result(
         capture,
         code=process.returncode,
