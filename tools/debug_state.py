@@ -6,17 +6,18 @@ import json
 from typing import Any
 
 from weald.runtime import redact
+from weald.tools._bwrap import sandbox_status
 from weald.tools._contract import ToolContext, ToolError, ToolResult, tool
 
-__all__ = ["debug_state", "describe_state"]
+__all__ = ["debug_state", "describe_sandbox", "describe_state"]
 
 
 @tool(
     name="debug_state",
     description=(
         "Inspect your own runtime state: status, model, working directory, pending prompts, running tool calls, "
-        "enabled tools, token usage, recent events and messages, restart count, and your place in the "
-        "supervision tree. Use it to understand failures or restarts."
+        "enabled tools, token usage, recent events and messages, restart count, your place in the "
+        "supervision tree, and how your shell commands are sandboxed. Use it to understand failures or restarts."
     ),
     parameters={
         "type": "object",
@@ -36,7 +37,29 @@ def debug_state(ctx: ToolContext, *, events: int = 20, messages: int = 10) -> To
     if runtime is None or ctx.snapshot is None:
         raise ToolError("debug_state needs a running agent session")
     state = describe_state(ctx.snapshot, runtime, events=events, messages=messages)
+    state["shell_sandbox"] = describe_sandbox(ctx)
     return ToolResult.success(json.dumps(state, indent=2, default=str), data=state)
+
+
+def describe_sandbox(ctx: ToolContext) -> str:
+    """How this agent's shell commands run: in the bubblewrap sandbox (and with what network), or why not.
+
+    Blocks the first time in a process (bubblewrap is tried once); this tool runs in a worker thread.
+    """
+    option = ctx.config.option
+    mode = str(option("shell", "sandbox", "auto"))
+    if mode == "off":
+        return 'off ([tools.shell] sandbox = "off"): process groups only'
+    status = sandbox_status()
+    if not status.available:
+        refused = "shell refuses every command" if mode == "required" else "process groups only"
+        return f"unavailable ({status.reason}): {refused}"
+    network = option("shell", "network", False)
+    allowed = "on" if network is True else "off" if not network else f"only for {', '.join(map(str, network))}"
+    return (
+        "bubblewrap: the project and /tmp writable, the rest read-only, credentials and the daemon's state "
+        f"hidden, its own PID namespace; network {allowed}"
+    )
 
 
 def describe_state(snapshot: Any, runtime: Any, *, events: int = 20, messages: int = 10) -> dict[str, Any]:

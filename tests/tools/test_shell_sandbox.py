@@ -25,6 +25,7 @@ from weald.runtime import scan_proc
 from weald.runtime.testing import await_until, process_alive
 from weald.tools import SessionServices, ToolConfig, ToolContext, ToolError, ToolResult, invoke, sandbox_status
 from weald.tools._jobs import JobTable, nursery_spawner
+from weald.tools.debug_state import describe_sandbox
 from weald.tools.shell import network_allowed, shell
 
 pytestmark = pytest.mark.usefixtures("bubblewrap")
@@ -407,3 +408,16 @@ async def test_without_bubblewrap_required_refuses_and_auto_runs_with_process_gr
     assert result.data["sandbox"] == "unavailable"
     off = await run(make_ctx(shell_options={"sandbox": "off"}), command="echo ran")
     assert off.data["sandbox"] == "off"
+
+
+def test_debug_state_tells_the_agent_how_its_commands_are_sandboxed(make_ctx: Callable[..., ToolContext]) -> None:
+    assert describe_sandbox(make_ctx()).startswith("bubblewrap")
+    assert "network off" in describe_sandbox(make_ctx())
+    assert "network only for npm install*" in describe_sandbox(make_ctx(shell_options={"network": ["npm install*"]}))
+    assert describe_sandbox(make_ctx(shell_options={"sandbox": "off"})).startswith("off")
+
+
+@pytest.mark.usefixtures("no_bwrap")
+def test_debug_state_says_when_the_sandbox_is_unavailable(make_ctx: Callable[..., ToolContext]) -> None:
+    assert "process groups only" in describe_sandbox(make_ctx())
+    assert "refuses every command" in describe_sandbox(make_ctx(shell_options={"sandbox": "required"}))
