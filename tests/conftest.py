@@ -150,3 +150,15 @@ def bubblewrap() -> str:
     if not status.available or status.bwrap is None:
         pytest.fail(f"the OS sandbox does not work here: {status.reason}. To fix: {SANDBOX_ENABLE_HINT}", pytrace=False)
     return status.bwrap
+
+
+@pytest.fixture
+def path_without_bwrap(tmp_path: Path) -> str:
+    """A ``PATH`` with the usual programs (bash, sh, env, cat, ls...) but no ``bwrap``: a machine without bubblewrap."""
+    bin_dir = tmp_path / "bin-without-bwrap"
+    bin_dir.mkdir()
+    for name in ("bash", "sh", "env", "echo", "true", "cat", "ls", "python3", "node", "npx"):
+        found = shutil.which(name)
+        if found is not None:
+            (bin_dir / name).symlink_to(found)
+    return str(bin_dir)
