@@ -12,6 +12,7 @@ import fcntl
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import threading
 from collections.abc import Callable, Iterator
@@ -162,3 +163,29 @@ def path_without_bwrap(tmp_path: Path) -> str:
         if found is not None:
             (bin_dir / name).symlink_to(found)
     return str(bin_dir)
+
+
+@pytest.fixture(scope="session")
+def loopback_listener() -> Iterator[int]:
+    """The port of a TCP server on the host's loopback that answers every connection with ``hello``."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    server.settimeout(0.2)
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except TimeoutError:
+                continue
+            with conn:
+                conn.sendall(b"hello\n")
+
+    thread = threading.Thread(target=serve, name="loopback-listener", daemon=True)
+    thread.start()
+    yield server.getsockname()[1]
+    stop.set()
+    thread.join(5)
+    server.close()

@@ -25,12 +25,10 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import textwrap
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -190,32 +188,6 @@ def attack_root() -> Iterator[Path]:
     shutil.rmtree(root, ignore_errors=True)
 
 
-@pytest.fixture(scope="module")
-def listener() -> Iterator[int]:
-    """A TCP server on the host's loopback that answers ``hello``."""
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(8)
-    server.settimeout(0.2)
-    stop = threading.Event()
-
-    def serve() -> None:
-        while not stop.is_set():
-            try:
-                conn, _ = server.accept()
-            except TimeoutError:
-                continue
-            with conn:
-                conn.sendall(b"hello\n")
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    yield server.getsockname()[1]
-    stop.set()
-    thread.join(5)
-    server.close()
-
-
 PROBE = """\
 import socket, sys
 try:
@@ -269,7 +241,7 @@ class Attacked:
     sleepers_after: list[int]
 
 
-def _attack(root: Path, listener: int, who: str, sandbox: str) -> Attacked:
+def _attack(root: Path, loopback_listener: int, who: str, sandbox: str) -> Attacked:
     user = ordinary_user(root) if who == "user" else None
     base = root / f"{who}-{sandbox}"
     base.mkdir()
@@ -301,7 +273,7 @@ def _attack(root: Path, listener: int, who: str, sandbox: str) -> Attacked:
                 "state": f"ls -A {base}; cat {base}/store.db {daemon.config} 2>&1 | base64 -w0",
                 "socket": f"python3 probe.py unix {daemon.socket}",
                 "write": f"echo pwned >> ~/.bashrc; echo pwned > {base}/pwned.txt; echo done",
-                "network": f"python3 probe.py tcp {listener}",
+                "network": f"python3 probe.py tcp {loopback_listener}",
                 "kill the daemon": f"kill -9 {pid}; echo rc=$?",
                 "processes": "ls /proc | grep -c '^[0-9]'",
                 "leave a sleeper": f"setsid env -i bash -c 'sleep {sleeper}' & sleep 0.3; echo started",
@@ -316,16 +288,16 @@ def _attack(root: Path, listener: int, who: str, sandbox: str) -> Attacked:
 
 
 @pytest.fixture(scope="module")
-def runs(attack_root: Path, listener: int) -> dict[tuple[str, str], Attacked]:
+def runs(attack_root: Path, loopback_listener: int) -> dict[tuple[str, str], Attacked]:
     """The attacks, once per daemon (as root and as a user, sandbox on and off), on first use."""
-    return _Lazy(attack_root, listener)  # type: ignore[return-value]
+    return _Lazy(attack_root, loopback_listener)  # type: ignore[return-value]
 
 
 class _Lazy(dict[tuple[str, str], Attacked]):
-    def __init__(self, root: Path, listener: int) -> None:
+    def __init__(self, root: Path, loopback_listener: int) -> None:
         super().__init__()
         self._root = root
-        self._listener = listener
+        self._listener = loopback_listener
 
     def __missing__(self, key: tuple[str, str]) -> Attacked:
         self[key] = _attack(self._root, self._listener, *key)

@@ -12,9 +12,7 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
-import socket
 import tempfile
-import threading
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -291,32 +289,6 @@ async def test_a_background_job_and_what_it_started_end_when_it_is_killed(
 # -- the network ----------------------------------------------------------------------------
 
 
-@pytest.fixture
-def listener() -> Iterator[int]:
-    """A TCP server on the host's loopback that answers every connection with ``hello``."""
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(8)
-    server.settimeout(0.2)
-    stop = threading.Event()
-
-    def serve() -> None:
-        while not stop.is_set():
-            try:
-                conn, _ = server.accept()
-            except TimeoutError:
-                continue
-            with conn:
-                conn.sendall(b"hello\n")
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    yield server.getsockname()[1]
-    stop.set()
-    thread.join(5)
-    server.close()
-
-
 PROBE = """\
 import socket, sys
 try:
@@ -330,10 +302,10 @@ except OSError as exc:
 
 @pytest.mark.trio
 async def test_the_network_is_off_by_default_on_when_configured_and_per_pattern(
-    make_ctx: Callable[..., ToolContext], work: Path, listener: int
+    make_ctx: Callable[..., ToolContext], work: Path, loopback_listener: int
 ) -> None:
     (work / "probe.py").write_text(PROBE)
-    command = f"python3 probe.py 127.0.0.1 {listener}"
+    command = f"python3 probe.py 127.0.0.1 {loopback_listener}"
     off = await run(make_ctx(), command=command)
     assert not off.ok
     assert "no network" in off.output
