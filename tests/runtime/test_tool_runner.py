@@ -606,7 +606,10 @@ def test_leaving_the_actor_system_leaves_no_shell_process_behind(tmp_path: Path)
     # A unique fraction in every sleep's length marks this test's processes among everyone else's.
     tag = f".{random.randrange(10**6):06d}"
     with ActorSystem(store_path=tmp_path / "store.db") as system:
-        config = RunnerConfig(permissions={"shell": "allow"})
+        # Process groups, as shell uses them without its OS sandbox (tests/tools/test_shell_sandbox.py
+        # and tests/security/test_sandbox_attacks.py check the sandboxed processes).
+        options = ToolConfig(options={"shell": {"sandbox": "off"}})
+        config = RunnerConfig(permissions={"shell": "allow"}, tool_config=options)
         session = make_session(system, tmp_path, config, registry=ToolRegistry([shell]))
         started = session.run(("shell", {"command": f"sleep 300{tag} & sleep 301{tag}", "background": True}))
         job = started.outcomes[0].result
@@ -623,3 +626,18 @@ def test_leaving_the_actor_system_leaves_no_shell_process_behind(tmp_path: Path)
         timeout=15,
         message=lambda: f"processes left behind: {[p for g in groups for p in in_group(g)]}, {with_marker(tag)}",
     )
+
+
+@pytest.mark.usefixtures("bubblewrap")
+def test_leaving_the_actor_system_leaves_no_sandboxed_shell_process_behind(tmp_path: Path) -> None:
+    tag = f".{random.randrange(10**6):06d}"
+    with ActorSystem(store_path=tmp_path / "store.db") as system:
+        session = make_session(
+            system, tmp_path, RunnerConfig(permissions={"shell": "allow"}), registry=ToolRegistry([shell])
+        )
+        command = f"setsid env -i sleep 300{tag} & sleep 301{tag}"
+        assert session.run(("shell", {"command": command, "background": True})).outcomes[0].result.ok
+        session.send(("shell", {"command": f"setsid env -i sleep 302{tag} & sleep 303{tag}"}))
+        sleeps = [f"sleep\0{n}{tag}" for n in (300, 301, 302, 303)]
+        wait_until(lambda: all(with_marker(s) for s in sleeps), message="the four sleepers")
+    wait_until(lambda: not with_marker(tag), timeout=15, message=lambda: f"processes left behind: {with_marker(tag)}")
