@@ -161,7 +161,7 @@ def run(quick: bool = False, before: str = "main") -> list[Row]:
             "`true` with process groups, minus before",
             groups - base,
             "ms",
-            note=f"{groups:.2f} ms (the parent-death signal forks instead of vforking)",
+            note=f"{groups:.2f} ms (the parent-death signal costs an exec of setpriv)",
         ),
         Row("shell", "bwrap itself (outside weald)", medians["bash -c true in bwrap, subprocess.run"], "ms"),
     ]
