@@ -233,18 +233,45 @@ def sandbox_members(outer: int, mark: str | None = None) -> list[int]:
     mark too, and are never among them: either one's death ends the
     namespace at once.
     """
-
-    def child(stat: bytes) -> bool:
-        fields = stat.rpartition(b")")[2].split()
-        return len(fields) > 1 and fields[0] not in (b"Z", b"X") and int(fields[1]) == outer
-
-    inits = set(scan_proc("stat", child) or ())
+    inits = _sandbox_inits(outer)
     members: set[int] = set()
     for init in inits:
         members.update(_proc_members(init, session=True) or ())
     if mark is not None:
         members.update(marked_processes(mark) or ())
     return sorted(members - inits - {outer})
+
+
+def _sandbox_inits(outer: int) -> set[int]:
+    """The live children of ``outer``: the init of its sandbox's PID namespace."""
+
+    def child(stat: bytes) -> bool:
+        fields = stat.rpartition(b")")[2].split()
+        return len(fields) > 1 and fields[0] not in (b"Z", b"X") and int(fields[1]) == outer
+
+    return set(scan_proc("stat", child) or ())
+
+
+async def _wait_inits_gone(inits: set[int], timeout: float) -> None:
+    """Wait until each init has exited: the kernel empties its namespace first.
+
+    bwrap killed (SIGKILL) is gone before its init, which still has to kill
+    and wait out every process of its namespace.
+    """
+    deadline = trio.current_time() + timeout
+    delay = _POLL_FIRST
+    while any(_alive(pid) for pid in inits) and trio.current_time() < deadline:
+        await trio.sleep(delay)
+        delay = min(delay * 2, _POLL_MAX)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rpartition(b")")[2].split()[:1]
+    except OSError:
+        return False
+    return state not in ([b"Z"], [b"X"])
 
 
 def _leader_and_group_alive(process: ChildProcess, session: bool, mark: str | None) -> bool:
@@ -301,9 +328,11 @@ async def terminate_group(
     if not _leader_and_group_alive(process, session, mark):
         await process.wait()
         return False
+    inits: set[int] = set()
     if sandboxed:
         # SIGTERM to bwrap itself would end the namespace at once (its init
         # dies with it): the command gets its grace period from inside.
+        inits = _sandbox_inits(pgid)
         for pid in sandbox_members(pgid, mark):
             for sig in (signal.SIGTERM, signal.SIGCONT):
                 with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -316,6 +345,7 @@ async def terminate_group(
         if not await _wait_gone(process, session=session, mark=mark, timeout=KILL_WAIT):
             logger.warning("process group %d survived SIGKILL for %.0f s", pgid, KILL_WAIT)
     await process.wait()
+    await _wait_inits_gone(inits, KILL_WAIT)
     return True
 
 

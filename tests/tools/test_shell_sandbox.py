@@ -278,7 +278,9 @@ async def test_a_background_job_and_what_it_started_end_when_it_is_killed(
     jobs = JobTable(nursery_spawner(nursery), output_dir=tmp_path / "out", kill_grace=0.5)
     ctx = make_ctx(session=SessionServices(output_dir=tmp_path / "out", jobs=jobs))
     sleep = tag()
-    started = await run(ctx, command=f"setsid env -i bash -c 'sleep {sleep}' & sleep 1000", background=True)
+    # The job ignores SIGTERM: bwrap is killed, and the kill returns only once its namespace is empty.
+    command = f"trap '' TERM; setsid env -i bash -c 'sleep {sleep}' & sleep 1000"
+    started = await run(ctx, command=command, background=True)
     assert started.data["sandbox"] == "bwrap"
     await await_until(lambda: host_processes(f"sleep {sleep}"), timeout=10, message="the job's sleeper")
     await run(ctx, action="kill", job_id=started.data["job_id"])
