@@ -108,10 +108,13 @@ def test_a_stdio_server_gets_the_safe_variables_its_env_and_expanded_values_neve
         assert env["GREETING"] == "hello from the daemon"
         assert env["FALLBACK"] == "the default"
         assert env["API_TOKEN"] == "[redacted]"  # the server saw the token; the history never holds it
-        # The SDK's safe list, plus the server's own env, and nothing else of the daemon's.
+        # The SDK's safe list, plus the server's own env and weald's process mark (how a
+        # restarted daemon finds what its predecessor left), and nothing else of the daemon's.
         assert "WEALD_TEST_PRIVATE" not in env
         assert "WEALD_CONFIG" not in env
-        assert set(env) - {"GREETING", "FALLBACK", "API_TOKEN"} <= {"HOME", "LOGNAME", "PATH", "SHELL", "TERM", "USER"}
+        assert env["WEALD_PROCESS_MARK"].count(".") == 2  # <state dir>.<daemon>.<random>
+        safe = {"HOME", "LOGNAME", "PATH", "SHELL", "TERM", "USER", "WEALD_PROCESS_MARK"}
+        assert set(env) - {"GREETING", "FALLBACK", "API_TOKEN"} <= safe
         assert {"HOME", "PATH"} <= set(env)
         assert TOKEN not in shown
         assert TOKEN not in d.log.read_text()
