@@ -150,6 +150,12 @@ def test_one_connection_over_max_connections_is_told_the_limit_and_closed(tmp_pa
         cleanup.callback(d.close)
         d.start()
         first = cleanup.enter_context(d.client())
+        # The harness's own start-up connection may not be closed on the daemon's side yet.
+        wait_until(
+            lambda: first.call("daemon.status")["connections"] == 1,
+            timeout=30,
+            message="the harness's start-up connection to close",
+        )
         second = cleanup.enter_context(d.client())
         assert second.call("daemon.status")["connections"] == 2
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as raw:
