@@ -26,6 +26,7 @@ __all__ = [
     "ValueProblem",
     "ValueProblems",
     "check_bool",
+    "check_fraction",
     "check_integer",
     "check_nonnegative_int",
     "check_nonnegative_seconds",
@@ -153,6 +154,14 @@ def check_nonnegative_int(value: object, _type: object = None) -> int:
     number = check_integer(value)
     if number < 0:
         raise InvalidValue("an integer, zero or more", value)
+    return number
+
+
+def check_fraction(value: object, _type: object = None) -> float:
+    """A number strictly between 0 and 1."""
+    number = check_number(value)
+    if not 0 < number < 1:
+        raise InvalidValue("a number between 0 and 1", value)
     return number
 
 

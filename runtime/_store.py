@@ -350,6 +350,50 @@ class Store:
                 bad.append((key, exc))
         return good, bad
 
+    def items_range(
+        self,
+        namespace: str,
+        prefix: str,
+        *,
+        start: str | None = None,
+        stop: str | None = None,
+        limit: int | None = None,
+        newest_first: bool = False,
+        type: Any = None,
+    ) -> list[tuple[str, Any]]:
+        """Return ``(key, value)`` pairs whose keys start with ``prefix``, in key order, one page at a time.
+
+        Keys are compared as strings, so a range is meaningful for keys of
+        one fixed width (``history/<seq:08d>``). Reading a page costs the page,
+        not the namespace: the key is the table's primary key.
+
+        Args:
+            namespace: the namespace.
+            prefix: only keys starting with it.
+            start: only keys >= ``prefix + start``.
+            stop: only keys < ``prefix + stop``.
+            limit: at most this many pairs.
+            newest_first: walk from the highest key down (the pairs come in
+                that order); with ``limit``, the last page of the range.
+            type: decode values into this type.
+        """
+        low = prefix + (start or "")
+        high = prefix + stop if stop is not None else prefix + "\U0010ffff"
+        order = "DESC" if newest_first else "ASC"
+        bound = " LIMIT ?" if limit is not None else ""
+        args: tuple[Any, ...] = (low, high) if limit is None else (low, high, max(0, limit))
+
+        def op(table: SqliteDict) -> list[tuple[Any, ...]]:
+            sql = (
+                f'SELECT key, value FROM "{table.tablename}" WHERE key >= ? AND key < ? '  # noqa: S608
+                f"ORDER BY key {order}{bound}"
+            )
+            return list(table.conn.select(sql, args))
+
+        rows = self._run(namespace, op)
+        self.reads += len(rows)
+        return [(key, self._decode(namespace, key, raw, type)) for key, raw in rows]
+
     def count(self, namespace: str) -> int:
         """Return how many keys a namespace holds."""
         return self._run(namespace, len, 0)
@@ -703,6 +747,24 @@ class Store:
     async def aitems(self, namespace: str, prefix: str = "", *, type: Any = None) -> list[tuple[str, Any]]:
         """`items` for trio code."""
         return await trio.to_thread.run_sync(lambda: self.items(namespace, prefix, type=type))
+
+    async def aitems_range(
+        self,
+        namespace: str,
+        prefix: str,
+        *,
+        start: str | None = None,
+        stop: str | None = None,
+        limit: int | None = None,
+        newest_first: bool = False,
+        type: Any = None,
+    ) -> list[tuple[str, Any]]:
+        """`items_range` for trio code."""
+        return await trio.to_thread.run_sync(
+            lambda: self.items_range(
+                namespace, prefix, start=start, stop=stop, limit=limit, newest_first=newest_first, type=type
+            )
+        )
 
     async def awrite_batch(
         self, namespace: str, puts: Mapping[str, Any] | None = None, deletes: Iterable[str] = ()

@@ -8,11 +8,27 @@
       +---- (flushed) --+          (waiting while a question or a
                                     permission is open)
 
+    Before a model call that would not fit the model's context window, and
+    on ``compact()``, the agent passes through ``compacting`` (see below).
+
 The agent never blocks its mailbox: the model stream runs as an I/O task on
 the trio loop and arrives as messages; tool calls go to the session's
 `ToolRunner` and their results come back as messages; history is written by
 a writer task that commits in groups. So `abort` is handled at once in every
 state.
+
+The agent holds only its *context* in memory (`weald.runtime.context`): the
+messages since its last compaction, led by that compaction's summary, with
+old tool outputs pruned. Before each model call it estimates the request's
+tokens; when they exceed the model's input budget it prunes old tool results
+and, if that is not enough, compacts: its own model summarizes the older
+part, the summary is appended to the history with a `CompactionMark`, and
+the context goes on from the summary and the recent messages
+(``agent.compacted``). A server that refuses a request as too long
+(`ContextLengthExceeded`) triggers one compaction and a retry of the step.
+The history in the store is never rewritten: after a restart the context is
+rebuilt from the last compaction entry, so a crash during a compaction
+leaves the context as it was before it.
 
 Every message is written to the store as it completes. A turn's result is
 acknowledged (the prompt's future resolved) only after everything the turn
@@ -29,8 +45,10 @@ valid for the model.
 Store layout (namespaces):
 
 - ``agents``: ``<key>`` -> `AgentRecord` (config, status, restarts, usage,
-  the model provider's position for scripted models).
-- ``history``: ``<key>/<seq:08d>`` -> `HistoryEntry`.
+  the model provider's position for scripted models, where the context
+  starts and where pruning stopped).
+- ``history``: ``<key>/<seq:08d>`` -> `HistoryEntry` (a summary carries its
+  `CompactionMark`).
 - ``turns``: ``<key>/<turn id>`` -> `TurnRecord`.
 
 ``<key>`` is the session id for a top-level agent and ``<session>.<agent
@@ -52,10 +70,13 @@ import msgspec
 import outcome
 import trio
 from weald.runtime import Actor, ActorDeadError, Future, Ref, StoreError, redact, redact_text
+from weald.runtime.context import CompactionMark, Context, ContextConfig, ContextStats, summary_message
 from weald.runtime.llm import (
     Completed,
+    ContextLengthExceeded,
     Image,
     Message,
+    ModelLimits,
     ModelRequest,
     Provider,
     ProviderError,
@@ -64,6 +85,7 @@ from weald.runtime.llm import (
     ToolSpec,
     Usage,
     make_provider,
+    model_limits,
 )
 from weald.runtime.tool_runner import RunTools, ToolCallRequest, ToolResults
 from weald.tools import ToolRegistry, default_registry
@@ -75,6 +97,7 @@ __all__ = [
     "AgentSnapshot",
     "AnswerQuestion",
     "AskUser",
+    "CompactionResult",
     "HistoryEntry",
     "PermissionState",
     "SampleModel",
@@ -83,9 +106,10 @@ __all__ = [
     "WithdrawQuestion",
     "history_key",
     "load_history",
+    "provider_limits",
 ]
 
-AgentStatus = Literal["idle", "streaming", "executing_tools", "waiting"]
+AgentStatus = Literal["idle", "streaming", "executing_tools", "waiting", "compacting"]
 
 
 @attrs.frozen
@@ -102,6 +126,7 @@ class AgentConfig:
             ``sub_agent`` tool is not offered.
         debug_state: offer the ``debug_state`` tool.
         sub_agent_timeout: seconds a sub-agent may run before it is stopped.
+        context: how the conversation is kept under the model's window.
     """
 
     model: str
@@ -112,6 +137,7 @@ class AgentConfig:
     max_depth: int = 2
     debug_state: bool = False
     sub_agent_timeout: float = 600.0
+    context: ContextConfig = attrs.field(factory=ContextConfig)
 
 
 class AgentRecord(msgspec.Struct, kw_only=True):
@@ -132,15 +158,24 @@ class AgentRecord(msgspec.Struct, kw_only=True):
     next_seq: int = 0
     provider_position: int | None = None
     usage: Usage = msgspec.field(default_factory=Usage)
+    # The context starts at the last compaction whose first kept message has
+    # this sequence number (a hint: recovery reads the history from here).
+    context_from: int = 0
+    pruned_before: int = 0
+    compactions: int = 0
 
 
 class HistoryEntry(msgspec.Struct, kw_only=True):
-    """One message of an agent's history, as stored."""
+    """One message of an agent's history, as stored.
+
+    A compaction's summary carries ``compaction``: the context starts again here.
+    """
 
     seq: int
     turn_id: str
     time: float
     message: Message
+    compaction: CompactionMark | None = None
 
 
 class TurnRecord(msgspec.Struct, kw_only=True):
@@ -204,6 +239,7 @@ class AgentSnapshot:
     restarts: int
     message_count: int
     messages: tuple[Message, ...]
+    context: ContextStats | None = None
 
 
 @attrs.frozen
@@ -243,6 +279,25 @@ class WithdrawQuestion:
 
     question_id: str
     reason: str
+
+
+@attrs.frozen
+class CompactionResult:
+    """What ``compact()`` resolves to.
+
+    Attributes:
+        compacted: whether a summary replaced part of the context.
+        tokens_before: the context's estimated size before, in tokens.
+        tokens_after: its estimated size after.
+        replaced: messages the summary replaced.
+        detail: why nothing was compacted, or why it failed.
+    """
+
+    compacted: bool
+    tokens_before: int
+    tokens_after: int
+    replaced: int = 0
+    detail: str | None = None
 
 
 @attrs.frozen
@@ -318,8 +373,14 @@ class _WriterFailed:
     error: BaseException
 
 
+@attrs.frozen
+class _Summarized:
+    gen: int
+    result: outcome.Outcome[Completed]
+
+
 class _Turn:
-    __slots__ = ("batch", "futures", "id", "pending_calls", "started", "steps", "text", "usage")
+    __slots__ = ("batch", "futures", "id", "overflowed", "pending_calls", "started", "steps", "text", "usage")
 
     def __init__(self, turn_id: str) -> None:
         self.id = turn_id
@@ -330,6 +391,24 @@ class _Turn:
         self.text = ""
         self.batch: str | None = None
         self.pending_calls: tuple[str, ...] = ()
+        # The server refused this step as too long once; a second refusal ends the turn.
+        self.overflowed = False
+
+
+class _Compaction:
+    """A compaction in flight: where the context is cut, why, and what to do once it ends."""
+
+    __slots__ = ("gen", "reason", "split", "then", "tokens_before", "waiters")
+
+    def __init__(
+        self, gen: int, split: int, reason: str, tokens_before: int, then: Callable[[CompactionResult], None]
+    ) -> None:
+        self.gen = gen
+        self.split = split
+        self.reason = reason
+        self.tokens_before = tokens_before
+        self.then = then
+        self.waiters: list[Future[CompactionResult]] = []
 
 
 # The model stream events the agent acts on (see Agent._on_model_event).
@@ -360,6 +439,18 @@ def history_key(session_id: str, agent_id: str, depth: int) -> str:
 def load_history(store: Any, key: str) -> list[HistoryEntry]:
     """Read an agent's stored history, oldest first (blocking; for threads and tools)."""
     return [entry for _, entry in store.items("history", f"{key}/", type=HistoryEntry)]
+
+
+def provider_limits(provider: Any) -> ModelLimits:
+    """The context window and output reserve of a provider's model.
+
+    A provider may carry its own ``limits``; else they come from its
+    ``model`` and ``settings`` (see `weald.runtime.llm.model_limits`).
+    """
+    limits = getattr(provider, "limits", None)
+    if isinstance(limits, ModelLimits):
+        return limits
+    return model_limits(str(getattr(provider, "model", "")), getattr(provider, "settings", None))
 
 
 class Agent(Actor):
@@ -409,7 +500,11 @@ class Agent(Actor):
         self._system_prompt = config.system_prompt
         self._key = history_key(session_id, agent_id, config.depth)
         self._state: AgentStatus = "idle"
-        self._history: list[Message] = []
+        # What the next model request sends; limits are settled in on_start, with the provider.
+        self._context = Context(model_limits(""), config.context)
+        self._request_chars = 0  # the characters of the model request in flight, for calibration
+        self._compaction: _Compaction | None = None
+        self._compact_waiters: list[Future[CompactionResult]] = []
         self._record: AgentRecord | None = None
         self._turn: _Turn | None = None
         self._queue: list[_Prompt] = []
@@ -452,8 +547,14 @@ class Agent(Actor):
                 depth=self._config.depth,
                 created=time.time(),
             )
-        entries = await store.aitems("history", f"{self._key}/", type=HistoryEntry)
-        self._history = [entry.message for _, entry in entries]
+        # The history from where the last compaction's context starts: only what the next request needs.
+        entries = await store.aitems_range(
+            "history", f"{self._key}/", start=f"{record.context_from:08d}", type=HistoryEntry
+        )
+        self._context.load(
+            [(entry.seq, entry.message, entry.compaction) for _, entry in entries], pruned_before=record.pruned_before
+        )
+        self._context.compactions = record.compactions
         record.next_seq = max(record.next_seq, (entries[-1][1].seq + 1) if entries else 0)
         self._record = record
         interrupted = await self._recover(store) if recovered else None
@@ -468,6 +569,7 @@ class Agent(Actor):
         self._system_prompt = await self._compose_system_prompt()
         # Building the provider may read a file (a script): in a worker thread, never on the loop.
         self._provider = await trio.to_thread.run_sync(self._provider_factory, self._config.model)
+        self._context.limits = provider_limits(self._provider)
         seek = getattr(self._provider, "seek", None)
         if seek is not None and record.provider_position is not None:
             seek(record.provider_position)
@@ -490,9 +592,10 @@ class Agent(Actor):
                 turn.error = "the agent crashed during this turn; it was restarted from its stored history"
                 self._enqueue_write("turns", f"{self._key}/{turn.turn_id}", turn)
                 interrupted = turn.turn_id
-        answered = {m.tool_call_id for m in self._history if m.role == "tool"}
+        history = self._context.messages
+        answered = {m.tool_call_id for m in history if m.role == "tool"}
         open_calls = [
-            call for m in self._history if m.role == "assistant" for call in m.tool_calls if call.id not in answered
+            call for m in history if m.role == "assistant" for call in m.tool_calls if call.id not in answered
         ]
         for call in open_calls:
             self._append(
@@ -512,7 +615,7 @@ class Agent(Actor):
         return self._shutdown()
 
     async def _shutdown(self) -> None:
-        if self._turn is not None:
+        if self._turn is not None or self._compaction is not None or self._compact_waiters:
             self._abort_turn("the agent was stopped")
         if self._record is not None:
             self._record.status = "stopped"
@@ -579,6 +682,7 @@ class Agent(Actor):
         for question in self._questions.values():
             with contextlib.suppress(Exception):
                 question.reply.set_exception((RuntimeError, RuntimeError("the agent crashed"), None))
+        self._cancel_compactions(f"the agent crashed ({error}); its context is rebuilt from the store")
 
     def _pending_futures(self) -> list[Future[TurnResult]]:
         futures = [p.future for p in self._queue]
@@ -596,9 +700,10 @@ class Agent(Actor):
         """
         future: Future[TurnResult] = Future()
         self._queue.append(_Prompt(text, future))
-        if self._turn is None:
+        if self._turn is None and self._compaction is None:
             self._start_turn()
         else:
+            # During a turn: steering. During a compaction between turns: the turn starts after it.
             self._publish("agent.prompt_queued", {"text": text[:200], "queued": len(self._queue)})
         return future
 
@@ -609,10 +714,28 @@ class Agent(Actor):
         tool calls get ``[aborted]`` results, queued prompts are dropped
         (their futures resolve as aborted), and the agent returns to idle.
         """
-        if self._turn is None and not self._queue:
+        if self._turn is None and not self._queue and self._compaction is None:
             return False
         self._abort_turn("aborted")
         return True
+
+    def compact(self) -> Future[CompactionResult]:
+        """Compact the context now (``agent.compact``); returns a future resolved with the outcome.
+
+        Between turns the compaction starts at once; during a turn it runs
+        before the next model call (or, if the turn ends first, right after
+        it). A context of a single step has nothing to compact: the result
+        says so with ``compacted`` false.
+        """
+        future: Future[CompactionResult] = Future()
+        if self._compaction is not None:
+            self._compaction.waiters.append(future)
+        elif self._turn is not None:
+            self._compact_waiters.append(future)
+        else:
+            self._compact_waiters.append(future)
+            self._compact_between_turns()
+        return future
 
     def answer(self, question_id: str, answer: str) -> bool:
         """Answer an open question; returns False if it is unknown or already answered."""
@@ -626,13 +749,21 @@ class Agent(Actor):
         return True
 
     def history(self, limit: int | None = None) -> list[Message]:
-        """The conversation so far (the last ``limit`` messages)."""
-        return list(self._history[-limit:] if limit else self._history)
+        """The context: what the next model call sends (the last ``limit`` messages of it).
+
+        Until the first compaction that is the whole conversation; after it,
+        the last summary and the messages since. The whole conversation is in
+        the store (``agent.history`` pages through it).
+        """
+        messages = self._context.messages
+        return list(messages[-limit:] if limit else messages)
 
     def snapshot(self, messages: int = 20) -> AgentSnapshot:
-        """A frozen view of the agent's state, with the last ``messages`` messages."""
+        """A frozen view of the agent's state, with the last ``messages`` messages of its context."""
         record = self._record
         turn = self._turn
+        specs = self._tool_specs()
+        history = self._context.messages
         return AgentSnapshot(
             path=self.path,
             session_id=self._session_id,
@@ -642,7 +773,7 @@ class Agent(Actor):
             working_dir=self._working_dir,
             depth=self._config.depth,
             tool_filter=self._config.tool_filter,
-            tools=tuple(s.name for s in self._tool_specs()),
+            tools=tuple(s.name for s in specs),
             turn_id=turn.id if turn else None,
             step=turn.steps if turn else 0,
             pending_prompts=tuple(p.text[:200] for p in self._queue),
@@ -651,8 +782,9 @@ class Agent(Actor):
             open_permissions=tuple(sorted(self._permissions)),
             usage=record.usage if record else Usage(),
             restarts=record.restarts if record else 0,
-            message_count=len(self._history),
-            messages=tuple(self._history[-messages:]) if messages else (),
+            message_count=record.next_seq if record else len(history),
+            messages=tuple(history[-messages:]) if messages else (),
+            context=self._context.stats(self._system_prompt, specs),
         )
 
     # -- messages ------------------------------------------------------------------------------------
@@ -665,6 +797,9 @@ class Agent(Actor):
         elif isinstance(message, _ModelDone):
             if message.gen == self._gen:
                 self._on_model_done(message.result)
+        elif isinstance(message, _Summarized):
+            if self._compaction is not None and message.gen == self._compaction.gen:
+                self._on_summarized(message.result)
         elif isinstance(message, ToolResults):
             self._on_tool_results(message)
         elif isinstance(message, _Flushed):
@@ -761,12 +896,21 @@ class Agent(Actor):
 
         return failed
 
-    def _call_model(self, turn: _Turn) -> None:
+    def _call_model(self, turn: _Turn, *, compacted: bool = False) -> None:
+        tools = self._tool_specs()
+        context = self._context
+        chars = context.request_chars(self._system_prompt, tools)
+        if self._compact_waiters or (self._config.context.auto and context.tokens_for(chars) > context.budget):
+            room = self._make_room(turn, tools, chars, compacted=compacted)
+            if room is None:
+                return  # a compaction runs; the step goes on when it ends
+            chars = room
+        self._request_chars = chars
         request = ModelRequest(
             model="",
-            messages=list(self._history),
+            messages=list(context.messages),
             system=self._system_prompt,
-            tools=self._tool_specs(),
+            tools=tools,
         )
         self._gen += 1
         gen = self._gen
@@ -839,6 +983,7 @@ class Agent(Actor):
 
     def _on_completed(self, turn: _Turn, event: Completed) -> None:
         message = event.message
+        self._context.calibrate(self._request_chars, event.usage)
         self._save_provider_position()
         turn.usage = turn.usage + event.usage
         record = self._record
@@ -910,7 +1055,15 @@ class Agent(Actor):
         self._save_provider_position()
         error = result.error
         text = redact_text(str(error)) if isinstance(error, ProviderError) else redact_text(repr(error))
+        if isinstance(error, ContextLengthExceeded) and not turn.overflowed:
+            self._retry_after_overflow(turn, error, text)
+            return
         self._publish("agent.error", {"turn_id": turn.id, "error": text, "kind": type(error).__name__})
+        if isinstance(error, ContextLengthExceeded):
+            text += (
+                " (the conversation was compacted once already and still does not fit; "
+                "check the model's context_window in weald.toml)"
+            )
         self._end_turn(ok=False, error=text)
 
     def _on_tool_results(self, results: ToolResults) -> None:
@@ -993,6 +1146,8 @@ class Agent(Actor):
         self._flush(acknowledge, unsaved)
         if self._queue and not aborted:
             self._start_turn()
+        elif self._compact_waiters:
+            self._compact_between_turns()  # asked for during the turn, which ended before another model call
 
     def _abort_turn(self, reason: str) -> None:
         turn = self._turn
@@ -1000,6 +1155,7 @@ class Agent(Actor):
         if self._stream_io is not None:
             self._stream_io.cancel()
             self._stream_io = None
+        self._cancel_compactions(reason)
         for question_id, question in list(self._questions.items()):
             with contextlib.suppress(Exception):
                 question.reply.set_exception(
@@ -1014,7 +1170,8 @@ class Agent(Actor):
                 if runner is not None:
                     with contextlib.suppress(Exception):
                         runner.proxy().abort(turn.batch)
-                last = self._history[-1] if self._history else None
+                history = self._context.messages
+                last = history[-1] if history else None
                 calls = last.tool_calls if last is not None and last.role == "assistant" else []
                 for call in calls:
                     self._append(
@@ -1088,7 +1245,7 @@ class Agent(Actor):
         assert record is not None
         seq = record.next_seq
         record.next_seq += 1
-        self._history.append(message)
+        self._context.append(seq, message)
         entry = HistoryEntry(seq=seq, turn_id=turn_id, time=time.time(), message=message)
         self._enqueue_write("history", f"{self._key}/{seq:08d}", entry)
         return message
@@ -1154,6 +1311,265 @@ class Agent(Actor):
         except (StoreError, trio.TooSlowError) as exc:
             return exc
         return None
+
+    # -- the context ------------------------------------------------------------------------------
+
+    def _make_room(self, turn: _Turn, tools: list[ToolSpec], chars: int, *, compacted: bool) -> int | None:
+        """Prune, then compact, until the next request fits; the request's characters, or None while compacting.
+
+        A compaction asked for with ``compact()`` runs here too, fitting or not.
+        """
+        context = self._context
+        if context.tokens_for(chars) > context.budget:
+            chars = self._prune(turn, tools, chars, last_resort=False)
+        requested = bool(self._compact_waiters)
+        if (requested or context.tokens_for(chars) > context.budget) and not compacted:
+            waiters, self._compact_waiters = self._compact_waiters, []
+            reason = "auto" if context.tokens_for(chars) > context.budget else "manual"
+            if self._start_compaction(reason, lambda result: self._after_compaction(turn, result), waiters):
+                return None
+        if context.tokens_for(chars) > context.budget:
+            # Compacted already, or nothing to compact: the tool results of earlier steps go too.
+            chars = self._prune(turn, tools, chars, last_resort=True)
+        return chars
+
+    def _prune(self, turn: _Turn | None, tools: list[ToolSpec], chars: int, *, last_resort: bool) -> int:
+        context = self._context
+        before = context.tokens_for(chars)
+        pruned = context.prune_all_but_last_step() if last_resort else context.prune()
+        if not pruned:
+            return chars
+        chars = context.request_chars(self._system_prompt, tools)
+        record = self._record
+        assert record is not None
+        record.pruned_before = context.pruned_before
+        self._persist_record()
+        self._publish(
+            "agent.pruned",
+            {
+                "turn_id": turn.id if turn else None,
+                "tool_results": pruned,
+                "tokens_before": before,
+                "tokens_after": context.tokens_for(chars),
+                "pruned_before": context.pruned_before,
+            },
+        )
+        return chars
+
+    def _retry_after_overflow(self, turn: _Turn, error: ContextLengthExceeded, text: str) -> None:
+        """The server refused the step as too long: compact once (or prune) and send the step again."""
+        turn.overflowed = True
+        context = self._context
+        context.learn_overflow(self._request_chars, error.limit, error.requested)
+        self._publish(
+            "agent.context_overflow",
+            {"turn_id": turn.id, "error": text, "limit": error.limit, "requested": error.requested},
+        )
+        if not self._start_compaction("overflow", lambda result: self._after_compaction(turn, result), []):
+            tools = self._tool_specs()
+            self._prune(turn, tools, context.request_chars(self._system_prompt, tools), last_resort=True)
+            self._call_model(turn, compacted=True)
+
+    def _after_compaction(self, turn: _Turn, result: CompactionResult) -> None:
+        """A compaction before a step ended: make the step, or end the turn if it still cannot fit."""
+        if self._turn is not turn:
+            return  # aborted meanwhile
+        context = self._context
+        if not result.compacted:
+            tokens = context.estimate(self._system_prompt, self._tool_specs())
+            if turn.overflowed or tokens > context.budget:
+                self._end_turn(
+                    ok=False,
+                    error=(
+                        f"the conversation does not fit the model's context window ({tokens} estimated tokens, "
+                        f"{context.budget} allowed) and compacting it failed: {result.detail}"
+                    ),
+                )
+                return
+        self._call_model(turn, compacted=True)
+
+    def _compact_between_turns(self) -> None:
+        waiters, self._compact_waiters = self._compact_waiters, []
+        self._start_compaction("manual", self._after_idle_compaction, waiters)
+
+    def _after_idle_compaction(self, _result: CompactionResult) -> None:
+        self._set_state("idle")
+        if self._queue and self._turn is None:
+            self._start_turn()
+
+    def _start_compaction(
+        self, reason: str, then: Callable[[CompactionResult], None], waiters: list[Future[CompactionResult]]
+    ) -> bool:
+        """Ask the model for a summary of the older part of the context; False when there is nothing to compact.
+
+        ``then`` runs in this actor's context when the compaction ends
+        (not when it is cancelled by an abort); ``waiters`` get the result
+        once it is committed to the store.
+        """
+        context = self._context
+        tools = self._tool_specs()
+        before = context.estimate(self._system_prompt, tools)
+        split = context.compaction_split()
+        if split is None:
+            result = CompactionResult(
+                compacted=False,
+                tokens_before=before,
+                tokens_after=before,
+                detail="nothing to compact: the context holds only its most recent step",
+            )
+            for waiter in waiters:
+                with contextlib.suppress(Exception):
+                    waiter.set(result)
+            return False
+        older = list(context.messages[:split])
+        summarizer = Context(context.limits, context.config)
+        summarizer.chars_per_token = context.chars_per_token
+        for seq, message in zip(context.seqs[:split], older, strict=True):
+            summarizer.append(seq, message)
+
+        def request(limit: int | None) -> ModelRequest:
+            return summarizer.compaction_request(len(older), model_chars=limit)
+
+        self._gen += 1
+        gen = self._gen
+        compaction = _Compaction(gen, split, reason, before, then)
+        compaction.waiters.extend(waiters)
+        self._compaction = compaction
+        self._set_state("compacting")
+        turn = self._turn
+        self._publish(
+            "agent.compacting",
+            {"turn_id": turn.id if turn else None, "reason": reason, "tokens_before": before, "messages": split},
+        )
+        initial = int(context.budget * context.chars_per_token * 0.8)
+        self._stream_io = self.run_io(
+            self._summarize, request, initial, reply=lambda o: _Summarized(gen, o), name=f"compaction {self._key}"
+        )
+        return True
+
+    async def _summarize(self, request: Callable[[int | None], ModelRequest], limit: int) -> Completed:
+        """Stream the summary; a summary request the server finds too long is sent again, shorter (twice at most)."""
+        provider = self._provider
+        assert provider is not None
+        for attempt in range(3):
+            completed = None
+            try:
+                async with contextlib.aclosing(provider.stream(request(limit))) as events:
+                    async for event in events:
+                        if isinstance(event, Completed):
+                            completed = event
+            except ContextLengthExceeded as exc:
+                if attempt == 2:
+                    raise
+                ratio = (exc.limit / exc.requested) if exc.limit and exc.requested else 0.5
+                limit = max(1000, int(limit * min(0.5, ratio * 0.8)))
+                continue
+            if completed is None:
+                msg = "the model's answer to the summary request ended without completing"
+                raise ProviderError(msg)
+            return completed
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def _on_summarized(self, result: outcome.Outcome[Completed]) -> None:
+        compaction = self._compaction
+        assert compaction is not None
+        self._compaction = None
+        self._stream_io = None
+        turn = self._turn
+        record = self._record
+        assert record is not None
+        context = self._context
+        summary = ""
+        failure = None
+        if isinstance(result, outcome.Error):
+            error = result.error
+            failure = redact_text(str(error)) if isinstance(error, ProviderError) else redact_text(repr(error))
+        else:
+            completed = result.unwrap()
+            record.usage = record.usage + completed.usage
+            if turn is not None:
+                turn.usage = turn.usage + completed.usage
+            summary = completed.message.content.strip()
+            if not summary:
+                failure = "the model answered the summary request with no text"
+        if failure is not None:
+            self._publish(
+                "agent.compaction_failed",
+                {"turn_id": turn.id if turn else None, "reason": compaction.reason, "error": failure},
+            )
+            outcome_ = CompactionResult(
+                compacted=False,
+                tokens_before=compaction.tokens_before,
+                tokens_after=compaction.tokens_before,
+                detail=f"the summary request failed: {failure}",
+            )
+        else:
+            message = _redacted(summary_message(summary))
+            first_kept = context.seqs[compaction.split]
+            seq = record.next_seq
+            record.next_seq += 1
+            context.apply_compaction(compaction.split, seq, message)
+            after = context.estimate(self._system_prompt, self._tool_specs())
+            mark = CompactionMark(
+                first_kept=first_kept,
+                replaced=compaction.split,
+                tokens_before=compaction.tokens_before,
+                tokens_after=after,
+                reason=compaction.reason,
+            )
+            entry = HistoryEntry(
+                seq=seq, turn_id=turn.id if turn else "", time=time.time(), message=message, compaction=mark
+            )
+            # The summary first, then the record that points at it: committed in this order.
+            self._enqueue_write("history", f"{self._key}/{seq:08d}", entry)
+            record.context_from = first_kept
+            record.compactions = context.compactions
+            self._persist_record()
+            self._publish(
+                "agent.compacted",
+                {
+                    "turn_id": turn.id if turn else None,
+                    "reason": compaction.reason,
+                    "tokens_before": compaction.tokens_before,
+                    "tokens_after": after,
+                    "replaced": compaction.split,
+                    "first_kept": first_kept,
+                    "summary_seq": seq,
+                },
+            )
+            outcome_ = CompactionResult(
+                compacted=True, tokens_before=compaction.tokens_before, tokens_after=after, replaced=compaction.split
+            )
+        waiters = compaction.waiters
+        if waiters:
+
+            def answer(result: CompactionResult = outcome_) -> None:
+                for waiter in waiters:
+                    with contextlib.suppress(Exception):
+                        waiter.set(result)
+
+            def unsaved(exc: BaseException) -> None:
+                # The context is compacted; its summary is kept by the store and lands when it can write.
+                answer(attrs.evolve(outcome_, detail=f"the summary could not be saved yet: {exc}"))
+
+            self._flush(answer, unsaved)
+        compaction.then(outcome_)
+
+    def _cancel_compactions(self, reason: str) -> None:
+        """Answer every compaction waiting or running as not done (an abort, a stop, a crash)."""
+        waiters = list(self._compact_waiters)
+        self._compact_waiters.clear()
+        compaction = self._compaction
+        if compaction is not None:
+            self._compaction = None
+            waiters.extend(compaction.waiters)
+        if not waiters:
+            return
+        tokens = self._context.tokens_for(self._context.chars)
+        result = CompactionResult(compacted=False, tokens_before=tokens, tokens_after=tokens, detail=reason)
+        for waiter in waiters:
+            with contextlib.suppress(Exception):
+                waiter.set(result)
 
     # -- events ----------------------------------------------------------------------------------
 

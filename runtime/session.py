@@ -224,6 +224,7 @@ class SessionRuntime(RuntimeView):
             max_depth=base.max_depth,
             debug_state=base.debug_state,
             sub_agent_timeout=base.sub_agent_timeout,
+            context=base.context,
         )
         spec = ChildSpec(
             agent_id,

@@ -17,6 +17,7 @@ from weald.tools import glob as _glob  # noqa: F401
 from weald.tools import grep as _grep  # noqa: F401
 from weald.tools import memory as _memory  # noqa: F401
 from weald.tools import read_file as _read_file  # noqa: F401
+from weald.tools import recall as _recall  # noqa: F401
 from weald.tools import shell as _shell  # noqa: F401
 from weald.tools import skills as _skills  # noqa: F401
 from weald.tools import sub_agent as _sub_agent  # noqa: F401

@@ -16,8 +16,9 @@ __all__ = ["debug_state", "describe_sandbox", "describe_state"]
     name="debug_state",
     description=(
         "Inspect your own runtime state: status, model, working directory, pending prompts, running tool calls, "
-        "enabled tools, token usage, recent events and messages, restart count, your place in the "
-        "supervision tree, and how your shell commands are sandboxed. Use it to understand failures or restarts."
+        "enabled tools, token usage, how full your context window is, recent events and messages, restart "
+        "count, your place in the supervision tree, and how your shell commands are sandboxed. Use it to "
+        "understand failures or restarts."
     ),
     parameters={
         "type": "object",
@@ -62,6 +63,27 @@ def describe_sandbox(ctx: ToolContext) -> str:
     )
 
 
+def _context(snapshot: Any) -> dict[str, Any] | None:
+    """The context's size against the model's window (None for a snapshot without one)."""
+    stats = getattr(snapshot, "context", None)
+    if stats is None:
+        return None
+    return {
+        "tokens": stats.tokens,
+        "input_budget": stats.input_budget,
+        "context_window": stats.context_window,
+        "output_reserve": stats.output_reserve,
+        "window_source": stats.window_source,
+        "chars_per_token": stats.chars_per_token,
+        "calibrated": stats.calibrated,
+        "last_input_tokens": stats.last_input_tokens,
+        "messages": stats.messages,
+        "summarized": stats.summarized,
+        "compactions": stats.compactions,
+        "pruned_before": stats.pruned_before,
+    }
+
+
 def describe_state(snapshot: Any, runtime: Any, *, events: int = 20, messages: int = 10) -> dict[str, Any]:
     """The debug_state report as plain data, secrets removed (also served by the daemon)."""
     recent = runtime.recent_events(source=snapshot.path, limit=events) if events else []
@@ -84,7 +106,9 @@ def describe_state(snapshot: Any, runtime: Any, *, events: int = 20, messages: i
             "input_tokens": snapshot.usage.input_tokens,
             "output_tokens": snapshot.usage.output_tokens,
             "cache_read_tokens": snapshot.usage.cache_read_tokens,
+            "cache_write_tokens": snapshot.usage.cache_write_tokens,
         },
+        "context": _context(snapshot),
         "restarts": snapshot.restarts,
         "message_count": snapshot.message_count,
         "messages": [

@@ -42,7 +42,9 @@ from weald.runtime._secrets import REDACTED, is_secret_name
 from weald.runtime.daemon._config_model import (
     TOML_KEY,
     AgentConfig,
+    AliasLimits,
     Config,
+    ContextConfig,
     DaemonConfig,
     FaultsConfig,
     LimitsConfig,
@@ -75,14 +77,16 @@ Hook = Callable[[Any, Any], Any]
 #: One converter for every config class (TOML-flavoured: tuples unstructure to lists).
 converter: Final = make_converter(forbid_extra_keys=True)
 
+# ModelsConfig and ToolsConfig have hooks of their own (below).
 _SECTIONS: Final = (
     Config,
-    ModelsConfig,
     ProviderConfig,
     MCPConfig,
     MCPServerConfig,
     MCPAuthConfig,
     AgentConfig,
+    AliasLimits,
+    ContextConfig,
     LimitsConfig,
     StoreConfig,
     SpillConfig,
@@ -107,6 +111,7 @@ BUILTIN_TOOLS: Final = frozenset(
         "memory_search",
         "memory_set",
         "read_file",
+        "recall",
         "shell",
         "sub_agent",
         "tasks",
@@ -256,21 +261,44 @@ converter.register_structure_hook_factory(_is_str_mapping, _mapping_hook)
 # --- Hooks for fields whose shape is more than a type ---------------------------------------------
 
 
-def _structure_aliases(value: object, _type: object) -> dict[str, str]:
+_ALIAS_TABLE: Final = 'a "provider:model" string, or a table with model (and context_window, output_reserve)'
+
+
+def _structure_alias_tables(value: object) -> tuple[dict[str, str], dict[str, AliasLimits]]:
+    """``[models.aliases]``: each alias a spec string, or a table with ``model`` and the model's window."""
     table = _table(value)
-    result: dict[str, str] = {}
+    aliases: dict[str, str] = {}
+    limits: dict[str, AliasLimits] = {}
     problems: list[tuple[KeyPath, BaseException]] = []
-    for name, spec in table.items():
+    for name, item in table.items():
         if ":" in name or not name.strip():
             problems.append(((name,), ValueProblem('an alias name must be non-empty and cannot contain ":"')))
             continue
+        if isinstance(item, Mapping):
+            fields = dict(item)
+            if "model" not in fields:
+                problems.append(((name, "model"), ValueProblem('missing: the alias\'s "provider:model" spec')))
+                continue
+            spec = fields.pop("model")
+            try:
+                aliases[name] = check_full_model_spec(spec)
+            except ValueProblem as exc:
+                problems.append(((name, "model"), exc))
+            try:
+                limits[name] = converter.structure(fields, AliasLimits)
+            except (ValueProblem, BaseValidationError) as exc:
+                problems.append(((name,), exc))
+            continue
+        if not isinstance(item, str):
+            problems.append(((name,), InvalidValue(_ALIAS_TABLE, item)))
+            continue
         try:
-            result[name] = check_full_model_spec(spec)
+            aliases[name] = check_full_model_spec(item)
         except ValueProblem as exc:
             problems.append(((name,), exc))
     if problems:
         raise ValueProblems(problems)
-    return result
+    return aliases, limits
 
 
 def _structure_providers(value: object, _type: object) -> dict[str, ProviderConfig]:
@@ -363,7 +391,6 @@ def _structure_servers(value: object, _type: object) -> dict[str, MCPServerConfi
 
 _FIELD_HOOKS: Final[Mapping[tuple[type, str], Hook]] = {
     (Config, "providers"): _structure_providers,
-    (ModelsConfig, "aliases"): _structure_aliases,
     (ToolsConfig, "permissions"): _structure_permissions,
     (ToolsConfig, "timeouts"): _structure_timeouts,
     (MCPConfig, "servers"): _structure_servers,
@@ -467,6 +494,59 @@ def _structure_tools(value: object, _type: object) -> ToolsConfig:
 
 
 converter.register_structure_hook(ToolsConfig, _structure_tools)
+
+# --- [models]: aliases are strings or tables; the tables' windows go to ModelsConfig.limits -------
+
+_structure_models_keys = make_dict_structure_fn(
+    ModelsConfig,
+    converter,
+    _cattrs_forbid_extra_keys=True,
+    **_overrides(ModelsConfig),
+    aliases=override(omit=True),
+    limits=override(omit=True),
+)
+
+
+def _structure_models(value: object, _type: object) -> ModelsConfig:
+    table = _table(value)
+    problems: list[tuple[KeyPath, BaseException]] = []
+    aliases: dict[str, str] = {}
+    limits: dict[str, AliasLimits] = {}
+    if "aliases" in table:
+        try:
+            aliases, limits = _structure_alias_tables(table["aliases"])
+        except ValueProblem as exc:
+            problems.append((("aliases",), exc))
+    try:
+        models = _structure_models_keys({k: v for k, v in table.items() if k != "aliases"}, ModelsConfig)
+    except BaseValidationError as exc:
+        problems.append(((), exc))
+    if problems:
+        raise ValueProblems(problems)
+    return attrs.evolve(models, aliases=aliases, limits=limits)
+
+
+converter.register_structure_hook(ModelsConfig, _structure_models)
+
+_unstructure_models_keys = make_dict_unstructure_fn(
+    ModelsConfig, converter, aliases=override(omit=True), limits=override(omit=True)
+)
+
+
+def _unstructure_models(models: ModelsConfig) -> dict[str, object]:
+    data: dict[str, object] = _unstructure_models_keys(models)
+    aliases: dict[str, object] = {}
+    for name, spec in models.aliases.items():
+        limits = models.limits.get(name)
+        if limits is None or (limits.context_window is None and limits.output_reserve is None):
+            aliases[name] = spec
+        else:
+            aliases[name] = {"model": spec, **converter.unstructure(limits)}
+    data["aliases"] = aliases
+    return data
+
+
+converter.register_unstructure_hook(ModelsConfig, _unstructure_models)
 
 _unstructure_tools_keys = make_dict_unstructure_fn(ToolsConfig, converter, options=override(omit=True))
 

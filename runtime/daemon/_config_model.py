@@ -23,6 +23,7 @@ from weald.runtime._checks import (
     ValueProblem,
     ValueProblems,
     check_bool,
+    check_fraction,
     check_nonnegative_int,
     check_nonnegative_seconds,
     check_positive_int,
@@ -39,6 +40,7 @@ from weald.runtime.llm import ProviderSettings
 
 if TYPE_CHECKING:
     # For annotations only; the methods that build these import them when called.
+    from weald.runtime import context
     from weald.runtime.mcp import ServerConfig
     from weald.tools import SpillLimits, ToolConfig
 
@@ -47,9 +49,11 @@ __all__ = [
     "DEFAULT_MODEL",
     "TOML_KEY",
     "AgentConfig",
+    "AliasLimits",
     "Config",
     "ConfigError",
     "ConfigProblem",
+    "ContextConfig",
     "DaemonConfig",
     "FaultsConfig",
     "InvalidValue",
@@ -147,8 +151,27 @@ def check_full_model_spec(value: object, _type: object = None) -> str:
 
 
 @attrs.frozen(kw_only=True)
+class AliasLimits:
+    """The window of an alias's model, from a ``[models.aliases.NAME]`` table.
+
+    Attributes:
+        context_window: The model's context window in tokens; None: known
+            for common models, else 128,000.
+        output_reserve: Tokens of the window kept free for the answer;
+            None: a quarter of the window, at most 16,384.
+    """
+
+    context_window: int | None = checked(None, optional(check_positive_int))
+    output_reserve: int | None = checked(None, optional(check_nonnegative_int))
+
+
+@attrs.frozen(kw_only=True)
 class ModelsConfig:
     """``[models]``: which model agents use, and short names for models.
+
+    An alias is a string (``fast = "openai:gpt-4.1-mini"``) or, to state its
+    model's window, a table: ``[models.aliases.fast]`` with ``model``,
+    ``context_window`` and ``output_reserve``.
 
     Attributes:
         default: The model for new agents: a ``provider:model`` spec
@@ -157,10 +180,12 @@ class ModelsConfig:
             alias name. None (`DEFAULT_MODEL`) means the bundled demo script.
         aliases: Names for ``provider:model`` specs (``fast = "openai:gpt-4.1-mini"``);
             usable wherever a model is named.
+        limits: The windows given in alias tables, by alias name.
     """
 
     default: str | None = checked(DEFAULT_MODEL, optional(check_model_spec))
     aliases: Mapping[str, str] = attrs.field(factory=dict, hash=False)
+    limits: Mapping[str, AliasLimits] = attrs.field(factory=dict, hash=False)
 
 
 @attrs.frozen(kw_only=True)
@@ -188,6 +213,10 @@ class ProviderConfig:
         backoff_base: Seconds before the first retry (doubling each time).
         backoff_cap: The longest wait between retries.
         max_retry_after: The longest ``Retry-After`` honoured, in seconds.
+        context_window: The context window of this server's models, in
+            tokens; None: known for common models, else 128,000. An alias
+            table's ``context_window`` wins over it.
+        output_reserve: Tokens of the window kept free for the answer.
     """
 
     kind: Literal["openai", "anthropic"] = "openai"
@@ -202,6 +231,8 @@ class ProviderConfig:
     backoff_base: float = checked(0.5, check_nonnegative_seconds)
     backoff_cap: float = checked(8.0, check_nonnegative_seconds)
     max_retry_after: float = checked(60.0, check_nonnegative_seconds)
+    context_window: int | None = checked(None, optional(check_positive_int))
+    output_reserve: int | None = checked(None, optional(check_nonnegative_int))
 
     def to_settings(self) -> ProviderSettings:
         """The `ProviderSettings` a provider of this ``kind`` is built with."""
@@ -217,6 +248,8 @@ class ProviderConfig:
             backoff_base=self.backoff_base,
             backoff_cap=self.backoff_cap,
             max_retry_after=self.max_retry_after,
+            context_window=self.context_window,
+            output_reserve=self.output_reserve,
         )
 
 
@@ -419,6 +452,38 @@ class AgentConfig:
 
 
 @attrs.frozen(kw_only=True)
+class ContextConfig:
+    """``[context]``: how agents keep their requests under their model's context window.
+
+    Attributes:
+        auto: Prune and compact automatically before a model call that
+            would not fit; false leaves ``agent.compact`` and the retry after
+            a server's context-length error.
+        keep_tool_results: Tool results of the last this many model steps
+            are never pruned.
+        keep_recent: The share of the input budget the most recent messages
+            may fill and still be kept whole by a compaction (0 to 1).
+        summary_prompt: Replaces the built-in prompt that asks the model for a summary.
+    """
+
+    auto: bool = checked(True, check_bool)
+    keep_tool_results: int = checked(3, check_nonnegative_int)
+    keep_recent: float = checked(0.3, check_fraction)
+    summary_prompt: str | None = checked(None, optional(check_string))
+
+    def to_context_config(self) -> context.ContextConfig:
+        """The `weald.runtime.context.ContextConfig` agents are started with."""
+        from weald.runtime.context import ContextConfig as AgentContextConfig
+
+        return AgentContextConfig(
+            auto=self.auto,
+            keep_tool_results=self.keep_tool_results,
+            keep_recent=self.keep_recent,
+            summary_prompt=self.summary_prompt,
+        )
+
+
+@attrs.frozen(kw_only=True)
 class LimitsConfig:
     """``[limits]``: bounds on what the daemon holds.
 
@@ -556,6 +621,7 @@ class Config:
         tools: ``[tools]``.
         mcp: ``[mcp]``.
         agent: ``[agent]``.
+        context: ``[context]``.
         limits: ``[limits]``.
         store: ``[store]``.
         server: ``[server]``.
@@ -567,6 +633,7 @@ class Config:
     tools: ToolsConfig = attrs.field(factory=ToolsConfig)
     mcp: MCPConfig = attrs.field(factory=MCPConfig)
     agent: AgentConfig = attrs.field(factory=AgentConfig)
+    context: ContextConfig = attrs.field(factory=ContextConfig)
     limits: LimitsConfig = attrs.field(factory=LimitsConfig)
     store: StoreConfig = attrs.field(factory=StoreConfig)
     spill: SpillConfig = attrs.field(factory=SpillConfig)
@@ -578,7 +645,8 @@ class Config:
 
         A configured provider's name is replaced by its ``kind`` and its
         settings come along; a built-in kind (``openai``, ``anthropic``,
-        ``scripted``) keeps its defaults.
+        ``scripted``) keeps its defaults. An alias table's ``context_window``
+        and ``output_reserve`` go into the settings.
 
         Args:
             name: The model asked for; None means ``[models] default``.
@@ -590,12 +658,21 @@ class Config:
         spec = self.models.default if name is None else name
         if spec is None:
             return None
+        limits = self.models.limits.get(spec)
         spec = self.models.aliases.get(spec, spec)
         provider, colon, model = spec.partition(":")
         configured = self.providers.get(provider.strip()) if colon else None
+        settings = configured.to_settings() if configured is not None else None
+        if limits is not None and (limits.context_window is not None or limits.output_reserve is not None):
+            base = settings if settings is not None else ProviderSettings()
+            settings = attrs.evolve(
+                base,
+                context_window=limits.context_window if limits.context_window is not None else base.context_window,
+                output_reserve=limits.output_reserve if limits.output_reserve is not None else base.output_reserve,
+            )
         if configured is None:
-            return ModelChoice(spec=spec)
-        return ModelChoice(spec=f"{configured.kind}:{model.strip()}", settings=configured.to_settings())
+            return ModelChoice(spec=spec, settings=settings)
+        return ModelChoice(spec=f"{configured.kind}:{model.strip()}", settings=settings)
 
 
 # --- Errors ---------------------------------------------------------------------------------------

@@ -5,6 +5,7 @@
     weald serve [--socket PATH | --stdio] [--faults FILE]   run the daemon
     weald run "PROMPT" [--agent ID] [--cwd DIR] [--yes]     prompt an agent, streaming its work
     weald agents | tree | debug-state ID | tasks            look inside a running daemon
+    weald compact ID                                        compact an agent's context now
     weald demo                                              a self-contained tour, no API key needed
     weald status | stop | config                            the daemon and its configuration
     weald doctor                                            check this machine (sandbox, rg, node, disk)
@@ -400,13 +401,15 @@ def cmd_agents(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(agents)
         return EXIT_OK
-    table = Table("agent", "state", "status", "model", "restarts", "working dir")
+    table = Table("agent", "state", "status", "model", "context", "restarts", "working dir")
     for a in agents:
+        context = a.get("context") or {}
         table.add_row(
             a["agent_id"],
             a.get("state", ""),
             a["status"],
             _short_model(a["model"]),
+            f"{context['tokens']:,}/{context['input_budget']:,}" if context else "",
             str(a.get("restarts", "")),
             a["working_dir"],
         )
@@ -441,6 +444,27 @@ def cmd_debug_state(args: argparse.Namespace) -> int:
     else:
         _console().print(render_debug_state(state))
     return EXIT_OK
+
+
+def cmd_compact(args: argparse.Namespace) -> int:
+    """Compact an agent's context now: its model summarizes the older part of the conversation.
+
+    Between turns it runs at once; during a turn, before the agent's next
+    model call. Exits 1 if the compaction failed.
+    """
+    with _connect(args) as client:
+        result = client.call("agent.compact", {"agent_id": args.agent_id}, timeout=args.timeout)
+    if args.json:
+        _print_json(result)
+    elif result["compacted"]:
+        _console().print(
+            f"{args.agent_id}: compacted {result['replaced']} messages: "
+            f"{result['tokens_before']:,} -> {result['tokens_after']:,} estimated tokens"
+        )
+    else:
+        _console().print(f"{args.agent_id}: not compacted: {result['detail']}", markup=False)
+    failed = not result["compacted"] and not str(result.get("detail") or "").startswith("nothing to compact")
+    return EXIT_FAILED if failed else EXIT_OK
 
 
 def cmd_tasks(args: argparse.Namespace) -> int:
@@ -592,6 +616,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--events", type=int, help="recent events to show")
     p.add_argument("--messages", type=int, help="recent messages to show")
     p.set_defaults(func=cmd_debug_state)
+
+    p = sub.add_parser(
+        "compact", parents=[common], help="compact an agent's context now", description=_doc(cmd_compact)
+    )
+    p.add_argument("agent_id", help="the agent")
+    p.add_argument("--timeout", type=float, default=600, help="seconds to wait for the summary (default: 600)")
+    p.set_defaults(func=cmd_compact)
 
     p = sub.add_parser("tasks", parents=[common], help="list tasks", description=_doc(cmd_tasks))
     p.add_argument("--cwd", help="the project (default: the current directory)")

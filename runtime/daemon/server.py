@@ -147,7 +147,8 @@ class AgentPromptParams(_Params):
 
 class AgentHistoryParams(_Params):
     agent_id: str
-    limit: Annotated[int, msgspec.Meta(ge=0)] | None = None  # the last N messages; 0: none, None: all
+    limit: Annotated[int, msgspec.Meta(ge=0)] | None = None  # the last N messages; 0: none, None: all (capped)
+    before: Annotated[int, msgspec.Meta(ge=0)] | None = None  # only messages with a lower seq (the next page)
 
 
 class DebugStateParams(_Params):
@@ -408,6 +409,7 @@ class Server(Actor):
             "agent.stop": (AgentParams, self._agent_stop),
             "agent.list": (NoParams, self._agent_list),
             "agent.history": (AgentHistoryParams, self._agent_history),
+            "agent.compact": (AgentParams, self._agent_compact),
             "debug_state": (DebugStateParams, self._debug_state),
             "tree": (TreeParams, self._tree),
             "tasks.list": (TasksListParams, self._tasks_list),
@@ -827,7 +829,13 @@ class Server(Actor):
                 except Exception:
                     row["state"] = "unavailable"
                     return
-            row.update(state=snap.status, turn_id=snap.turn_id, restarts=snap.restarts, usage=_plain(snap.usage))
+            row.update(
+                state=snap.status,
+                turn_id=snap.turn_id,
+                restarts=snap.restarts,
+                usage=_plain(snap.usage),
+                context=_plain(snap.context),
+            )
 
         async with trio.open_nursery() as nursery:
             for record in records:
@@ -844,19 +852,47 @@ class Server(Actor):
         return out
 
     async def _agent_history(self, conn: Connection, p: AgentHistoryParams) -> dict[str, Any]:
-        from weald.runtime.agent import load_history
+        """A page of the stored history, read from the store (an agent holds only its context in memory).
 
-        ref = self.system.whereis(agent_path(p.agent_id))
-        if ref is not None:
-            messages = [] if p.limit == 0 else await ref.proxy().history(p.limit)
-        else:
-            entries = await trio.to_thread.run_sync(load_history, self.system.store, p.agent_id)
-            if not entries:
-                raise RPCError(NOT_FOUND, f"no agent {p.agent_id!r} and no stored history for it")
-            messages = [e.message for e in entries]
-            if p.limit is not None:
-                messages = messages[-p.limit :] if p.limit else []
-        return {"agent_id": p.agent_id, "messages": _plain(messages)}
+        The page is the newest ``limit`` messages below ``before``, in
+        conversation order, each with its ``seq``; ``next_before`` is the
+        ``before`` of the page before it (None: this page reaches the start).
+        """
+        from weald.runtime.agent import AgentRecord, HistoryEntry
+
+        store = self.system.store
+        await store.flush()  # what the agent has queued is in the store before it is read
+        limit = _HISTORY_MAX if p.limit is None else min(p.limit, _HISTORY_MAX)
+        entries: list[tuple[str, HistoryEntry]] = []
+        if limit:
+            entries = await store.aitems_range(
+                "history",
+                f"{p.agent_id}/",
+                stop=None if p.before is None else f"{p.before:08d}",
+                limit=limit + 1,  # one more says whether an earlier page exists
+                newest_first=True,
+                type=HistoryEntry,
+            )
+        more = len(entries) > limit
+        page = [entry for _, entry in reversed(entries[:limit])]
+        if (
+            not page
+            and self.system.whereis(agent_path(p.agent_id)) is None
+            and await store.aget("agents", p.agent_id, type=AgentRecord) is None
+        ):
+            raise RPCError(NOT_FOUND, f"no agent {p.agent_id!r} and no stored history for it")
+        return {
+            "agent_id": p.agent_id,
+            "messages": [_history_row(entry) for entry in page],
+            "next_before": page[0].seq if more and page else None,
+        }
+
+    async def _agent_compact(self, conn: Connection, p: AgentParams) -> dict[str, Any]:
+        """Compact the agent's context now (between turns) or before its next model call (during one)."""
+        self._refuse_when_stopping("agent.compact")
+        future = await self._agent(p.agent_id).proxy().compact()
+        result = await future
+        return {"agent_id": p.agent_id, **_plain(result)}
 
     async def _debug_state(self, conn: Connection, p: DebugStateParams) -> dict[str, Any]:
         from weald.tools.debug_state import describe_state
@@ -1326,6 +1362,18 @@ def _describe(exc: msgspec.ValidationError) -> str:
     if text.startswith("Object contains unknown field "):
         return "unknown field " + text.removeprefix("Object contains unknown field ")
     return f"{where}: {text}" if where else text
+
+
+_HISTORY_MAX = 10_000
+"""The most messages one agent.history reply holds; ``next_before`` pages further back."""
+
+
+def _history_row(entry: Any) -> dict[str, Any]:
+    """One stored history entry as agent.history shows it: the message, its seq, a summary's mark."""
+    row: dict[str, Any] = {"seq": entry.seq, **_plain(entry.message)}
+    if entry.compaction is not None:
+        row["compaction"] = _plain(entry.compaction)
+    return row
 
 
 def _under(path: str, base: str) -> bool:

@@ -404,6 +404,7 @@ class Sessions:
                 max_depth=agent.sub_agent_depth,
                 debug_state=agent.debug_state,
                 sub_agent_timeout=agent.sub_agent_timeout,
+                context=self.config.context.to_context_config(),
             ),
             runner=self.runner_config(),
             # Skills in ~/.weald/skills may be read by file tools too.

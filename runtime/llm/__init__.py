@@ -49,6 +49,7 @@ from ._exceptions import (
     AuthenticationError,
     BadRequestError,
     ConfigurationError,
+    ContextLengthExceeded,
     MalformedResponseError,
     MalformedScriptError,
     MissingAPIKeyError,
@@ -74,6 +75,7 @@ from ._faults import (
     MalformedStreamFault,
     TimeoutFault,
 )
+from ._limits import DEFAULT_CONTEXT_WINDOW, KNOWN_CONTEXT_WINDOWS, ModelLimits, model_limits
 from ._openai import OpenAIProvider
 from ._scripted import MAX_SCRIPT_BYTES, ScriptedProvider
 from ._settings import ProviderSettings
@@ -95,6 +97,8 @@ from ._types import (
 )
 
 __all__ = [
+    "DEFAULT_CONTEXT_WINDOW",
+    "KNOWN_CONTEXT_WINDOWS",
     "MAX_SCRIPT_BYTES",
     "PROVIDERS",
     "AnthropicProvider",
@@ -102,6 +106,7 @@ __all__ = [
     "BadRequestError",
     "Completed",
     "ConfigurationError",
+    "ContextLengthExceeded",
     "Fault",
     "FaultHook",
     "FaultPoint",
@@ -112,6 +117,7 @@ __all__ = [
     "MalformedStreamFault",
     "Message",
     "MissingAPIKeyError",
+    "ModelLimits",
     "ModelNotFoundError",
     "ModelRequest",
     "OpenAIProvider",
@@ -141,6 +147,7 @@ __all__ = [
     "UnknownProviderError",
     "Usage",
     "make_provider",
+    "model_limits",
 ]
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())

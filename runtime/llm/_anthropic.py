@@ -226,6 +226,10 @@ class AnthropicProvider(HTTPProvider):
                 }
                 for tool in request.tools
             ]
+            if request.tool_choice is not None:
+                # Anthropic calls "required" "any".
+                kind = "any" if request.tool_choice == "required" else request.tool_choice
+                payload["tool_choice"] = {"type": kind}
         if request.temperature is not None:
             payload["temperature"] = request.temperature
         return payload

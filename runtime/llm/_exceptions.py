@@ -11,6 +11,7 @@ Every error a provider raises is a :class:`ProviderError`; cancellation
     ├── ProviderHTTPError           the server answered with an error status (.status)
     │   ├── AuthenticationError     401 / 403: the key was refused
     │   ├── BadRequestError         400 / 422: the server rejected the request
+    │   │   └── ContextLengthExceeded   the request is larger than the model's context window
     │   ├── ModelNotFoundError      404: no such model (or wrong base URL)
     │   ├── RateLimitError          429 (retried first)
     │   └── ServerError             500-599 (retried first)
@@ -40,6 +41,7 @@ __all__ = [
     "AuthenticationError",
     "BadRequestError",
     "ConfigurationError",
+    "ContextLengthExceeded",
     "MalformedResponseError",
     "MalformedScriptError",
     "MissingAPIKeyError",
@@ -128,6 +130,32 @@ class AuthenticationError(ProviderHTTPError):
 
 class BadRequestError(ProviderHTTPError):
     """The server rejected the request as invalid (HTTP 400 or 422)."""
+
+
+class ContextLengthExceeded(BadRequestError):
+    """The request does not fit the model's context window (a 400 that says so).
+
+    Raised for OpenAI's ``context_length_exceeded``, Anthropic's "prompt is
+    too long" and llama.cpp's ``exceed_context_size_error``, and for any
+    400/413 whose message says the same in those words. An agent that gets
+    it compacts its conversation once and retries.
+
+    Attributes:
+        limit: The model's context window in tokens, when the server said it.
+        requested: How many tokens the request had, when the server said it.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int,
+        limit: int | None = None,
+        requested: int | None = None,
+    ) -> None:
+        super().__init__(message, status=status)
+        self.limit = limit
+        self.requested = requested
 
 
 class ModelNotFoundError(ProviderHTTPError):

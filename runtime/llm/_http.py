@@ -18,6 +18,7 @@ import email.utils
 import logging
 import math
 import random
+import re
 import time
 from collections.abc import AsyncGenerator, Callable, Generator, Mapping
 from typing import ClassVar, Protocol
@@ -32,6 +33,7 @@ from ._exceptions import (
     AuthenticationError,
     BadRequestError,
     ConfigurationError,
+    ContextLengthExceeded,
     MalformedResponseError,
     MissingAPIKeyError,
     ModelNotFoundError,
@@ -55,7 +57,7 @@ from ._sse import SSEDecoder, SSEEvent
 from ._types import Completed, ModelRequest, StreamEvent
 from ._util import excerpt, redact
 
-__all__ = ["HTTPProvider", "StreamDecoder", "error_for_status", "parse_retry_after"]
+__all__ = ["HTTPProvider", "StreamDecoder", "context_overflow", "error_for_status", "parse_retry_after"]
 
 logger = logging.getLogger("weald.runtime.llm")
 
@@ -99,6 +101,54 @@ def parse_retry_after(value: str | None, *, now: float | None = None) -> float |
     return max(0.0, seconds)
 
 
+# What servers say when a request does not fit the model's context window:
+# OpenAI (code context_length_exceeded), Anthropic ("prompt is too long"),
+# llama.cpp (type exceed_context_size_error), and the same words elsewhere.
+_OVERFLOW_MARKERS = (
+    "context_length_exceeded",
+    "exceed_context_size",
+    "maximum context length",
+    "prompt is too long",
+    "exceed context limit",
+    "exceeds the available context size",
+    "exceeds the context window",
+    "context length exceeded",
+)
+# (pattern, which group is the limit, which the request's size; 0: absent)
+_OVERFLOW_NUMBERS = (
+    (re.compile(r"maximum context length is (\d+) tokens.*?(?:resulted in|requested) (\d+) tokens", re.S), 1, 2),
+    (re.compile(r"maximum context length is (\d+) tokens"), 1, 0),
+    (re.compile(r"prompt is too long: (\d+) tokens > (\d+) maximum"), 2, 1),
+    (re.compile(r"request \((\d+) tokens\) exceeds the available context size \((\d+) tokens\)"), 2, 1),
+    (re.compile(r"exceed context limit: (\d+) \+ \d+ > (\d+)"), 2, 1),
+)
+
+
+def context_overflow(status: int, text: str) -> tuple[int | None, int | None] | None:
+    """Whether an error response says the request exceeds the context window.
+
+    Args:
+        status: The HTTP status (only 400 and 413 can be such an error).
+        text: The server's message, or its whole error body.
+
+    Returns:
+        None if it does not; else ``(limit, requested)`` in tokens, each
+        None when the text does not give it.
+    """
+    if status not in (400, 413):
+        return None
+    lowered = text.lower()
+    if not any(marker in lowered for marker in _OVERFLOW_MARKERS):
+        return None
+    for pattern, limit_group, requested_group in _OVERFLOW_NUMBERS:
+        found = pattern.search(lowered)
+        if found is not None:
+            limit = int(found.group(limit_group))
+            requested = int(found.group(requested_group)) if requested_group else None
+            return limit, requested
+    return None, None
+
+
 def error_for_status(
     status: int,
     server_message: str,
@@ -108,6 +158,7 @@ def error_for_status(
     url: str,
     key_env: str | None,
     retry_after: float | None = None,
+    body: str = "",
 ) -> ProviderError:
     """Map an HTTP error status to the matching :class:`ProviderError`.
 
@@ -119,11 +170,24 @@ def error_for_status(
         url: The URL called.
         key_env: The name of the API key's environment variable, if any.
         retry_after: The server's ``Retry-After`` in seconds, if any.
+        body: The whole error body (redacted), read for an error type or
+            code the message leaves out (``context_length_exceeded``).
 
     Returns:
         The exception to raise.
     """
     said = f": {server_message}" if server_message else ""
+    overflow = context_overflow(status, f"{server_message}\n{body}")
+    if overflow is not None:
+        limit, requested = overflow
+        window = f" of {limit} tokens" if limit else ""
+        return ContextLengthExceeded(
+            f"{provider}: the request for model {model!r} does not fit its context window{window} "
+            f"(HTTP {status}){said}",
+            status=status,
+            limit=limit,
+            requested=requested,
+        )
     if status in (401, 403):
         check = (
             f"Check that the environment variable {key_env} holds a valid key for this server."
@@ -442,6 +506,7 @@ class HTTPProvider:
                     _server_message(raw, self._server_text),
                     model,
                     parse_retry_after(response.headers.get("retry-after")),
+                    body=self._server_text(raw.decode("utf-8", errors="replace")),
                 )
             # A missing Content-Type is read as SSE, as before: some servers
             # stream without one. A declared other type is no stream at all.
@@ -508,7 +573,9 @@ class HTTPProvider:
                 f"{self.name}: cannot reach {self._url}: {type(exc).__name__}: {exc}"
             ) from exc
 
-    def _status_error(self, status: int, server_message: str, model: str, retry_after: float | None) -> ProviderError:
+    def _status_error(
+        self, status: int, server_message: str, model: str, retry_after: float | None, *, body: str = ""
+    ) -> ProviderError:
         return error_for_status(
             status,
             server_message,
@@ -517,6 +584,7 @@ class HTTPProvider:
             url=self._url,
             key_env=self._auth.env_var,
             retry_after=retry_after,
+            body=body,
         )
 
     def _stall_error(self) -> StallTimeout:

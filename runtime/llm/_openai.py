@@ -262,6 +262,8 @@ class OpenAIProvider(HTTPProvider):
                 }
                 for tool in request.tools
             ]
+        if request.tool_choice is not None and request.tools:
+            payload["tool_choice"] = request.tool_choice
         if request.max_tokens is not None:
             payload["max_tokens"] = request.max_tokens
         if request.temperature is not None:

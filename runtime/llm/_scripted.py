@@ -20,6 +20,15 @@ are errors, so a typo does not pass silently.
 Everything is deterministic: text comes as at most four ``TextDelta``
 chunks, tool call ids are ``call_<turn>_<n>`` (both counted from 0), and
 usage is estimated as one token per four characters.
+
+Two things answer without spending a turn. A compaction request (an agent
+asking for a summary of its conversation, ``purpose="compaction"``) gets a
+summary of its own: the script's ``summary`` text if it has one, else the
+first and last lines of the conversation it was given, at most 600
+characters; after the script's ``summary_delay`` seconds, if any. And with ``settings.context_window`` set, a
+request estimated larger than that window fails as a real server's would
+(``ContextLengthExceeded``, in OpenAI's words), so that the script's turn is
+still there for the retry.
 """
 
 from __future__ import annotations
@@ -79,6 +88,9 @@ REQUESTS_KEPT = 64
 # Input tokens one image is estimated at (about what providers bill for a small one).
 _IMAGE_TOKENS = 100
 
+# The longest summary a compaction request gets.
+_SUMMARY_CHARS = 600
+
 
 class _ScriptToolCall(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     name: str
@@ -100,6 +112,8 @@ class _ScriptTurn(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 
 class _Script(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     turns: list[_ScriptTurn]
+    summary: str | None = None
+    summary_delay: Annotated[float, msgspec.Meta(ge=0)] = 0.0
 
 
 def _tokens(chars: int) -> int:
@@ -113,6 +127,15 @@ def _request_chars(request: ModelRequest) -> int:
         for call in message.tool_calls:  # most messages have none: no generator per message
             chars += len(call.raw_arguments)
     return chars
+
+
+def _summary(request: ModelRequest) -> str:
+    """A deterministic stand-in for a model's summary of the conversation in ``request``."""
+    lines = [line.strip() for m in request.messages for line in m.content.splitlines() if line.strip()]
+    head = " / ".join(lines[:3])[:250]
+    tail = " / ".join(lines[-3:])[:250]
+    text = f"Scripted summary of {_request_chars(request)} characters. Began: {head}. Ended: {tail}."
+    return text[:_SUMMARY_CHARS]
 
 
 def _chunks(text: str) -> list[str]:
@@ -160,6 +183,8 @@ class ScriptedProvider:
         """Wrap parsed turns; use :meth:`from_file` or :meth:`from_dict` instead."""
         self._turns = tuple(turns)
         self._source = source
+        self._summary: str | None = None
+        self._summary_delay = 0.0
         self.settings = settings if settings is not None else ProviderSettings()
         self.faults = faults
         self.requests: collections.deque[ModelRequest] = collections.deque(maxlen=REQUESTS_KEPT)
@@ -206,13 +231,21 @@ class ScriptedProvider:
             raise MalformedScriptError(f"script {source} is not valid: {exc}") from exc
         except msgspec.DecodeError as exc:
             raise MalformedScriptError(f"script {source} is not valid JSON: {exc}") from exc
-        return cls(
-            script.turns,
-            source=source,
-            start_position=start_position,
-            settings=settings,
-            faults=faults,
-        )
+        return cls._of(script, source, start_position, settings, faults)
+
+    @classmethod
+    def _of(
+        cls,
+        script: _Script,
+        source: str,
+        start_position: int,
+        settings: ProviderSettings | None,
+        faults: FaultHook | None,
+    ) -> ScriptedProvider:
+        provider = cls(script.turns, source=source, start_position=start_position, settings=settings, faults=faults)
+        provider._summary = script.summary
+        provider._summary_delay = script.summary_delay
+        return provider
 
     @classmethod
     def from_dict(
@@ -243,13 +276,7 @@ class ScriptedProvider:
             script = msgspec.convert(data, type=_Script)
         except msgspec.ValidationError as exc:
             raise MalformedScriptError(f"script {name} is not valid: {exc}") from exc
-        return cls(
-            script.turns,
-            source=name,
-            start_position=start_position,
-            settings=settings,
-            faults=faults,
-        )
+        return cls._of(script, name, start_position, settings, faults)
 
     def __repr__(self) -> str:
         return f"<ScriptedProvider {self._source} at turn {self._position} of {len(self._turns)}>"
@@ -292,13 +319,38 @@ class ScriptedProvider:
             ScriptExhausted: There is no turn left.
             ProviderError: The turn scripts an error, or a fault was injected.
         """
+        model = request.model or self._source
+        input_tokens = _tokens(_request_chars(request))
+        window = self.settings.context_window
+        if window is not None and input_tokens > window:
+            await trio.lowlevel.checkpoint()
+            raise error_for_status(
+                400,
+                f"This model's maximum context length is {window} tokens. However, your messages "
+                f"resulted in {input_tokens} tokens. Please reduce the length of the messages.",
+                provider=self.name,
+                model=model,
+                url=f"script {self._source}",
+                key_env=None,
+            )
+        if request.purpose == "compaction":
+            await self._inject_fault(model)
+            if self._summary_delay:
+                await trio.sleep(self._summary_delay)
+            else:
+                await trio.lowlevel.checkpoint()
+            summary = self._summary if self._summary is not None else _summary(request)
+            for chunk in _chunks(summary):
+                yield TextDelta(chunk)
+            usage = Usage(input_tokens=input_tokens, output_tokens=_tokens(len(summary)))
+            yield Completed(message=Message(role="assistant", content=summary), usage=usage, stop_reason="end_turn")
+            return
         index = self._position
         if index >= len(self._turns):
             raise ScriptExhausted(
                 f"script {self._source} has {len(self._turns)} turns; model call {index + 1} has none"
             )
         turn = self._turns[index]
-        model = request.model or self._source
         self.requests.append(request)
         await self._inject_fault(model)
         # The turn is spent from here on, even if this call is cancelled.
@@ -332,10 +384,7 @@ class ScriptedProvider:
                 yield ToolCallDelta(index=n, arguments_fragment=raw)
             calls.append(ToolCall.parse(id=call_id, name=scripted.name, raw_arguments=raw))
         output_chars = len(turn.text) + sum(len(call.raw_arguments) for call in calls)
-        usage = Usage(
-            input_tokens=_tokens(_request_chars(request)),
-            output_tokens=_tokens(output_chars),
-        )
+        usage = Usage(input_tokens=input_tokens, output_tokens=_tokens(output_chars))
         stop_reason = turn.stop_reason or ("tool_use" if calls else "end_turn")
         message = Message(role="assistant", content=turn.text, tool_calls=calls)
         yield Completed(message=message, usage=usage, stop_reason=stop_reason)

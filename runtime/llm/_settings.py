@@ -52,6 +52,12 @@ class ProviderSettings:
         max_retry_after: The longest ``Retry-After`` we honour, in seconds.
             A server asking for more gets its error raised at once instead,
             since waiting less than it asks would only fail again.
+        context_window: The model's context window in tokens; None: from
+            the table of common models (``weald.runtime.llm.model_limits``).
+            The scripted provider refuses a request larger than it, as a
+            real server would.
+        output_reserve: Tokens of the window kept free for the answer;
+            None: a quarter of the window, at most 16,384.
     """
 
     base_url: str | None = None
@@ -65,3 +71,5 @@ class ProviderSettings:
     backoff_base: float = attrs.field(default=0.5, validator=attrs.validators.ge(0))
     backoff_cap: float = attrs.field(default=8.0, validator=attrs.validators.ge(0))
     max_retry_after: float = attrs.field(default=60.0, validator=attrs.validators.ge(0))
+    context_window: int | None = attrs.field(default=None, validator=attrs.validators.optional(attrs.validators.gt(0)))
+    output_reserve: int | None = attrs.field(default=None, validator=attrs.validators.optional(attrs.validators.ge(0)))

@@ -210,6 +210,13 @@ class ModelRequest(msgspec.Struct, frozen=True):
         max_tokens: The most tokens to generate; None leaves it to the
             provider (the Anthropic provider, where it is required, sends 8192).
         temperature: The sampling temperature; None leaves it to the server.
+        tool_choice: ``"auto"`` (the model decides), ``"required"`` (it must
+            call a tool; llama.cpp and vLLM constrain the output to the tools'
+            schemas), ``"none"``; None leaves it to the server (auto).
+        purpose: ``"turn"`` for a step of an agent's turn, ``"compaction"``
+            when the agent asks for a summary of its conversation. HTTP
+            providers ignore it; the scripted provider answers a compaction
+            with a summary of its own instead of spending a scripted turn.
     """
 
     model: str
@@ -218,6 +225,8 @@ class ModelRequest(msgspec.Struct, frozen=True):
     tools: list[ToolSpec] = []
     max_tokens: int | None = None
     temperature: float | None = None
+    tool_choice: Literal["auto", "required", "none"] | None = None
+    purpose: Literal["turn", "compaction"] = "turn"
 
 
 class TextDelta(msgspec.Struct, frozen=True, tag="text_delta"):

@@ -495,7 +495,10 @@ def test_debug_state_reports_real_queues_usage_and_restarts(h: Harness) -> None:
         "input_tokens": expected.input_tokens,
         "output_tokens": expected.output_tokens,
         "cache_read_tokens": 0,
+        "cache_write_tokens": 0,
     }
+    assert report["context"]["messages"] == 4  # two prompts, an answer, this step's call
+    assert report["context"]["calibrated"]
     assert expected.input_tokens > first.usage.input_tokens > 0
     assert report["restarts"] == 1
 
