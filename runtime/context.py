@@ -145,8 +145,9 @@ class ContextStats:
         input_budget: the most tokens a request may hold.
         tokens: the estimated size of the next request (system prompt,
             tools and messages), in tokens.
-        chars_per_token: the ratio the estimate uses for characters added
-            since the last report.
+        chars_ratio: characters per token, the ratio the estimate uses for
+            what was added since the last report (not named ``..._token``:
+            such names are taken for secrets and redacted).
         calibrated: whether the estimate is anchored on a reported usage yet.
         last_input_tokens: the input tokens the last answer reported (cached included).
         messages: messages in the context.
@@ -160,7 +161,7 @@ class ContextStats:
     window_source: str
     input_budget: int
     tokens: int
-    chars_per_token: float
+    chars_ratio: float
     calibrated: bool
     last_input_tokens: int
     messages: int
@@ -449,7 +450,7 @@ class Context:
             window_source=self.limits.source,
             input_budget=self.budget,
             tokens=self.estimate(system, tools),
-            chars_per_token=round(self.chars_per_token, 3),
+            chars_ratio=round(self.chars_per_token, 3),
             calibrated=self.calibrated,
             last_input_tokens=self.last_input_tokens,
             messages=len(self.messages),

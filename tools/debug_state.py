@@ -74,7 +74,7 @@ def _context(snapshot: Any) -> dict[str, Any] | None:
         "context_window": stats.context_window,
         "output_reserve": stats.output_reserve,
         "window_source": stats.window_source,
-        "chars_per_token": stats.chars_per_token,
+        "chars_ratio": stats.chars_ratio,
         "calibrated": stats.calibrated,
         "last_input_tokens": stats.last_input_tokens,
         "messages": stats.messages,

@@ -285,9 +285,12 @@ def _structure_alias_tables(value: object) -> tuple[dict[str, str], dict[str, Al
             except ValueProblem as exc:
                 problems.append(((name, "model"), exc))
             try:
-                limits[name] = converter.structure(fields, AliasLimits)
+                window = converter.structure(fields, AliasLimits)
             except (ValueProblem, BaseValidationError) as exc:
                 problems.append(((name,), exc))
+                continue
+            if window != AliasLimits():
+                limits[name] = window
             continue
         if not isinstance(item, str):
             problems.append(((name,), InvalidValue(_ALIAS_TABLE, item)))
@@ -538,7 +541,7 @@ def _unstructure_models(models: ModelsConfig) -> dict[str, object]:
     aliases: dict[str, object] = {}
     for name, spec in models.aliases.items():
         limits = models.limits.get(name)
-        if limits is None or (limits.context_window is None and limits.output_reserve is None):
+        if limits is None or limits == AliasLimits():
             aliases[name] = spec
         else:
             aliases[name] = {"model": spec, **converter.unstructure(limits)}

@@ -294,6 +294,80 @@ def test_model_names_resolve_through_aliases_and_configured_providers() -> None:
     assert parse("").resolve_model() is None  # the bundled demo script
 
 
+def test_an_alias_table_states_its_models_window_and_strings_still_work() -> None:
+    config = parse(
+        """
+        [models]
+        default = "local"
+        [models.aliases]
+        fast = "openai:gpt-4.1-mini"
+        [models.aliases.local]
+        model = "llama:smol"
+        context_window = 2048
+        output_reserve = 256
+        [models.aliases.big]
+        model = "openai:gpt-4.1"
+        [providers.llama]
+        base_url = "http://127.0.0.1:8080/v1"
+        api_key_required = false
+        context_window = 4096
+        """
+    )
+    assert config.models.aliases == {"fast": "openai:gpt-4.1-mini", "local": "llama:smol", "big": "openai:gpt-4.1"}
+    local = config.resolve_model()
+    assert local is not None
+    assert local.spec == "openai:smol"
+    assert local.settings is not None
+    assert (local.settings.context_window, local.settings.output_reserve) == (2048, 256)
+    assert local.settings.base_url == "http://127.0.0.1:8080/v1"
+    assert config.resolve_model("llama:other").settings.context_window == 4096  # the provider's own
+    assert config.resolve_model("big") == ModelChoice(spec="openai:gpt-4.1")
+    assert config.resolve_model("fast") == ModelChoice(spec="openai:gpt-4.1-mini")
+    # `weald config show` writes an alias with a window back as a table.
+    shown = config.to_dict()["models"]["aliases"]
+    assert shown["local"] == {"model": "llama:smol", "context_window": 2048, "output_reserve": 256}
+    assert shown["fast"] == "openai:gpt-4.1-mini"
+    assert Config.from_dict(config.to_dict()) == config
+
+
+def test_alias_tables_and_the_context_section_report_bad_values_with_their_paths() -> None:
+    assert problems(
+        """
+        [models.aliases.a]
+        context_window = 100
+        [models.aliases.b]
+        model = "openai:x"
+        context_window = 0
+        colour = "red"
+        [models.aliases]
+        c = 5
+        [context]
+        keep_recent = 1.5
+        keep_tool_results = -1
+        """
+    ) == [
+        'models.aliases.a.model: missing: the alias\'s "provider:model" spec',
+        "models.aliases.b.context_window: expected a positive integer, got 0",
+        "models.aliases.b.colour: unknown key; expected one of: context_window, output_reserve",
+        'models.aliases.c: expected a "provider:model" string, or a table with model (and context_window, '
+        "output_reserve), got 5",
+        "context.keep_tool_results: expected an integer, zero or more, got -1",
+        "context.keep_recent: expected a number between 0 and 1, got 1.5",
+    ]
+
+
+def test_the_context_section_becomes_the_agents_context_config() -> None:
+    config = parse('[context]\nauto = false\nkeep_tool_results = 5\nkeep_recent = 0.5\nsummary_prompt = "Be brief."\n')
+    context = config.context.to_context_config()
+    assert (context.auto, context.keep_tool_results, context.keep_recent, context.summary_prompt) == (
+        False,
+        5,
+        0.5,
+        "Be brief.",
+    )
+    assert parse("").context.to_context_config().auto
+
+
 def test_tools_config_becomes_the_tool_config_tools_read() -> None:
     tool_config = parse(FULL).tools.to_tool_config()
     assert (tool_config.max_output_lines, tool_config.max_output_bytes) == (500, 10_000)
