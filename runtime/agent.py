@@ -137,7 +137,7 @@ class AgentConfig:
     max_depth: int = 2
     debug_state: bool = False
     sub_agent_timeout: float = 600.0
-    context: ContextConfig = attrs.field(factory=ContextConfig)
+    context: ContextConfig = attrs.field(default=ContextConfig())  # frozen: one shared default
 
 
 class AgentRecord(msgspec.Struct, kw_only=True):
@@ -391,8 +391,9 @@ class _Turn:
         self.text = ""
         self.batch: str | None = None
         self.pending_calls: tuple[str, ...] = ()
-        # The server refused this step as too long once; a second refusal ends the turn.
-        self.overflowed = False
+        # The server refused this step as too long once ("compacted": the context was
+        # compacted for the retry; "pruned": nothing could be); a second refusal ends the turn.
+        self.overflowed: str | None = None
 
 
 class _Compaction:
@@ -502,17 +503,16 @@ class Agent(Actor):
         self._state: AgentStatus = "idle"
         # What the next model request sends; limits are settled in on_start, with the provider.
         self._context = Context(model_limits(""), config.context)
-        self._request_chars = 0  # the characters of the model request in flight, for calibration
         self._compaction: _Compaction | None = None
-        self._compact_waiters: list[Future[CompactionResult]] = []
+        self._compact_waiters: list[Future[CompactionResult]] | None = None  # asked for, not started
         self._record: AgentRecord | None = None
         self._turn: _Turn | None = None
         self._queue: list[_Prompt] = []
         self._gen = 0
         self._stream_io: Any = None
-        self._stream_text: list[str] = []
         self._questions: dict[str, AskUser] = {}
-        self._permissions: set[str] = set()
+        # Open permission requests; None while there is none (an empty set costs 216 bytes an agent).
+        self._permissions: set[str] | None = None
         self._provider: Provider | None = None
         self._flush_tokens = itertools.count(1)
         # Turns that ended but whose writes are not yet confirmed committed:
@@ -731,9 +731,9 @@ class Agent(Actor):
         if self._compaction is not None:
             self._compaction.waiters.append(future)
         elif self._turn is not None:
-            self._compact_waiters.append(future)
+            self._compact_waiters = [*(self._compact_waiters or ()), future]
         else:
-            self._compact_waiters.append(future)
+            self._compact_waiters = [*(self._compact_waiters or ()), future]
             self._compact_between_turns()
         return future
 
@@ -779,7 +779,7 @@ class Agent(Actor):
             pending_prompts=tuple(p.text[:200] for p in self._queue),
             running_tool_calls=turn.pending_calls if turn else (),
             open_questions=tuple(self._questions),
-            open_permissions=tuple(sorted(self._permissions)),
+            open_permissions=tuple(sorted(self._permissions or ())),
             usage=record.usage if record else Usage(),
             restarts=record.restarts if record else 0,
             message_count=record.next_seq if record else len(history),
@@ -822,9 +822,13 @@ class Agent(Actor):
             self._on_sampled(message)
         elif isinstance(message, PermissionState):
             if message.open:
+                if self._permissions is None:
+                    self._permissions = set()
                 self._permissions.add(message.request_id)
-            else:
+            elif self._permissions is not None:
                 self._permissions.discard(message.request_id)
+                if not self._permissions:
+                    self._permissions = None
             self._refresh_waiting()
 
     # -- the loop --------------------------------------------------------------------------------------
@@ -905,7 +909,7 @@ class Agent(Actor):
             if room is None:
                 return  # a compaction runs; the step goes on when it ends
             chars = room
-        self._request_chars = chars
+        context.sent_chars = chars
         request = ModelRequest(
             model="",
             messages=list(context.messages),
@@ -914,7 +918,6 @@ class Agent(Actor):
         )
         self._gen += 1
         gen = self._gen
-        self._stream_text = []
         self._set_state("streaming")
         self._publish("agent.message_start", {"turn_id": turn.id, "step": turn.steps, "role": "assistant"})
         self._stream_io = self.run_io(
@@ -937,7 +940,6 @@ class Agent(Actor):
         if turn is None:
             return
         if isinstance(event, TextDelta):
-            self._stream_text.append(event.text)
             self._publish("agent.message_delta", {"turn_id": turn.id, "text": event.text})
         elif isinstance(event, ToolCallStarted):
             self._publish("agent.tool_call", {"turn_id": turn.id, "call_id": event.id, "tool": event.name})
@@ -983,7 +985,7 @@ class Agent(Actor):
 
     def _on_completed(self, turn: _Turn, event: Completed) -> None:
         message = event.message
-        self._context.calibrate(self._request_chars, event.usage)
+        self._context.calibrate(self._context.sent_chars, event.usage)
         self._save_provider_position()
         turn.usage = turn.usage + event.usage
         record = self._record
@@ -1059,10 +1061,15 @@ class Agent(Actor):
             self._retry_after_overflow(turn, error, text)
             return
         self._publish("agent.error", {"turn_id": turn.id, "error": text, "kind": type(error).__name__})
-        if isinstance(error, ContextLengthExceeded):
+        if isinstance(error, ContextLengthExceeded) and turn.overflowed == "compacted":
             text += (
-                " (the conversation was compacted once already and still does not fit; "
+                " (the conversation was compacted and the step sent again, and it still does not fit; "
                 "check the model's context_window in weald.toml)"
+            )
+        elif isinstance(error, ContextLengthExceeded):
+            text += (
+                " (nothing was left to compact: the system prompt, the tools' descriptions and the latest "
+                "messages alone exceed the window; give the model a larger context or the agent fewer tools)"
             )
         self._end_turn(ok=False, error=text)
 
@@ -1324,7 +1331,7 @@ class Agent(Actor):
             chars = self._prune(turn, tools, chars, last_resort=False)
         requested = bool(self._compact_waiters)
         if (requested or context.tokens_for(chars) > context.budget) and not compacted:
-            waiters, self._compact_waiters = self._compact_waiters, []
+            waiters, self._compact_waiters = self._compact_waiters or [], None
             reason = "auto" if context.tokens_for(chars) > context.budget else "manual"
             if self._start_compaction(reason, lambda result: self._after_compaction(turn, result), waiters):
                 return None
@@ -1358,14 +1365,15 @@ class Agent(Actor):
 
     def _retry_after_overflow(self, turn: _Turn, error: ContextLengthExceeded, text: str) -> None:
         """The server refused the step as too long: compact once (or prune) and send the step again."""
-        turn.overflowed = True
+        turn.overflowed = "compacted"
         context = self._context
-        context.learn_overflow(self._request_chars, error.limit, error.requested)
+        context.learn_overflow(context.sent_chars, error.limit, error.requested)
         self._publish(
             "agent.context_overflow",
             {"turn_id": turn.id, "error": text, "limit": error.limit, "requested": error.requested},
         )
         if not self._start_compaction("overflow", lambda result: self._after_compaction(turn, result), []):
+            turn.overflowed = "pruned"
             tools = self._tool_specs()
             self._prune(turn, tools, context.request_chars(self._system_prompt, tools), last_resort=True)
             self._call_model(turn, compacted=True)
@@ -1389,7 +1397,7 @@ class Agent(Actor):
         self._call_model(turn, compacted=True)
 
     def _compact_between_turns(self) -> None:
-        waiters, self._compact_waiters = self._compact_waiters, []
+        waiters, self._compact_waiters = self._compact_waiters or [], None
         self._start_compaction("manual", self._after_idle_compaction, waiters)
 
     def _after_idle_compaction(self, _result: CompactionResult) -> None:
@@ -1441,7 +1449,7 @@ class Agent(Actor):
             "agent.compacting",
             {"turn_id": turn.id if turn else None, "reason": reason, "tokens_before": before, "messages": split},
         )
-        initial = int(context.budget * context.chars_per_token * 0.8)
+        initial = context.transcript_chars()
         self._stream_io = self.run_io(
             self._summarize, request, initial, reply=lambda o: _Summarized(gen, o), name=f"compaction {self._key}"
         )
@@ -1462,7 +1470,7 @@ class Agent(Actor):
                 if attempt == 2:
                     raise
                 ratio = (exc.limit / exc.requested) if exc.limit and exc.requested else 0.5
-                limit = max(1000, int(limit * min(0.5, ratio * 0.8)))
+                limit = max(200, int(limit * min(0.5, ratio * 0.8)))
                 continue
             if completed is None:
                 msg = "the model's answer to the summary request ended without completing"
@@ -1557,8 +1565,8 @@ class Agent(Actor):
 
     def _cancel_compactions(self, reason: str) -> None:
         """Answer every compaction waiting or running as not done (an abort, a stop, a crash)."""
-        waiters = list(self._compact_waiters)
-        self._compact_waiters.clear()
+        waiters = list(self._compact_waiters or ())
+        self._compact_waiters = None
         compaction = self._compaction
         if compaction is not None:
             self._compaction = None

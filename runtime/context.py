@@ -81,6 +81,8 @@ _PRUNE_MIN_CHARS: Final = 400
 # How much of each tool result and tool call a compaction transcript quotes.
 _TRANSCRIPT_TOOL_CHARS: Final = 2000
 _TRANSCRIPT_CALL_CHARS: Final = 300
+# The shortest transcript a summary request sends, however small the window.
+_MIN_TRANSCRIPT_CHARS: Final = 200
 
 # The bounds of a calibrated characters-per-token ratio.
 _MIN_CPT: Final = 0.5
@@ -208,11 +210,10 @@ class Context:
         config: pruning and compaction settings.
     """
 
+    # Slots, and no per-message size list: 10,000 idle agents each hold one of these.
     __slots__ = (
         "_anchor_chars",
         "_anchor_tokens",
-        "_sizes",
-        "_tool_chars",
         "calibrated",
         "chars",
         "chars_per_token",
@@ -222,18 +223,20 @@ class Context:
         "limits",
         "messages",
         "pruned_before",
+        "sent_chars",
         "seqs",
     )
 
     def __init__(self, limits: ModelLimits, config: ContextConfig | None = None) -> None:
         self.limits = limits
         self.config = config if config is not None else ContextConfig()
-        # Invariant: messages, seqs and _sizes have one entry per message of the
-        # context, in order; chars == sum(_sizes). A summary leads when there is one.
+        # Invariant: messages and seqs have one entry per message of the context,
+        # in order; chars == sum(message_chars(m) for m in messages). A summary
+        # leads when there is one.
         self.messages: list[Message] = []
         self.seqs: list[int] = []
-        self._sizes: list[int] = []
         self.chars = 0
+        self.sent_chars = 0  # the characters of the request in flight (what its usage report calibrates)
         self.chars_per_token = _DEFAULT_CPT
         self.calibrated = False
         # The last reported request: its characters and its input tokens (0, 0: none yet).
@@ -242,7 +245,6 @@ class Context:
         self.last_input_tokens = 0
         self.compactions = 0
         self.pruned_before = 0
-        self._tool_chars: tuple[tuple[str, ...], int] = ((), 0)
 
     # -- building ---------------------------------------------------------------------------
 
@@ -258,7 +260,7 @@ class Context:
             if entries[index][2] is not None:
                 last_mark = index
                 break
-        self.messages, self.seqs, self._sizes, self.chars = [], [], [], 0
+        self.messages, self.seqs, self.chars = [], [], 0
         if last_mark is not None:
             seq, summary, mark = entries[last_mark]
             assert mark is not None
@@ -278,31 +280,19 @@ class Context:
         self._add(seq, message)
 
     def _add(self, seq: int, message: Message) -> None:
-        size = message_chars(message)
         self.messages.append(message)
         self.seqs.append(seq)
-        self._sizes.append(size)
-        self.chars += size
+        self.chars += message_chars(message)
 
     def _replace(self, index: int, message: Message) -> None:
-        size = message_chars(message)
-        self.chars += size - self._sizes[index]
-        self._sizes[index] = size
+        self.chars += message_chars(message) - message_chars(self.messages[index])
         self.messages[index] = message
 
     # -- size -----------------------------------------------------------------------------------
 
     def request_chars(self, system: str | None, tools: Sequence[ToolSpec]) -> int:
         """The characters of a request with this context, the system prompt and these tools."""
-        names = tuple(tool.name for tool in tools)
-        if names != self._tool_chars[0]:
-            # Tool schemas change rarely; their size is measured again when the set changes.
-            chars = sum(
-                len(t.name) + len(t.description) + len(msgspec.json.encode(t.parameters)) + _MESSAGE_OVERHEAD
-                for t in tools
-            )
-            self._tool_chars = (names, chars)
-        return self.chars + len(system or "") + self._tool_chars[1]
+        return self.chars + len(system or "") + _tools_chars(tools)
 
     def tokens_for(self, chars: int) -> int:
         """A request of ``chars`` characters in estimated tokens (anchored on the last report)."""
@@ -400,7 +390,7 @@ class Context:
         last_boundary = None
         total = 0
         for index in range(len(self.messages) - 1, first, -1):
-            total += self._sizes[index]
+            total += message_chars(self.messages[index])
             if self.messages[index].role == "tool":
                 continue
             if last_boundary is None:
@@ -420,24 +410,27 @@ class Context:
         or tool results on the wire, so no provider's pairing rules apply),
         cut in the middle to ``model_chars`` characters when longer.
         """
-        limit = model_chars if model_chars is not None else int(self.budget * self.chars_per_token * 0.8)
-        transcript = _transcript(self.messages[:split], max(1000, limit))
         prompt = self.config.summary_prompt or SUMMARY_PROMPT
+        limit = model_chars if model_chars is not None else self.transcript_chars()
+        transcript = _transcript(self.messages[:split], max(_MIN_TRANSCRIPT_CHARS, limit))
         text = f"The conversation to summarize:\n\n{transcript}\n\nWrite the summary now."
         return ModelRequest(
             model="", messages=[Message(role="user", content=text)], system=prompt, purpose="compaction"
         )
 
+    def transcript_chars(self) -> int:
+        """How long a summary request's transcript may be: most of the budget, less the summary prompt."""
+        prompt = self.config.summary_prompt or SUMMARY_PROMPT
+        room = self.budget * self.chars_per_token - len(prompt) - _MESSAGE_OVERHEAD * 4
+        return max(_MIN_TRANSCRIPT_CHARS, int(room * 0.8))
+
     def apply_compaction(self, split: int, seq: int, summary: Message) -> None:
         """Replace the messages before ``split`` by ``summary`` (stored under ``seq``)."""
-        kept = list(zip(self.messages[split:], self.seqs[split:], self._sizes[split:], strict=True))
-        self.messages, self.seqs, self._sizes, self.chars = [], [], [], 0
+        kept = list(zip(self.messages[split:], self.seqs[split:], strict=True))
+        self.messages, self.seqs, self.chars = [], [], 0
         self._add(seq, summary)
-        for message, at, size in kept:
-            self.messages.append(message)
-            self.seqs.append(at)
-            self._sizes.append(size)
-            self.chars += size
+        for message, at in kept:
+            self._add(at, message)
         self.compactions += 1
 
     # -- introspection ------------------------------------------------------------------------------
@@ -458,6 +451,25 @@ class Context:
             compactions=self.compactions,
             pruned_before=self.pruned_before,
         )
+
+
+# The size of each tool set seen, by its names: schemas change rarely, and every agent
+# of a daemon offers one of a few sets. Bounded: cleared when it grows past the bound.
+_TOOL_SETS: dict[tuple[str, ...], int] = {}
+_TOOL_SETS_MAX: Final = 256
+
+
+def _tools_chars(tools: Sequence[ToolSpec]) -> int:
+    names = tuple(tool.name for tool in tools)
+    chars = _TOOL_SETS.get(names)
+    if chars is None:
+        chars = sum(
+            len(t.name) + len(t.description) + len(msgspec.json.encode(t.parameters)) + _MESSAGE_OVERHEAD for t in tools
+        )
+        if len(_TOOL_SETS) >= _TOOL_SETS_MAX:
+            _TOOL_SETS.clear()
+        _TOOL_SETS[names] = chars
+    return chars
 
 
 def _transcript(messages: Sequence[Message], limit: int) -> str:

@@ -349,6 +349,15 @@ def _show_event(event: dict[str, Any], out: Console, err: Console, streaming: bo
     elif topic == "agent.recovered":
         streaming = _end_line(out, streaming)
         err.print(f"[magenta]agent restarted by its supervisor (restart {data.get('restarts')})[/magenta]")
+    elif topic == "agent.compacted":
+        streaming = _end_line(out, streaming)
+        err.print(
+            f"[dim]context compacted ({data.get('reason')}): "
+            f"{data.get('tokens_before', 0):,} -> {data.get('tokens_after', 0):,} tokens[/dim]"
+        )
+    elif topic == "agent.compaction_failed":
+        streaming = _end_line(out, streaming)
+        err.print(f"compacting the context failed: {str(data.get('error', ''))[:200]}", style="yellow", markup=False)
     return streaming
 
 

@@ -352,6 +352,7 @@ class Sessions:
         self._supervisor = supervisor
         self._proxy = supervisor.proxy()
         self.gate = TurnGate(system, config.limits.max_concurrent_turns)
+        self._context = config.context.to_context_config()  # one frozen value for every agent
 
     # -- configuration -----------------------------------------------------------------
 
@@ -404,7 +405,7 @@ class Sessions:
                 max_depth=agent.sub_agent_depth,
                 debug_state=agent.debug_state,
                 sub_agent_timeout=agent.sub_agent_timeout,
-                context=self.config.context.to_context_config(),
+                context=self._context,
             ),
             runner=self.runner_config(),
             # Skills in ~/.weald/skills may be read by file tools too.

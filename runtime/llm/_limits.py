@@ -11,6 +11,7 @@ request as too long tells the agent the real window when it says it.
 
 from __future__ import annotations
 
+import functools
 from typing import Final, Literal
 
 import attrs
@@ -113,6 +114,13 @@ def model_limits(model: str, settings: ProviderSettings | None = None) -> ModelL
         window, at most 16,384 tokens.
     """
     window = settings.context_window if settings is not None else None
+    reserve = settings.output_reserve if settings is not None else None
+    return _limits(model, window, reserve)
+
+
+@functools.lru_cache(maxsize=256)
+def _limits(model: str, window: int | None, reserve: int | None) -> ModelLimits:
+    # Cached: every agent of a daemon asks, and the answer is a frozen value it may share.
     source: Literal["configured", "known", "default"] = "configured"
     if window is None:
         window = _known_window(model)
@@ -120,7 +128,6 @@ def model_limits(model: str, settings: ProviderSettings | None = None) -> ModelL
     if window is None:
         window = DEFAULT_CONTEXT_WINDOW
         source = "default"
-    reserve = settings.output_reserve if settings is not None else None
     if reserve is None:
         reserve = min(_MAX_DEFAULT_RESERVE, window // 4)
     return ModelLimits(context_window=window, output_reserve=min(reserve, window - 1), source=source)

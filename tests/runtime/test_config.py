@@ -822,7 +822,8 @@ def test_the_example_files_in_the_docs_load(tmp_path: Path) -> None:
     write(home / ".weald" / "weald.toml", home_text)
     write(project / "weald.toml", project_text)
     config = load_config(project, home=home, environ={})
-    assert config.resolve_model() == ModelChoice(spec="openai:qwen3", settings=config.providers["ollama"].to_settings())
+    ollama = attrs.evolve(config.providers["ollama"].to_settings(), context_window=32768)  # the alias's window
+    assert config.resolve_model() == ModelChoice(spec="openai:qwen3", settings=ollama)
     assert config.tools.timeouts == {"shell": 600.0}
     assert config.mcp.servers["docs"].enabled is False
     assert config.store.path == home / ".weald" / "store.db"

@@ -299,7 +299,7 @@ def test_a_step_refused_again_after_a_compaction_ends_the_turn_with_a_clear_erro
     result = h.run(agent, "two")
     assert not result.ok
     assert "does not fit its context window of 4096 tokens" in (result.error or "")
-    assert "compacted once already" in (result.error or "")
+    assert "compacted and the step sent again" in (result.error or "")
     assert wait_for_event(h.system.events, "agent.compacted").data["reason"] == "overflow"
 
 
