@@ -28,7 +28,10 @@ faults, and how often it was put to the test:
   inserts, then a kill -9;
 - blocking path: ``agent.start`` with FIFO, device, huge and missing scripts
   in bursts while another client times ``daemon.status`` (these three in
-  ``tests/reliability/rel_store.py``).
+  ``tests/reliability/rel_store.py``);
+- soak: agents with a small context window prompting continuously on a real
+  daemon; prompts, compactions, and the daemon's memory, which must level off
+  (the long version is ``benchmarks/bench_soak.py``).
 
 Each part checks the invariants of its test suite (``tests/reliability``,
 whose helpers it runs) and the report counts how many were checked and how
@@ -37,8 +40,8 @@ many held. The exit code is 1 if any did not hold.
 Run: ``python benchmarks/reliability.py [--schedules N] [--trees N] [--crash-cycles N]
 [--fuzz N] [--clients N] [--load-seconds S] [--flood-clients N] [--nofile N]
 [--line-connections N] [--line-mb MB] [--disk-full-rounds N] [--second-daemons N]
-[--blocking-rounds N] [--seed S]``, as root (the disk-full part mounts a tmpfs).
-The defaults take three to four minutes on a 2-core machine.
+[--blocking-rounds N] [--soak-agents N] [--soak-seconds S] [--seed S]``, as root (the disk-full
+part mounts a tmpfs). The defaults take four to five minutes on a 2-core machine.
 """
 
 from __future__ import annotations
@@ -69,6 +72,7 @@ from rel_crash import run_crash_cycles  # noqa: E402
 from rel_front import run_fd_flood, run_line_flood  # noqa: E402
 from rel_fuzz import FuzzClient  # noqa: E402
 from rel_load import run_load  # noqa: E402
+from rel_soak import run_soak  # noqa: E402
 from rel_store import run_blocking_paths, run_disk_full, run_second_daemons  # noqa: E402
 from rel_strategies import fuzz_methods, pings, raw_lines, seeds, tree_faults, trees, wrong_requests  # noqa: E402
 from rel_trees import run_tree_chaos  # noqa: E402
@@ -202,6 +206,8 @@ def main() -> int:
     parser.add_argument("--disk-full-rounds", type=int, default=5, help="times the store's disk is filled and freed")
     parser.add_argument("--second-daemons", type=int, default=20, help="daemons started on a store in use")
     parser.add_argument("--blocking-rounds", type=int, default=10, help="bursts of agent.start with bad scripts")
+    parser.add_argument("--soak-agents", type=int, default=20, help="agents prompting continuously in the soak")
+    parser.add_argument("--soak-seconds", type=float, default=60.0, help="how long the soak lasts")
     parser.add_argument("--seed", type=int, default=2025, help="the seed everything derives from")
     args = parser.parse_args()
     warnings.simplefilter("ignore")  # hypothesis outside pytest warns about its database and settings
@@ -253,6 +259,12 @@ def main() -> int:
             resources[part] = run(root / part.replace(" ", "-"))
             tally.add(part, resources[part].checks)
             timings[part] = time.monotonic() - started
+        started = time.monotonic()
+        soak = run_soak(
+            root / "soak", agents=args.soak_agents, seconds=args.soak_seconds, interval=args.soak_seconds / 12
+        )
+        tally.add("soak", soak.checks)
+        timings["soak"] = time.monotonic() - started
 
     table = Table(title="weald reliability report", show_lines=False)
     table.add_column("part")
@@ -319,6 +331,11 @@ def main() -> int:
     for part, report in resources.items():
         for i, (figure, value) in enumerate(report.figures.items()):
             table.add_row(part if i == 0 else "", figure, str(value))
+    table.add_row("soak", "agents / seconds (window, tokens)", f"{soak.agents} / {soak.seconds:.0f} ({soak.window:,})")
+    table.add_row("", "prompts answered ok / failed", f"{soak.prompts} / {soak.failed}")
+    table.add_row("", "compactions (largest context, tokens)", f"{soak.compactions} ({soak.largest_context:,})")
+    first, second = soak.growth()
+    table.add_row("", "RSS MB added, first half / second half", f"{first:.1f} / {second:.1f}")
     checked = sum(tally.checked.values())
     held = sum(tally.held.values())
     table.add_row("all", "invariants checked / held", f"{checked} / {held}")

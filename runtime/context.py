@@ -399,8 +399,11 @@ class Context:
                 break
             best = index
         split = best if best is not None else last_boundary
-        if split is None or not any(m.role == "assistant" for m in self.messages[first:split]):
-            return None  # no finished step before the cut (only a prompt, or the last summary): nothing to do
+        if split is None:
+            return None
+        older = self.messages[first:split]
+        if len(older) < 2 and not any(m.role == "assistant" for m in older):
+            return None  # only one prompt (or only the last summary) before the cut: nothing worth a summary
         return split
 
     def compaction_request(self, split: int, *, model_chars: int | None = None) -> ModelRequest:

@@ -15,7 +15,8 @@ call); ``delay``, seconds to wait before answering (a cancellable
 ``trio.sleep``); ``stop_reason`` (default ``"tool_use"`` when the turn calls
 tools, ``"end_turn"`` otherwise); or ``error``, a ``status`` and ``message``
 raised as the error an HTTP provider raises for that status. Unknown fields
-are errors, so a typo does not pass silently.
+are errors, so a typo does not pass silently. With ``"repeat": true`` at the
+top level, the turns start over after the last one (for soak runs).
 
 Everything is deterministic: text comes as at most four ``TextDelta``
 chunks, tool call ids are ``call_<turn>_<n>`` (both counted from 0), and
@@ -114,6 +115,7 @@ class _Script(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     turns: list[_ScriptTurn]
     summary: str | None = None
     summary_delay: Annotated[float, msgspec.Meta(ge=0)] = 0.0
+    repeat: bool = False
 
 
 def _tokens(chars: int) -> int:
@@ -185,6 +187,7 @@ class ScriptedProvider:
         self._source = source
         self._summary: str | None = None
         self._summary_delay = 0.0
+        self._repeat = False
         self.settings = settings if settings is not None else ProviderSettings()
         self.faults = faults
         self.requests: collections.deque[ModelRequest] = collections.deque(maxlen=REQUESTS_KEPT)
@@ -245,6 +248,7 @@ class ScriptedProvider:
         provider = cls(script.turns, source=source, start_position=start_position, settings=settings, faults=faults)
         provider._summary = script.summary
         provider._summary_delay = script.summary_delay
+        provider._repeat = script.repeat and bool(script.turns)
         return provider
 
     @classmethod
@@ -300,12 +304,13 @@ class ScriptedProvider:
         """Make the next model call get turn ``position``.
 
         Args:
-            position: 0 to ``turn_count`` (the latter meaning "exhausted").
+            position: 0 to ``turn_count`` (the latter meaning "exhausted");
+                any position from 0 for a script that repeats.
 
         Raises:
             ValueError: ``position`` is out of that range.
         """
-        if not 0 <= position <= len(self._turns):
+        if position < 0 or (position > len(self._turns) and not self._repeat):
             raise ValueError(f"script {self._source} has {len(self._turns)} turns; position {position} is out of range")
         self._position = position
 
@@ -346,11 +351,11 @@ class ScriptedProvider:
             yield Completed(message=Message(role="assistant", content=summary), usage=usage, stop_reason="end_turn")
             return
         index = self._position
-        if index >= len(self._turns):
+        if index >= len(self._turns) and not self._repeat:
             raise ScriptExhausted(
                 f"script {self._source} has {len(self._turns)} turns; model call {index + 1} has none"
             )
-        turn = self._turns[index]
+        turn = self._turns[index % len(self._turns)]
         self.requests.append(request)
         await self._inject_fault(model)
         # The turn is spent from here on, even if this call is cancelled.

@@ -152,3 +152,12 @@ async def test_the_scripted_model_answers_a_compaction_with_a_summary_and_keeps_
     assert model.position == 0
     fixed = ScriptedProvider.from_dict({"turns": [], "summary": "They fixed the bug."})
     assert (await collect(fixed, request))[-1].message.content == "They fixed the bug."
+
+
+@pytest.mark.trio
+async def test_a_repeating_script_starts_over_and_can_be_resumed_past_its_end() -> None:
+    model = ScriptedProvider.from_dict({"turns": [{"text": "one"}, {"text": "two"}], "repeat": True})
+    texts = [(await collect(model, REQUEST))[-1].message.content for _ in range(5)]
+    assert texts == ["one", "two", "one", "two", "one"]
+    model.seek(7)  # where a restarted agent resumes
+    assert (await collect(model, REQUEST))[-1].message.content == "two"

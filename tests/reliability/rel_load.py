@@ -17,8 +17,9 @@ disconnects, and connects again, until the time is up. Then:
   baseline. The baseline is taken the same way after a short warm-up with
   the same load, so that it includes what serving allocates once and keeps
   (sqlite's page caches, the allocator's arenas, the bus's ring of events).
-  What the load leaves behind on purpose, the agents' histories (kept in
-  memory: thousands of prompts and answers), is well inside the tolerance.
+  What the load leaves behind on purpose, the agents' contexts (in memory,
+  bounded by their model's window: the histories themselves are in the
+  store), is well inside the tolerance.
 
 The requests per second are measured and reported, not asserted.
 """

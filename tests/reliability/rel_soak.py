@@ -56,9 +56,11 @@ class SoakReport:
         return middle - start, end - middle
 
 
-def _script(path: Path, turns: int) -> None:
-    answers = [{"text": f"Noted, item {i}."} for i in range(turns)]
-    path.write_text(json.dumps({"turns": answers}))
+def _script(path: Path, *, seconds: float, repeat: bool) -> None:
+    """One short answer a turn; a weald that predates ``repeat`` gets enough turns instead."""
+    count = 100 if repeat else int(seconds * 20) + 200
+    answers = [{"text": f"Noted, item {i}."} for i in range(count)]
+    path.write_text(json.dumps({"turns": answers, "repeat": True} if repeat else {"turns": answers}))
 
 
 def run_soak(
@@ -75,7 +77,7 @@ def run_soak(
     """Run the soak; ``windowless`` writes a config older weald understands (no window: 128k by default)."""
     root.mkdir(parents=True, exist_ok=True)
     script = root / "soak.json"
-    _script(script, int(seconds * 4) + 200)
+    _script(script, seconds=seconds, repeat=not windowless)
     alias = (
         f'[models.aliases]\nsoak = "scripted:{script}"\n'
         if windowless

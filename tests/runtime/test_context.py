@@ -193,10 +193,16 @@ def test_a_compaction_cut_keeps_whole_steps_and_summarizes_the_rest_as_a_transcr
     assert is_summary(context.messages[0])
     assert context.seqs[0] == 99
     assert context.seqs[1] == first_kept
-    # Summary plus the last step alone: nothing more to summarize.
+    # A prompt and its answer: nothing worth a summary.
     lone = Context(ModelLimits(4_000, 1_000))
     lone.append(0, Message(role="user", content="hi"))
+    lone.append(1, Message(role="assistant", content="hello"))
     assert lone.compaction_split() is None
+    # Prompts whose turns all failed (no answer at all) are compacted too, or they would pile up.
+    failed = Context(ModelLimits(4_000, 1_000))
+    for i in range(3):
+        failed.append(i, Message(role="user", content=f"prompt {i} " + "f" * 2_000))
+    assert failed.compaction_split() == 2
 
 
 def test_the_context_is_rebuilt_from_the_last_compaction_mark() -> None:
