@@ -324,10 +324,10 @@ def test_an_alias_table_states_its_models_window_and_strings_still_work() -> Non
     assert config.resolve_model("big") == ModelChoice(spec="openai:gpt-4.1")
     assert config.resolve_model("fast") == ModelChoice(spec="openai:gpt-4.1-mini")
     # `weald config show` writes an alias with a window back as a table.
-    shown = config.to_dict()["models"]["aliases"]
+    shown = config_to_dict(config)["models"]["aliases"]
     assert shown["local"] == {"model": "llama:smol", "context_window": 2048, "output_reserve": 256}
     assert shown["fast"] == "openai:gpt-4.1-mini"
-    assert Config.from_dict(config.to_dict()) == config
+    assert config_from_dict(config_to_dict(config)) == config
 
 
 def test_alias_tables_and_the_context_section_report_bad_values_with_their_paths() -> None:
