@@ -71,27 +71,18 @@ def main() -> None:
     console = Console(width=140, highlight=False)
     console.print(f"load: {os.getloadavg()[0]:.1f} {os.getloadavg()[1]:.1f} {os.getloadavg()[2]:.1f}")
     runs: list[tuple[str, SoakReport]] = []
+    common = {
+        "agents": args.agents,
+        "seconds": args.seconds,
+        "interval": args.interval,
+        "prompt_chars": args.prompt_chars,
+    }
     with tempfile.TemporaryDirectory(prefix="weald-soak-") as tmp:
         if args.baseline:
-            report = run_soak(
-                Path(tmp) / "baseline",
-                agents=args.agents,
-                seconds=args.seconds,
-                interval=args.interval,
-                prompt_chars=args.prompt_chars,
-                python_path=args.baseline,
-                windowless=True,
-            )
-            runs.append((f"baseline ({args.baseline})", report))
-        report = run_soak(
-            Path(tmp) / "now",
-            agents=args.agents,
-            seconds=args.seconds,
-            window=args.window,
-            interval=args.interval,
-            prompt_chars=args.prompt_chars,
-        )
-        runs.append((f"this checkout, window {args.window:,} tokens", report))
+            baseline = run_soak(Path(tmp) / "baseline", python_path=args.baseline, windowless=True, **common)
+            runs.append((f"baseline ({args.baseline})", baseline))
+        now = run_soak(Path(tmp) / "now", window=args.window, **common)
+        runs.append((f"this checkout, window {args.window:,} tokens", now))
     for title, report in runs:
         console.print(curve(title, report))
         console.print(halves(report))

@@ -748,23 +748,9 @@ class Store:
         """`items` for trio code."""
         return await trio.to_thread.run_sync(lambda: self.items(namespace, prefix, type=type))
 
-    async def aitems_range(
-        self,
-        namespace: str,
-        prefix: str,
-        *,
-        start: str | None = None,
-        stop: str | None = None,
-        limit: int | None = None,
-        newest_first: bool = False,
-        type: Any = None,
-    ) -> list[tuple[str, Any]]:
-        """`items_range` for trio code."""
-        return await trio.to_thread.run_sync(
-            lambda: self.items_range(
-                namespace, prefix, start=start, stop=stop, limit=limit, newest_first=newest_first, type=type
-            )
-        )
+    async def aitems_range(self, namespace: str, prefix: str, **options: Any) -> list[tuple[str, Any]]:
+        """`items_range` for trio code (the same keyword options)."""
+        return await trio.to_thread.run_sync(lambda: self.items_range(namespace, prefix, **options))
 
     async def awrite_batch(
         self, namespace: str, puts: Mapping[str, Any] | None = None, deletes: Iterable[str] = ()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from daemon_harness import DaemonProcess, collect_until
@@ -72,29 +73,32 @@ def test_weald_run_streams_a_turn_from_the_local_server_with_usage(tmp_path: Pat
         d.close()
 
 
-def long_answers(server: LlamaServer) -> None:
+def long_answers(daemons: list[DaemonProcess], root: Path, server: LlamaServer) -> DaemonProcess:
+    """The server, answering at length, and a daemon using it."""
     server.n_predict = 1500  # long enough that a turn is still streaming when the test acts
+    server.start()
+    return start(daemons, root, server)
 
 
-def first_delta(c: Client, agent_id: str) -> None:
+def streaming_prompt(c: Client, d: DaemonProcess, agent_id: str) -> Any:
+    """Start an agent, prompt it, and return the pending ``agent.prompt`` once its answer streams."""
+    c.call("agent.start", {"working_dir": str(d.project), "agent_id": agent_id})
     c.call("events.subscribe", {"agent_id": agent_id, "topics": ["agent.message_delta"]})
+    pending = c.request("agent.prompt", {"agent_id": agent_id, "text": "Tell me a very long story about a river."})
     collect_until(
         c,
         lambda notes: any(n[0] == "event" and n[1]["event"]["topic"] == "agent.message_delta" for n in notes),
         timeout=120,
     )
+    return pending
 
 
 def test_agent_abort_cancels_the_stream_and_the_server_stops_generating(
     tmp_path: Path, llama: LlamaServer, daemon_for: list[DaemonProcess]
 ) -> None:
-    long_answers(llama)
-    llama.start()
-    d = start(daemon_for, tmp_path, llama)
+    d = long_answers(daemon_for, tmp_path, llama)
     with d.client() as c:
-        c.call("agent.start", {"working_dir": str(d.project), "agent_id": "ab"})
-        pending = c.request("agent.prompt", {"agent_id": "ab", "text": "Tell me a very long story about a lighthouse."})
-        first_delta(c, "ab")
+        pending = streaming_prompt(c, d, "ab")
         assert c.call("agent.abort", {"agent_id": "ab"}) == {"aborted": True}
         result = pending.get(timeout=30)
         assert result["aborted"]
@@ -106,13 +110,9 @@ def test_agent_abort_cancels_the_stream_and_the_server_stops_generating(
 def test_a_server_killed_mid_stream_ends_the_turn_clearly_and_a_later_turn_is_retried_until_it_is_back(
     tmp_path: Path, llama: LlamaServer, daemon_for: list[DaemonProcess]
 ) -> None:
-    long_answers(llama)
-    llama.start()
-    d = start(daemon_for, tmp_path, llama)
+    d = long_answers(daemon_for, tmp_path, llama)
     with d.client() as c:
-        c.call("agent.start", {"working_dir": str(d.project), "agent_id": "kill"})
-        pending = c.request("agent.prompt", {"agent_id": "kill", "text": "Tell me a very long story about a river."})
-        first_delta(c, "kill")
+        pending = streaming_prompt(c, d, "kill")
         llama.kill()
         result = pending.get(timeout=60)
         assert not result["ok"]
