@@ -137,14 +137,14 @@ def test_a_server_killed_mid_stream_ends_the_turn_clearly_and_a_later_turn_is_re
 def test_a_conversation_over_the_servers_context_size_is_compacted_and_the_step_sent_again(
     tmp_path: Path, daemon_for: list[DaemonProcess]
 ) -> None:
-    llama = LlamaServer(tmp_path, ctx_size=512, n_predict=16, tools=False).start()
+    llama = LlamaServer(tmp_path, ctx_size=256, n_predict=16, tools=False).start()
     try:
         # No window configured: the agent assumes 128,000 tokens until the server says otherwise.
         d = start(daemon_for, tmp_path, llama)
         with d.client() as c:
             c.call("agent.start", {"working_dir": str(d.project), "agent_id": "ctx"})
-            # About 270 tokens a prompt: the second turn's request outgrows the 512 the server holds.
-            notes = ("The meeting notes say the bridge opens at nine and closes at five. " * 20)[:1200]
+            # About 140 tokens a prompt: the second turn's request outgrows the 256 the server holds.
+            notes = ("The meeting notes say the bridge opens at nine and closes at five. " * 10)[:600]
             compacted = None
             for i in range(4):
                 result = c.call("agent.prompt", {"agent_id": "ctx", "text": f"Note {i}: {notes}"}, timeout=180)
@@ -156,9 +156,9 @@ def test_a_conversation_over_the_servers_context_size_is_compacted_and_the_step_
             assert compacted is not None, "the conversation never outgrew the server's context"
             assert compacted["data"]["reason"] == "overflow"
             overflow = next(e for e in events if e["topic"] == "agent.context_overflow")
-            assert overflow["data"]["limit"] == 512
+            assert overflow["data"]["limit"] == 256
             context = c.call("debug_state", {"agent_id": "ctx"})["context"]
-            assert (context["context_window"], context["window_source"]) == (512, "server")
+            assert (context["context_window"], context["window_source"]) == (256, "server")
             assert context["summarized"]
             history = c.call("agent.history", {"agent_id": "ctx"})["messages"]
             assert [m["compaction"]["reason"] for m in history if "compaction" in m] == ["overflow"]
