@@ -59,18 +59,16 @@ def start(daemons: list[DaemonProcess], root: Path, server: LlamaServer) -> Daem
 
 def test_weald_run_streams_a_turn_from_the_local_server_with_usage(tmp_path: Path, llama: LlamaServer) -> None:
     llama.start()
-    d = DaemonProcess(tmp_path / "daemon", extra_config=config(llama))
-    try:
-        # No daemon running: weald run starts one in its own process, as a user's first run does.
-        done = d.cli("run", "Say hello to the reader.", "--json", timeout=180)
-        assert done.returncode == 0, done.stderr
-        result = json.loads(done.stdout)
-        assert result["ok"]
-        assert result["text"]
-        assert result["usage"]["input_tokens"] + result["usage"]["cache_read_tokens"] > 5
-        assert 0 < result["usage"]["output_tokens"] <= 16
-    finally:
-        d.close()
+    d = DaemonProcess(tmp_path / "daemon", extra_config=config(llama))  # its config only: no daemon is started
+    # No daemon running: weald run starts one in its own process, as a user's first run does.
+    done = d.cli("run", "Say hello to the reader.", "--json", timeout=180)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["ok"]
+    assert result["text"]
+    assert result["usage"]["input_tokens"] + result["usage"]["cache_read_tokens"] > 5
+    assert 0 < result["usage"]["output_tokens"] <= 16
+    assert "blocking call on the trio loop thread" not in done.stderr
 
 
 def long_answers(daemons: list[DaemonProcess], root: Path, server: LlamaServer) -> DaemonProcess:
