@@ -75,6 +75,9 @@ _SUMMARY_HEADER: Final = (
 # Characters counted per message on top of its text: role and framing tokens.
 _MESSAGE_OVERHEAD: Final = 16
 
+# What an image is counted as: about what providers bill for a small one (~100 tokens).
+_IMAGE_CHARS: Final = 400
+
 # A tool result shorter than this is never pruned: its stub would not be much shorter.
 _PRUNE_MIN_CHARS: Final = 400
 
@@ -177,11 +180,13 @@ class ContextStats(msgspec.Struct, frozen=True, kw_only=True):
 def pruned_stub(message: Message, seq: int) -> Message:
     """A tool result with its body replaced by a stub that says how to get it back."""
     what = f"{message.name} output" if message.name else "tool output"
+    if message.images:
+        what += f" and its {len(message.images)} image(s)"
     text = (
         f"[{what} pruned from the context ({len(message.content)} characters) to save space; it is kept in full: "
         f'call recall with {{"seq": {seq}}} to read it again]'
     )
-    return msgspec.structs.replace(message, content=text)
+    return msgspec.structs.replace(message, content=text, images=[])
 
 
 def summary_message(text: str) -> Message:
@@ -195,8 +200,8 @@ def is_summary(message: Message) -> bool:
 
 
 def message_chars(message: Message) -> int:
-    """The characters a message adds to a request, framing included."""
-    chars = len(message.content) + _MESSAGE_OVERHEAD
+    """The characters a message adds to a request, framing included (an image counts as `_IMAGE_CHARS`)."""
+    chars = len(message.content) + _MESSAGE_OVERHEAD + len(message.images) * _IMAGE_CHARS
     for call in message.tool_calls:  # most messages have none
         chars += len(call.name) + len(call.raw_arguments) + _MESSAGE_OVERHEAD
     return chars
@@ -369,7 +374,8 @@ class Context:
         for index in range(min(end, len(self.messages))):
             message = self.messages[index]
             at = self.seqs[index]
-            if message.role == "tool" and self.pruned_before <= at < seq and len(message.content) >= _PRUNE_MIN_CHARS:
+            big = len(message.content) >= _PRUNE_MIN_CHARS or message.images
+            if message.role == "tool" and self.pruned_before <= at < seq and big:
                 self._replace(index, pruned_stub(message, at))
                 pruned += 1
         self.pruned_before = seq

@@ -11,10 +11,19 @@ import pytest
 from test_agent import FLAGS, REG, Harness
 from weald.runtime import ActorSystem, Ref
 from weald.runtime.agent import AgentRecord, HistoryEntry, load_history
-from weald.runtime.context import CompactionMark, Context, ContextConfig, is_summary, pruned_stub, summary_message
+from weald.runtime.context import (
+    CompactionMark,
+    Context,
+    ContextConfig,
+    is_summary,
+    message_chars,
+    pruned_stub,
+    summary_message,
+)
 from weald.runtime.llm import (
     Completed,
     ContextLengthExceeded,
+    Image,
     Message,
     ModelLimits,
     ModelRequest,
@@ -233,6 +242,21 @@ def test_the_context_is_rebuilt_from_the_last_compaction_mark() -> None:
     plain = Context(ModelLimits(10_000, 1_000))
     plain.load(entries[:3])
     assert [m.content for m in plain.messages] == ["one", "first", "two"]
+
+
+def test_an_image_in_a_tool_result_counts_and_is_pruned_with_its_text() -> None:
+    screenshot = Image(mime_type="image/png", data="iVBORw0KGgo=")
+    shot = Message(role="tool", content="a screenshot", tool_call_id="c0", name="browser", images=[screenshot])
+    assert message_chars(shot) == message_chars(tool_result("a screenshot", "c0")) + 400
+    context = Context(ModelLimits(10_000, 1_000), ContextConfig(keep_tool_results=1))
+    context.append(0, Message(role="user", content="look"))
+    context.append(1, assistant("first", "c0"))
+    context.append(2, shot)
+    context.append(3, assistant("second", "c1"))
+    assert context.prune() == 1  # short text, but an image: worth pruning
+    stub = context.messages[2]
+    assert (stub.images, stub.tool_call_id) == ([], "c0")
+    assert stub.content.startswith("[browser output and its 1 image(s) pruned")
 
 
 def test_a_pruned_stub_keeps_the_call_it_answers() -> None:
