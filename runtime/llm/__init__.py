@@ -17,6 +17,12 @@ Completions server: OpenAI, vLLM, llama.cpp, Ollama, LM Studio, OpenRouter),
 (replays a JSON script, for tests and demos). :func:`make_provider` builds one
 from a ``provider:model`` spec and :class:`ProviderSettings`.
 
+Record and replay: a :class:`Recorder` wraps any provider
+(:class:`RecordingProvider`) and writes each answer, with digests of the
+request it answered, to a file in the scripted format; ``scripted:FILE``
+replays it and raises :class:`ReplayDivergence` at the first request that
+differs from the recorded one (or reports it to ``on_divergence``).
+
 The HTTP providers retry 429, 500-599, connection failures and response
 timeouts with exponential backoff and jitter, honouring ``Retry-After``, but
 only before the first event has been yielded; they fail with
@@ -59,6 +65,8 @@ from ._exceptions import (
     ProviderHTTPError,
     ProviderTimeout,
     RateLimitError,
+    RecordingError,
+    ReplayDivergence,
     ScriptError,
     ScriptExhausted,
     ServerError,
@@ -77,6 +85,7 @@ from ._faults import (
 )
 from ._limits import DEFAULT_CONTEXT_WINDOW, KNOWN_CONTEXT_WINDOWS, ModelLimits, model_limits
 from ._openai import OpenAIProvider
+from ._recording import MAX_RECORDING_BYTES, Recorder, RecordingProvider
 from ._scripted import MAX_SCRIPT_BYTES, ScriptedProvider
 from ._settings import ProviderSettings
 from ._sse import SSEDecoder, SSEEvent
@@ -99,6 +108,7 @@ from ._types import (
 __all__ = [
     "DEFAULT_CONTEXT_WINDOW",
     "KNOWN_CONTEXT_WINDOWS",
+    "MAX_RECORDING_BYTES",
     "MAX_SCRIPT_BYTES",
     "PROVIDERS",
     "AnthropicProvider",
@@ -128,6 +138,10 @@ __all__ = [
     "ProviderSettings",
     "ProviderTimeout",
     "RateLimitError",
+    "Recorder",
+    "RecordingError",
+    "RecordingProvider",
+    "ReplayDivergence",
     "Role",
     "SSEDecoder",
     "SSEEvent",

@@ -20,9 +20,11 @@ Every error a provider raises is a :class:`ProviderError`; cancellation
     │   └── StallTimeout            the stream went silent for ``stall_timeout``
     ├── MalformedResponseError      the server sent something we cannot parse
     ├── StreamError                 the server reported an error inside the stream
-    └── ScriptError                 the scripted provider cannot go on
-        ├── MalformedScriptError    the script file is not valid
-        └── ScriptExhausted         a model call found no turn left
+    ├── ScriptError                 the scripted provider cannot go on
+    │   ├── MalformedScriptError    the script file is not valid
+    │   ├── ScriptExhausted         a model call found no turn left
+    │   └── ReplayDivergence        a replayed request differs from the recorded one
+    └── RecordingError              a recording cannot be written
 
 ``retryable`` tells whether the HTTP providers retry the error by themselves
 (they do so only before the first stream event has been yielded); when an
@@ -51,6 +53,8 @@ __all__ = [
     "ProviderHTTPError",
     "ProviderTimeout",
     "RateLimitError",
+    "RecordingError",
+    "ReplayDivergence",
     "ScriptError",
     "ScriptExhausted",
     "ServerError",
@@ -222,3 +226,24 @@ class MalformedScriptError(ScriptError):
 
 class ScriptExhausted(ScriptError):
     """A model call found no turn left in the script."""
+
+
+class ReplayDivergence(ScriptError):
+    """A replayed request differs from the one the recording answered.
+
+    Attributes:
+        step: The model call, counted from 1 (``turns[step - 1]`` of the recording).
+        part: What differs first: ``"system"``, ``"tools"`` or ``"messages"``.
+        message_index: For ``"messages"``, the number of the first message
+            that differs, counted from 1; None otherwise.
+    """
+
+    def __init__(self, message: str, *, step: int, part: str, message_index: int | None = None) -> None:
+        super().__init__(message)
+        self.step = step
+        self.part = part
+        self.message_index = message_index
+
+
+class RecordingError(ProviderError):
+    """A model response could not be added to its recording (the file cannot be written, or is full)."""

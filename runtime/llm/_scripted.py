@@ -11,25 +11,39 @@ A script is a list of turns, one per model call::
 
 Each turn may have ``text``; ``tool_calls``, each a ``name`` and
 ``arguments`` (an object, or a string sent as is, to script a malformed
-call); ``delay``, seconds to wait before answering (a cancellable
-``trio.sleep``); ``stop_reason`` (default ``"tool_use"`` when the turn calls
-tools, ``"end_turn"`` otherwise); or ``error``, a ``status`` and ``message``
-raised as the error an HTTP provider raises for that status. Unknown fields
-are errors, so a typo does not pass silently. With ``"repeat": true`` at the
-top level, the turns start over after the last one (for soak runs).
+call), and optionally an ``id``; ``delay``, seconds to wait before answering
+(a cancellable ``trio.sleep``); ``stop_reason`` (default ``"tool_use"`` when
+the turn calls tools, ``"end_turn"`` otherwise); ``usage``, the token
+counts to report; or ``error``, a ``status`` and ``message`` raised as the
+error an HTTP provider raises for that status. Unknown fields are errors, so
+a typo does not pass silently. With ``"repeat": true`` at the top level, the
+turns start over after the last one (for soak runs).
 
 Everything is deterministic: text comes as at most four ``TextDelta``
-chunks, tool call ids are ``call_<turn>_<n>`` (both counted from 0), and
-usage is estimated as one token per four characters.
+chunks, tool call ids are ``call_<turn>_<n>`` (both counted from 0) unless
+given, and usage, unless given, is estimated as one token per four
+characters.
 
 Two things answer without spending a turn. A compaction request (an agent
 asking for a summary of its conversation, ``purpose="compaction"``) gets a
 summary of its own: the script's ``summary`` text if it has one, else the
 first and last lines of the conversation it was given, at most 600
-characters; after the script's ``summary_delay`` seconds, if any. And with ``settings.context_window`` set, a
-request estimated larger than that window fails as a real server's would
-(``ContextLengthExceeded``, in OpenAI's words), so that the script's turn is
-still there for the retry.
+characters; after the script's ``summary_delay`` seconds, if any. And with
+``settings.context_window`` set, a request estimated larger than that window
+fails as a real server's would (``ContextLengthExceeded``, in OpenAI's
+words), so that the script's turn is still there for the retry.
+
+A recording (``weald run --record FILE``, see ``_recording``) is a script
+with more: each turn also has ``request``, the digests of the request it
+answered (``_digest``), and the provider checks the request it is sent
+against them before answering. A request that differs raises
+:class:`ReplayDivergence`, saying what differs first, instead of answering a
+conversation the recording never had; or, with ``on_divergence`` set (a
+replay under fault injection, which is expected to diverge), reports it
+there and answers as recorded. A recorded ``error`` has a ``kind`` saying
+which error the real provider raised; a turn ``cancelled`` in the recording
+(an abort while the model streamed) streams its text and then waits, as the
+model did, until it is cancelled again or ``stall_timeout`` passes.
 """
 
 from __future__ import annotations
@@ -37,19 +51,26 @@ from __future__ import annotations
 import collections
 import math
 import os
-from collections.abc import AsyncGenerator, Mapping, Sequence
-from typing import Annotated
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
+from typing import Annotated, Literal
 
 import msgspec
 import trio
 from weald.runtime._errors import UnreadableFileError
 from weald.runtime._files import read_regular_file
 
+from ._digest import RequestDigest, RequestDigester, describe_divergence
 from ._exceptions import (
     MalformedResponseError,
     MalformedScriptError,
+    ProviderConnectionError,
+    ProviderError,
+    ProviderHTTPError,
+    ProviderTimeout,
+    ReplayDivergence,
     ScriptExhausted,
     StallTimeout,
+    StreamError,
 )
 from ._faults import (
     FaultHook,
@@ -93,29 +114,99 @@ _IMAGE_TOKENS = 100
 _SUMMARY_CHARS = 600
 
 
-class _ScriptToolCall(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+_Count = Annotated[int, msgspec.Meta(ge=0)]
+
+
+class _ScriptToolCall(msgspec.Struct, forbid_unknown_fields=True, frozen=True, omit_defaults=True):
     name: str
     arguments: dict[str, object] | str = {}
+    id: str | None = None
 
 
-class _ScriptError(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+# How a scripted error is raised: "status" maps the status as an HTTP
+# provider would, with the message as the server's words; the others replay
+# a recorded error as the real provider raised it, message and all.
+ErrorKind = Literal["status", "http", "connection", "timeout", "stall", "malformed", "stream", "other"]
+
+
+class _ScriptError(msgspec.Struct, forbid_unknown_fields=True, frozen=True, omit_defaults=True):
     status: Annotated[int, msgspec.Meta(ge=100, le=599)] = 500
     message: str = "scripted provider error"
+    kind: ErrorKind = "status"
 
 
-class _ScriptTurn(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+class _ScriptUsage(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    input_tokens: _Count = 0
+    output_tokens: _Count = 0
+    cache_read_tokens: _Count = 0
+    cache_write_tokens: _Count = 0
+
+
+class _ScriptRequest(msgspec.Struct, forbid_unknown_fields=True, frozen=True, omit_defaults=True):
+    """The digests of the request a recorded turn answered, each relative to the turn before.
+
+    ``same`` messages at the start are the previous turn's first ``same``;
+    ``messages`` are the digests of the rest. ``tools`` is None when the tool
+    list is the previous turn's.
+    """
+
+    hash: str
+    system: str
+    tools: dict[str, str] | None = None
+    same: _Count = 0
+    messages: list[str] = []
+
+
+class _ScriptTurn(msgspec.Struct, forbid_unknown_fields=True, frozen=True, omit_defaults=True):
     text: str = ""
     tool_calls: list[_ScriptToolCall] = []
     delay: Annotated[float, msgspec.Meta(ge=0)] = 0.0
     stop_reason: str | None = None
+    usage: _ScriptUsage | None = None
     error: _ScriptError | None = None
+    cancelled: bool = False
+    request: _ScriptRequest | None = None
 
 
-class _Script(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+class _Script(msgspec.Struct, forbid_unknown_fields=True, frozen=True, omit_defaults=True):
     turns: list[_ScriptTurn]
     summary: str | None = None
     summary_delay: Annotated[float, msgspec.Meta(ge=0)] = 0.0
     repeat: bool = False
+    recorded_from: str | None = None
+
+
+def _expected_requests(turns: Sequence[_ScriptTurn], source: str) -> list[RequestDigest | None]:
+    """Each turn's recorded request digests, resolved against the turn before.
+
+    Raises:
+        MalformedScriptError: a turn refers to a previous request that is not
+            there, or its hash does not match its digests (an edited recording).
+    """
+    expected: list[RequestDigest | None] = []
+    previous: RequestDigest | None = None
+    for index, turn in enumerate(turns):
+        request = turn.request
+        if request is None:
+            expected.append(None)
+            previous = None
+            continue
+        where = f"script {source}: turns[{index}].request"
+        if (request.same or request.tools is None) and previous is None:
+            msg = f"{where} refers to the request of the turn before, which has none"
+            raise MalformedScriptError(msg)
+        if previous is not None and request.same > len(previous.messages):
+            msg = f"{where}.same is {request.same}, but the turn before had {len(previous.messages)} messages"
+            raise MalformedScriptError(msg)
+        tools = request.tools if request.tools is not None else previous.tools if previous is not None else {}
+        kept = previous.messages[: request.same] if previous is not None else ()
+        digest = RequestDigest.of(request.system, tools, [*kept, *request.messages])
+        if digest.hash != request.hash:
+            msg = f"{where}.hash does not match its digests (was the recording edited?)"
+            raise MalformedScriptError(msg)
+        expected.append(digest)
+        previous = digest
+    return expected
 
 
 def _tokens(chars: int) -> int:
@@ -162,13 +253,25 @@ class ScriptedProvider:
     crash continues the script where it was: pass ``start_position`` or call
     :meth:`seek`.
 
+    Turns that carry a recorded ``request`` are checked against the request
+    sent (after fault injection, before the turn is spent): see the module's
+    docstring.
+
     Attributes:
         faults: The fault hook consulted before each model call, or None.
             Faults are not retried here; see ``weald.runtime.llm.FaultHook``.
-        settings: Only ``stall_timeout`` matters, for ``TimeoutFault``.
         requests: The last `REQUESTS_KEPT` model calls it was sent, oldest
             first, as they came (messages, their images, the tools offered):
             what a test checks the model was shown.
+        settings: Only ``stall_timeout`` matters, for ``TimeoutFault`` and
+            for a recorded turn that was cancelled.
+        on_divergence: None: a request that differs from the recorded one
+            raises `ReplayDivergence`. A callable: it is given the
+            `ReplayDivergence` instead (once for each new place the replay
+            differs; later steps that differ only in the same message are
+            not reported again), and the recorded turn is answered as if the
+            request had matched. It runs on the task that iterates the
+            stream and must not block.
     """
 
     name = "scripted"
@@ -188,9 +291,13 @@ class ScriptedProvider:
         self._summary: str | None = None
         self._summary_delay = 0.0
         self._repeat = False
+        self._expected = _expected_requests(self._turns, source)
         self.settings = settings if settings is not None else ProviderSettings()
         self.faults = faults
         self.requests: collections.deque[ModelRequest] = collections.deque(maxlen=REQUESTS_KEPT)
+        self.on_divergence: Callable[[ReplayDivergence], None] | None = None
+        self._digester = RequestDigester()
+        self._reported: tuple[str, int | None] | None = None
         self._position = 0
         self.seek(start_position)
 
@@ -300,6 +407,20 @@ class ScriptedProvider:
         """How many turns the script has."""
         return len(self._turns)
 
+    @property
+    def project_dir(self) -> str | None:
+        """The project directory a recording's texts are compared under (as ``<project>``); None: none."""
+        return self._digester.project_dir
+
+    @project_dir.setter
+    def project_dir(self, value: str | None) -> None:
+        self._digester = RequestDigester(value)
+
+    @property
+    def recorded(self) -> bool:
+        """Whether any turn carries a recorded request, which replays check."""
+        return any(expected is not None for expected in self._expected)
+
     def seek(self, position: int) -> None:
         """Make the next model call get turn ``position``.
 
@@ -358,6 +479,9 @@ class ScriptedProvider:
         turn = self._turns[index % len(self._turns)]
         self.requests.append(request)
         await self._inject_fault(model)
+        expected = self._expected[index % len(self._turns)]
+        if expected is not None:
+            self._check(index, expected, request)
         # The turn is spent from here on, even if this call is cancelled.
         self._position = index + 1
         if turn.delay:
@@ -366,16 +490,16 @@ class ScriptedProvider:
             # Always a checkpoint, as trio expects of an async call.
             await trio.lowlevel.checkpoint()
         if turn.error is not None:
-            raise error_for_status(
-                turn.error.status,
-                turn.error.message,
-                provider=self.name,
-                model=model,
-                url=f"script {self._source} turn {index}",
-                key_env=None,
-            )
+            raise self._error(turn.error, model, index)
         for chunk in _chunks(turn.text):
             yield TextDelta(chunk)
+        if turn.cancelled:
+            # The recorded call was cancelled here (an abort): wait, as the model did.
+            await trio.sleep(self.settings.stall_timeout)
+            raise StallTimeout(
+                f"{self.name}: turn {index} of recording {self._source} was cancelled while the model "
+                f"streamed, and this replay was not cancelled there within {self.settings.stall_timeout} s"
+            )
         calls: list[ToolCall] = []
         for n, scripted in enumerate(turn.tool_calls):
             raw = (
@@ -383,16 +507,62 @@ class ScriptedProvider:
                 if isinstance(scripted.arguments, str)
                 else msgspec.json.encode(scripted.arguments).decode()
             )
-            call_id = f"call_{index}_{n}"
+            call_id = scripted.id or f"call_{index}_{n}"
             yield ToolCallStarted(index=n, id=call_id, name=scripted.name)
             if raw:
                 yield ToolCallDelta(index=n, arguments_fragment=raw)
             calls.append(ToolCall.parse(id=call_id, name=scripted.name, raw_arguments=raw))
-        output_chars = len(turn.text) + sum(len(call.raw_arguments) for call in calls)
-        usage = Usage(input_tokens=input_tokens, output_tokens=_tokens(output_chars))
+        if turn.usage is not None:
+            usage = Usage(**msgspec.structs.asdict(turn.usage))
+        else:
+            output_chars = len(turn.text) + sum(len(call.raw_arguments) for call in calls)
+            usage = Usage(input_tokens=input_tokens, output_tokens=_tokens(output_chars))
         stop_reason = turn.stop_reason or ("tool_use" if calls else "end_turn")
         message = Message(role="assistant", content=turn.text, tool_calls=calls)
         yield Completed(message=message, usage=usage, stop_reason=stop_reason)
+
+    def _check(self, index: int, expected: RequestDigest, request: ModelRequest) -> None:
+        """Compare the request with the recorded one; raise or report where it differs first."""
+        actual = self._digester.digest(request)
+        if actual.hash == expected.hash:
+            return
+        part, where, text = describe_divergence(expected, request, actual)
+        step = index + 1
+        divergence = ReplayDivergence(
+            f"the replay of {self._source} diverged from the recording at step {step} of "
+            f"{len(self._turns)}: {text}. The recorded answer is for another request; find what changed "
+            "(a file a tool read, a tool's output, the prompt, the tools offered) or record the session again",
+            step=step,
+            part=part,
+            message_index=where,
+        )
+        if self.on_divergence is None:
+            raise divergence
+        if self._reported != (part, where):
+            self._reported = (part, where)
+            self.on_divergence(divergence)
+
+    def _error(self, error: _ScriptError, model: str, index: int) -> ProviderError:
+        """The error a turn scripts (or a recording replays)."""
+        where = f"script {self._source} turn {index}"
+        if error.kind in ("status", "http"):
+            mapped = error_for_status(
+                error.status, error.message, provider=self.name, model=model, url=where, key_env=None
+            )
+            if error.kind == "status":
+                return mapped
+            # Recorded: the same class, with the real provider's own message.
+            assert isinstance(mapped, ProviderHTTPError)
+            return type(mapped)(error.message, status=error.status)
+        classes: dict[str, type[ProviderError]] = {
+            "connection": ProviderConnectionError,
+            "timeout": ProviderTimeout,
+            "stall": StallTimeout,
+            "malformed": MalformedResponseError,
+            "stream": StreamError,
+            "other": ProviderError,
+        }
+        return classes[error.kind](error.message, retryable=False)
 
     async def _inject_fault(self, model: str) -> None:
         if self.faults is None:
