@@ -23,6 +23,7 @@ alike, and the history key ``<session>.sub-<n>-<call id>`` is never reused.
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -33,7 +34,7 @@ import attrs
 import trio
 from weald.runtime import ActorSystem, Event, Future, Ref, Store, redact
 from weald.runtime.agent import Agent, AgentConfig, AskUser, TurnResult
-from weald.runtime.llm import Provider
+from weald.runtime.llm import Provider, Recorder, ReplayDivergence, ScriptedProvider, make_provider
 from weald.runtime.tool_runner import RunnerConfig, ToolRunner
 from weald.supervisors import ChildSpec, DynamicSupervisor, Supervisor
 from weald.tools import ToolRegistry, default_registry
@@ -320,6 +321,24 @@ async def _forward(
         _forward_one(event, emit, call_id, agent)
 
 
+def _replay_factory(
+    factory: Callable[[str], Provider],
+    working_dir: str,
+    on_divergence: Callable[[ReplayDivergence], None] | None,
+) -> Callable[[str], Provider]:
+    """``factory``, with each scripted provider comparing recorded requests under this project's directory."""
+
+    def build_in_project(spec: str) -> Provider:
+        provider = factory(spec)
+        if isinstance(provider, ScriptedProvider):
+            provider.project_dir = working_dir
+            if on_divergence is not None and provider.on_divergence is None:
+                provider.on_divergence = on_divergence
+        return provider
+
+    return build_in_project
+
+
 def session_spec(
     config: SessionConfig,
     *,
@@ -327,8 +346,24 @@ def session_spec(
     registry: ToolRegistry | None = None,
     provider_factory: Callable[[str], Provider] | None = None,
     sessions_path: str = "/sessions",
+    recorder: Recorder | None = None,
+    on_divergence: Callable[[ReplayDivergence], None] | None = None,
 ) -> ChildSpec:
     """The ChildSpec of one session's subtree, for the ``sessions`` DynamicSupervisor.
+
+    Args:
+        config: the session.
+        system: the running system.
+        registry: the tools (default: the built-ins).
+        provider_factory: builds model providers from ``provider:model``
+            (default: `weald.runtime.llm.make_provider`).
+        sessions_path: where the session's subtree goes.
+        recorder: record the top-level agent's model calls into it
+            (``weald run --record``); sub-agents are not recorded.
+        on_divergence: for a top-level agent replaying a recording
+            (``scripted:FILE``): None stops a turn whose request differs
+            from the recorded one with `ReplayDivergence`; a callable is
+            told, and the replay goes on (see `ScriptedProvider`).
 
     Raises:
         ValueError: the session id cannot name a path.
@@ -338,7 +373,14 @@ def session_spec(
         raise ValueError(msg)
     registry = registry if registry is not None else default_registry
     path = f"{sessions_path.rstrip('/')}/{config.session_id}"
-    runtime = SessionRuntime(system, path, config, registry, provider_factory)
+    base = provider_factory if provider_factory is not None else make_provider
+    # Recordings compare texts with the project's directory as <project>, so they replay in another checkout.
+    project = os.path.abspath(config.working_dir)
+    sub_agent_factory = _replay_factory(base, project, None)
+    agent_factory = _replay_factory(base, project, on_divergence)
+    if recorder is not None:
+        agent_factory = recorder.wrap_factory(agent_factory)
+    runtime = SessionRuntime(system, path, config, registry, sub_agent_factory)
     children = [
         ChildSpec(
             "tool_runner",
@@ -361,7 +403,7 @@ def session_spec(
             kwargs={
                 "registry": registry,
                 "runner_path": f"{path}/tool_runner",
-                "provider_factory": provider_factory,
+                "provider_factory": agent_factory,
                 "skills": runtime.skills_prompt,
             },
             shutdown=15.0,

@@ -4,6 +4,7 @@
 
     weald serve [--socket PATH | --stdio] [--faults FILE]   run the daemon
     weald run "PROMPT" [--agent ID] [--cwd DIR] [--yes]     prompt an agent, streaming its work
+              [--record FILE] [--faults FILE]               ... recording its model calls; under faults
     weald agents | tree | debug-state ID | tasks            look inside a running daemon
     weald compact ID                                        compact an agent's context now
     weald demo                                              a self-contained tour, no API key needed
@@ -11,7 +12,10 @@
     weald doctor                                            check this machine (sandbox, rg, node, disk)
 
 Every command takes ``--json`` for scripts. ``weald run`` uses the running
-daemon, or starts an embedded one (in this process) when none runs.
+daemon, or starts an embedded one (in this process) when none runs; with
+``--faults`` it always runs its agent in an embedded daemon of its own, with
+fault injection on and a temporary store, so that a fault run starts from
+nothing and touches no other agent.
 """
 
 from __future__ import annotations
@@ -171,9 +175,21 @@ def _make_faults(args: argparse.Namespace, config: Any) -> Any:
 
 
 @contextlib.contextmanager
-def _connect(args: argparse.Namespace, *, embedded: bool = False) -> Iterator[Client]:
-    """Connect to the running daemon, or (if ``embedded``) start one in this process."""
+def _connect(args: argparse.Namespace, *, embedded: bool = False, faults: Any = None) -> Iterator[Client]:
+    """Connect to the running daemon, or (if ``embedded``) start one in this process.
+
+    With ``faults`` (a fault injector), always start one, with a temporary store.
+    """
     config = _load_config(args)
+    if faults is not None:
+        with _embedded_daemon(config, faults=faults) as socket_path:
+            client = Client.connect(socket_path)
+            client.embedded = True
+            try:
+                yield client
+            finally:
+                client.close()
+        return
     path = _socket_path(args, config)
     try:
         client = Client.connect(path)
@@ -195,12 +211,16 @@ def _connect(args: argparse.Namespace, *, embedded: bool = False) -> Iterator[Cl
 
 
 @contextlib.contextmanager
-def _embedded_daemon(config: Any) -> Iterator[Path]:
+def _embedded_daemon(config: Any, *, faults: Any = None) -> Iterator[Path]:
+    import attrs
     from weald.runtime.daemon.tree import Daemon
 
     with tempfile.TemporaryDirectory(prefix="weald-embedded-") as tmp:
         socket_path = Path(tmp) / "weald.sock"
-        daemon = Daemon(config, socket_path=socket_path)
+        if faults is not None:
+            # A fault run starts from an empty store: the same run again finds the same state.
+            config = attrs.evolve(config, store=attrs.evolve(config.store, path=Path(tmp) / "store.db"))
+        daemon = Daemon(config, socket_path=socket_path, faults=faults)
         daemon.start(restore=False)
         _warn_sandbox(daemon, _console(stderr=True))
         try:
@@ -213,11 +233,32 @@ def _embedded_daemon(config: Any) -> Iterator[Path]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    """Send a prompt to an agent and stream what it does; the exit code says how the turn ended."""
+    """Send a prompt to an agent and stream what it does; the exit code says how the turn ended.
+
+    ``--record FILE`` records the new agent's model calls into FILE, which
+    ``--model scripted:FILE`` replays. ``--faults FILE`` runs the agent in a
+    daemon of its own with those faults (and a temporary store).
+    """
+    from weald.runtime.faults import FaultSpecError
+
     out = _console()
     err = _console(stderr=True)
+    for option in ("record", "faults"):
+        if getattr(args, option) and args.agent is not None:
+            _print_error(err, f"weald run: --{option} starts a new agent; it cannot be used with --agent")
+            return EXIT_USAGE
+    faults = None
+    if args.faults:
+        try:
+            from weald.runtime.faults import FaultInjector
+
+            faults = FaultInjector.from_file(Path(args.faults))
+        except FaultSpecError as exc:
+            for problem in exc.problems:
+                _print_error(err, f"weald run: bad fault file: {problem}")
+            return EXIT_USAGE
     try:
-        with _connect(args, embedded=True) as client:
+        with _connect(args, embedded=True, faults=faults) as client:
             agent_id = args.agent
             if agent_id is None:
                 params: dict[str, Any] = {"working_dir": str(Path(args.cwd or Path.cwd()).resolve())}
@@ -225,6 +266,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                     params["model"] = args.model
                 if args.tools:
                     params["tools"] = args.tools.split(",")
+                if args.record:
+                    params["record"] = str(Path(args.record).resolve())
                 agent_id = client.call("agent.start", params, timeout=60)["agent_id"]
             client.call("events.subscribe", {"agent_id": agent_id, "topics": ["agent.*", "tool.*"]})
             pending = client.request("agent.prompt", {"agent_id": agent_id, "text": args.prompt})
@@ -358,6 +401,9 @@ def _show_event(event: dict[str, Any], out: Console, err: Console, streaming: bo
     elif topic == "agent.compaction_failed":
         streaming = _end_line(out, streaming)
         err.print(f"compacting the context failed: {str(data.get('error', ''))[:200]}", style="yellow", markup=False)
+    elif topic == "agent.replay_diverged":
+        streaming = _end_line(out, streaming)
+        _print_error(err, f"replay diverged (going on as recorded): {data.get('error')}")
     return streaming
 
 
@@ -608,6 +654,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--yes", action="store_true", help="allow every permission request")
     p.add_argument("--answer", help="answer ask_user questions with this text")
     p.add_argument("--quiet", action="store_true", help="print only the answer")
+    p.add_argument("--record", help="record the new agent's model calls into FILE (replay: --model scripted:FILE)")
+    p.add_argument("--faults", help="run in a daemon of its own, with fault injection and the faults declared in FILE")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("agents", parents=[common], help="list agents", description=_doc(cmd_agents))

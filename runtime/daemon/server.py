@@ -133,6 +133,7 @@ class AgentStartParams(_Params):
     tools: list[str] | None = None
     system_prompt: str | None = None
     agent_id: str | None = None
+    record: Annotated[str, msgspec.Meta(min_length=1, max_length=4096)] | None = None
 
 
 class AgentParams(_Params):
@@ -773,7 +774,12 @@ class Server(Actor):
     async def _agent_start(self, conn: Connection, p: AgentStartParams) -> dict[str, Any]:
         self._refuse_when_stopping("agent.start")
         agent_id = await self._sessions.start(
-            p.working_dir, model=p.model, tools=p.tools, system_prompt=p.system_prompt, agent_id=p.agent_id
+            p.working_dir,
+            model=p.model,
+            tools=p.tools,
+            system_prompt=p.system_prompt,
+            agent_id=p.agent_id,
+            record=p.record,
         )
         return {"agent_id": agent_id}
 
@@ -847,6 +853,8 @@ class Server(Actor):
                     "created": record.created,
                     "path": agent_path(record.session_id),
                 }
+                if record.record is not None:
+                    row["record"] = record.record
                 out.append(row)
                 nursery.start_soon(one, record, row)
         return out

@@ -31,6 +31,14 @@ directory per session; a session's directory is removed when it is stopped
 (``agent.stop``), and directories no active session owns are removed at
 start once ``spill.retention`` has passed.
 
+A session started with ``record`` (``weald run --record FILE``) records its
+top-level agent's model calls into that file (`weald.runtime.llm.Recorder`),
+and goes on recording into it when it is restored. With fault injection on,
+an agent replaying a recording (``scripted:FILE``) does not stop where its
+requests differ from the recorded ones, as a fault makes them do: each new
+divergence is published as ``agent.replay_diverged`` and the recorded answer
+is given.
+
 ``[limits]`` applies here and in the server: ``max_agents`` bounds the
 top-level sessions alive at once (children of ``/sessions``; sub-agents are
 not counted), ``max_concurrent_turns`` the top-level agents running turns
@@ -42,8 +50,10 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import functools
 import logging
 import os
+import stat
 import time
 import uuid
 from collections import deque
@@ -63,6 +73,7 @@ from weald.runtime import (
     WealdError,
     environ_value,
     is_secret_name,
+    redact,
     register_secret,
     restore_environ,
 )
@@ -70,7 +81,7 @@ from weald.runtime.agent import AgentConfig, TurnResult
 from weald.runtime.daemon._hygiene import SandboxReport, prepare_process, stop_leftovers
 from weald.runtime.daemon.config import CONFIG_ENV, Config
 from weald.runtime.daemon.server import SHUTDOWN_REASON, Server, prepare_socket
-from weald.runtime.llm import Provider, Usage, make_provider
+from weald.runtime.llm import Provider, Recorder, RecordingError, ReplayDivergence, Usage, make_provider
 from weald.runtime.session import SessionConfig, agent_path, session_spec, valid_session_id
 from weald.runtime.tool_runner import RunnerConfig
 from weald.supervisors import ChildSpec, DynamicSupervisor, MaxChildrenError
@@ -116,6 +127,7 @@ class SessionRecord(msgspec.Struct, kw_only=True):
     system_prompt: str | None = None
     created: float = 0.0
     status: str = "active"
+    record: str | None = None
 
 
 @attrs.frozen
@@ -423,13 +435,29 @@ class Sessions:
         tools: list[str] | None = None,
         system_prompt: str | None = None,
         agent_id: str | None = None,
+        record: str | None = None,
     ) -> str:
         """Store and start a new session; returns its agent id.
 
+        Args:
+            working_dir: the project directory (absolute).
+            model: an alias or ``provider:model``; default: the configured one.
+            tools: the tool filter; default: ``[tools] enabled``.
+            system_prompt: the agent's system prompt; default: ``[agent]``'s.
+            agent_id: the id; default: a new one.
+            record: a file to record the agent's model calls into (relative:
+                to ``working_dir``); it is replaced by the new recording.
+
         Raises:
-            DaemonError: bad working dir, model or id, an id in use, or too many agents.
+            DaemonError: bad working dir, model, id or recording file, an id
+                in use, a recording file another agent records into, or too
+                many agents.
         """
         resolved = await trio.to_thread.run_sync(_resolve_working_dir, working_dir)
+        recording = None
+        if record is not None:
+            recording = await trio.to_thread.run_sync(_recording_path, record, resolved)
+            await self._check_recording_free(recording)
         session_id = agent_id or "a" + uuid.uuid4().hex[:10]
         if not valid_session_id(session_id):
             msg = f"bad agent_id {session_id!r}: use 1-64 letters, digits, '_', '.' or '-' (first a letter or digit)"
@@ -440,19 +468,20 @@ class Sessions:
         if self.system.whereis(f"/sessions/{session_id}") is not None:
             msg = f"an agent {session_id!r} is already running; stop it first or choose another agent_id"
             raise DaemonError(msg)
-        record = SessionRecord(
+        session = SessionRecord(
             session_id=session_id,
             working_dir=resolved,
             model=model,
             tools=tools,
             system_prompt=system_prompt,
             created=time.time(),
+            record=recording,
         )
         store = self.system.store
         previous = await store.aget("sessions", session_id)  # a stopped session's record, reused
-        await store.aput("sessions", session_id, record)
+        await store.aput("sessions", session_id, session)
         try:
-            await self._launch(record)
+            await self._launch(session, new=True)
         except BaseException:
             # Refused (limits.max_agents) or failed: no record of an agent that never ran.
             with trio.CancelScope(shield=True):
@@ -470,12 +499,55 @@ class Sessions:
             msg = f"cannot use model {model!r}: {exc}"
             raise DaemonError(msg) from exc
 
-    async def _launch(self, record: SessionRecord) -> Ref[Any]:
+    async def _check_recording_free(self, path: str) -> None:
+        records = await trio.to_thread.run_sync(self.records)
+        for other in records:
+            if other.record == path and other.status == "active":
+                msg = (
+                    f"agent {other.session_id!r} records into {path} already; choose another file "
+                    "or stop that agent first"
+                )
+                raise DaemonError(msg)
+
+    async def _recorder(self, record: SessionRecord, *, new: bool) -> Recorder:
+        """The recorder of a session started with ``record``: a new recording, or the stored one continued."""
+        assert record.record is not None
+        options: dict[str, Any] = {"project_dir": record.working_dir, "redact": redact}
+        if new:
+            return Recorder(record.record, **options)
+        try:
+            return await trio.to_thread.run_sync(functools.partial(Recorder.resume, record.record, **options))
+        except RecordingError as exc:
+            msg = f"agent {record.session_id!r} cannot go on recording: {exc}"
+            raise DaemonError(msg) from exc
+
+    def _divergence_reporter(self, session_id: str) -> Callable[[ReplayDivergence], None]:
+        """Publishes each place a replay diverges as ``agent.replay_diverged`` (fault injection is on)."""
+        events = self.system.events
+        source = agent_path(session_id)
+
+        def report(divergence: ReplayDivergence) -> None:
+            data = {
+                "session_id": session_id,
+                "agent_id": session_id,
+                "step": divergence.step,
+                "part": divergence.part,
+                "message_index": divergence.message_index,
+                "error": str(divergence),
+            }
+            events.publish("agent.replay_diverged", source, data)
+
+        return report
+
+    async def _launch(self, record: SessionRecord, *, new: bool = False) -> Ref[Any]:
+        recorder = await self._recorder(record, new=new) if record.record is not None else None
         spec = session_spec(
             self.session_config(record),
             system=self.system,
             registry=self.registry,
             provider_factory=self.provider_factory,
+            recorder=recorder,
+            on_divergence=self._divergence_reporter(record.session_id) if self._faults is not None else None,
         )
         try:
             ref: Ref[Any] = await self._proxy.start_child(spec)
@@ -890,6 +962,28 @@ def _resolve_working_dir(working_dir: str) -> str:
         msg = f"working_dir {working_dir} is not a directory"
         raise DaemonError(msg)
     return str(path.resolve())
+
+
+def _recording_path(record: str, working_dir: str) -> str:
+    """Where ``agent.start``'s ``record`` writes: absolute, in a directory, a regular file or a new one."""
+    path = Path(record).expanduser()
+    if not path.is_absolute():
+        path = Path(working_dir) / path
+    if not path.parent.is_dir():
+        msg = f"cannot record to {path}: {path.parent} is not a directory"
+        raise DaemonError(msg)
+    path = path.parent.resolve() / path.name
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return str(path)
+    except OSError as exc:
+        msg = f"cannot record to {path}: {exc.strerror or exc}"
+        raise DaemonError(msg) from exc
+    if not stat.S_ISREG(mode):
+        msg = f"cannot record to {path}: it exists and is not a regular file (a recording replaces only a file)"
+        raise DaemonError(msg)
+    return str(path)
 
 
 def default_socket() -> Path:

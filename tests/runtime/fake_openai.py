@@ -11,6 +11,7 @@ headers (as some proxies do in their error messages).
 from __future__ import annotations
 
 import json
+import secrets
 import threading
 from collections import deque
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -29,7 +30,7 @@ def _chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
 
 
 class FakeOpenAI:
-    """Queue behaviours with `text`, `tool_call`, `status`, `stall`, `echo_headers_error`; read `requests` after."""
+    """Queue behaviours with `text`, `tool_call`, `tool_calls`, `status`, `stall`, `echo_headers_error`; read `requests`."""
 
     def __init__(self) -> None:
         self.behaviours: deque[tuple[str, Any]] = deque()
@@ -80,7 +81,7 @@ class FakeOpenAI:
                 if kind == "text":
                     self.wfile.write(_chunk({"role": "assistant", "content": arg}))
                     self.wfile.write(_chunk({}, "stop"))
-                else:  # tool_call: (name, arguments)
+                elif kind == "tool_call":  # (name, arguments)
                     name, arguments = arg
                     call = {
                         "index": 0,
@@ -89,6 +90,18 @@ class FakeOpenAI:
                         "function": {"name": name, "arguments": json.dumps(arguments)},
                     }
                     self.wfile.write(_chunk({"role": "assistant", "tool_calls": [call]}))
+                    self.wfile.write(_chunk({}, "tool_calls"))
+                else:  # tool_calls: (text, [(name, arguments)]), each with a fresh id as OpenAI makes
+                    text, calls = arg
+                    self.wfile.write(_chunk({"role": "assistant", "content": text}))
+                    for index, (name, arguments) in enumerate(calls):
+                        call = {
+                            "index": index,
+                            "id": "call_" + secrets.token_urlsafe(18),
+                            "type": "function",
+                            "function": {"name": name, "arguments": json.dumps(arguments)},
+                        }
+                        self.wfile.write(_chunk({"tool_calls": [call]}))
                     self.wfile.write(_chunk({}, "tool_calls"))
                 usage = {"choices": [], "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}}
                 self.wfile.write(b"data: " + json.dumps(usage).encode() + b"\n\n")
@@ -120,6 +133,11 @@ class FakeOpenAI:
 
     def tool_call(self, name: str, arguments: dict[str, Any]) -> FakeOpenAI:
         self.behaviours.append(("tool_call", (name, arguments)))
+        return self
+
+    def tool_calls(self, *calls: tuple[str, dict[str, Any]], text: str = "") -> FakeOpenAI:
+        """One answer: ``text``, then each call, with a fresh random id (as real servers make them)."""
+        self.behaviours.append(("tool_calls", (text, list(calls))))
         return self
 
     def status(self, code: int) -> FakeOpenAI:
