@@ -37,7 +37,7 @@ import msgspec
 from ._types import Message, ModelRequest, ToolSpec
 from ._util import excerpt
 
-__all__ = ["PROJECT_PLACEHOLDER", "RequestDigest", "RequestDigester", "describe_divergence"]
+__all__ = ["PROJECT_PLACEHOLDER", "Difference", "RequestDigest", "RequestDigester", "describe_divergence"]
 
 #: What the project directory is replaced by before texts are digested.
 PROJECT_PLACEHOLDER = "<project>"
@@ -148,10 +148,57 @@ def _describe_message(message: Message, number: int) -> str:
     return f"message {number} ({what})"
 
 
-def describe_divergence(
-    recorded: RequestDigest, request: ModelRequest, actual: RequestDigest
-) -> tuple[str, int | None, str]:
-    """Say what differs first between a recorded request and the one a replay sends.
+@attrs.frozen
+class Difference:
+    """One part of a request that differs from the recorded one.
+
+    Attributes:
+        part: ``"system"``, ``"tools"`` or ``"messages"``.
+        message: For ``"messages"``, the number of the first message that
+            differs, counted from 1; None for the other parts.
+        text: A sentence saying how it differs, quoting the replay's side
+            (a recording keeps digests, not texts).
+    """
+
+    part: str
+    message: int | None
+    text: str
+
+
+def _tools_difference(recorded: Mapping[str, str], actual: Mapping[str, str]) -> str:
+    added = sorted(set(actual) - set(recorded))
+    removed = sorted(set(recorded) - set(actual))
+    changed = sorted(name for name in set(actual) & set(recorded) if actual[name] != recorded[name])
+    parts = [
+        f"{label} {', '.join(names)}"
+        for label, names in (("added", added), ("removed", removed), ("changed", changed))
+        if names
+    ]
+    return f"the tool list differs from the recording's: {'; '.join(parts)}"
+
+
+def _messages_difference(recorded: Sequence[str], request: ModelRequest, actual: Sequence[str]) -> Difference | None:
+    for i, (mine, theirs) in enumerate(zip(actual, recorded, strict=False)):
+        if mine != theirs:
+            message = request.messages[i]
+            text = (
+                f"{_describe_message(message, i + 1)} differs from the recording's; "
+                f"now it is {excerpt(message.content, 160)}"
+            )
+            return Difference("messages", i + 1, text)
+    counts = f"the request has {len(actual)} messages, the recording's had {len(recorded)}"
+    if len(actual) > len(recorded):
+        message = request.messages[len(recorded)]
+        number = len(recorded) + 1
+        text = f"{counts}: {_describe_message(message, number)} is new ({excerpt(message.content, 160)})"
+        return Difference("messages", number, text)
+    if len(actual) < len(recorded):
+        return Difference("messages", len(actual) + 1, f"{counts}: message {len(actual) + 1} is missing")
+    return None
+
+
+def describe_divergence(recorded: RequestDigest, request: ModelRequest, actual: RequestDigest) -> list[Difference]:
+    """Say what differs between a recorded request and the one a replay sends.
 
     Args:
         recorded: The recording's digests of this step's request.
@@ -159,44 +206,17 @@ def describe_divergence(
         actual: Its digests.
 
     Returns:
-        ``(part, message, text)``: the part that differs (``"system"``,
-        ``"tools"`` or ``"messages"``), the number of the first message that
-        differs (from 1; None for the other parts), and a sentence saying
-        how, quoting the replay's side (the recording keeps digests, not texts).
+        Each part that differs, in this order: the system prompt, the tool
+        list (the tools added, removed and changed), the first message that
+        differs (or is new, or missing). Empty when only the hash differs,
+        which the digests rule out.
     """
+    differences = []
     if recorded.system != actual.system:
-        return "system", None, "the system prompt differs from the recording's"
+        differences.append(Difference("system", None, "the system prompt differs from the recording's"))
     if dict(recorded.tools) != dict(actual.tools):
-        added = sorted(set(actual.tools) - set(recorded.tools))
-        removed = sorted(set(recorded.tools) - set(actual.tools))
-        changed = sorted(n for n in set(actual.tools) & set(recorded.tools) if actual.tools[n] != recorded.tools[n])
-        parts = [
-            f"{label} {', '.join(names)}"
-            for label, names in (("added", added), ("removed", removed), ("changed", changed))
-            if names
-        ]
-        return "tools", None, f"the tool list differs from the recording's: {'; '.join(parts)}"
-    mine, theirs = actual.messages, recorded.messages
-    for i, (a, b) in enumerate(zip(mine, theirs, strict=False)):
-        if a != b:
-            message = request.messages[i]
-            return (
-                "messages",
-                i + 1,
-                f"{_describe_message(message, i + 1)} differs from the recording's; "
-                f"now it is {excerpt(message.content, 160)}",
-            )
-    if len(mine) > len(theirs):
-        message = request.messages[len(theirs)]
-        return (
-            "messages",
-            len(theirs) + 1,
-            f"the request has {len(mine)} messages, the recording's had {len(theirs)}: "
-            f"{_describe_message(message, len(theirs) + 1)} is new ({excerpt(message.content, 160)})",
-        )
-    return (
-        "messages",
-        len(mine) + 1,
-        f"the request has {len(mine)} messages, the recording's had {len(theirs)}: "
-        f"message {len(mine) + 1} of the recording is missing",
-    )
+        differences.append(Difference("tools", None, _tools_difference(recorded.tools, actual.tools)))
+    messages = _messages_difference(recorded.messages, request, actual.messages)
+    if messages is not None:
+        differences.append(messages)
+    return differences

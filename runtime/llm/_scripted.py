@@ -59,7 +59,7 @@ import trio
 from weald.runtime._errors import UnreadableFileError
 from weald.runtime._files import read_regular_file
 
-from ._digest import RequestDigest, RequestDigester, describe_divergence
+from ._digest import Difference, RequestDigest, RequestDigester, describe_divergence
 from ._exceptions import (
     MalformedResponseError,
     MalformedScriptError,
@@ -267,10 +267,11 @@ class ScriptedProvider:
             for a recorded turn that was cancelled.
         on_divergence: None: a request that differs from the recorded one
             raises `ReplayDivergence`. A callable: it is given the
-            `ReplayDivergence` instead (once for each new place the replay
-            differs; later steps that differ only in the same message are
-            not reported again), and the recorded turn is answered as if the
-            request had matched. It runs on the task that iterates the
+            `ReplayDivergence` instead, one for each part that differs
+            that it was not told of before (the system prompt, the tool
+            list, the first message that differs: later steps that differ
+            only in the same message are not told again), and the recorded
+            turn is answered as if the request had matched. It runs on the task that iterates the
             stream and must not block.
     """
 
@@ -297,7 +298,8 @@ class ScriptedProvider:
         self.requests: collections.deque[ModelRequest] = collections.deque(maxlen=REQUESTS_KEPT)
         self.on_divergence: Callable[[ReplayDivergence], None] | None = None
         self._digester = RequestDigester()
-        self._reported: tuple[str, int | None] | None = None
+        # The differences told to on_divergence: each new one is told once.
+        self._reported: set[tuple[str, int | None]] = set()
         self._position = 0
         self.seek(start_position)
 
@@ -522,25 +524,31 @@ class ScriptedProvider:
         yield Completed(message=message, usage=usage, stop_reason=stop_reason)
 
     def _check(self, index: int, expected: RequestDigest, request: ModelRequest) -> None:
-        """Compare the request with the recorded one; raise or report where it differs first."""
+        """Compare the request with the recorded one; raise or report what differs."""
         actual = self._digester.digest(request)
         if actual.hash == expected.hash:
             return
-        part, where, text = describe_divergence(expected, request, actual)
+        differences = describe_divergence(expected, request, actual)
         step = index + 1
-        divergence = ReplayDivergence(
-            f"the replay of {self._source} diverged from the recording at step {step} of "
-            f"{len(self._turns)}: {text}. The recorded answer is for another request; find what changed "
-            "(a file a tool read, a tool's output, the prompt, the tools offered) or record the session again",
-            step=step,
-            part=part,
-            message_index=where,
-        )
         if self.on_divergence is None:
-            raise divergence
-        if self._reported != (part, where):
-            self._reported = (part, where)
-            self.on_divergence(divergence)
+            raise self._divergence(step, differences)
+        for difference in differences:
+            key = (difference.part, difference.message)
+            if key not in self._reported:
+                self._reported.add(key)
+                self.on_divergence(self._divergence(step, [difference]))
+
+    def _divergence(self, step: int, differences: Sequence[Difference]) -> ReplayDivergence:
+        first = differences[0]
+        return ReplayDivergence(
+            f"the replay of {self._source} diverged from the recording at step {step} of "
+            f"{len(self._turns)}: {'; and '.join(d.text for d in differences)}. The recorded answer is for "
+            "another request; find what changed (a file a tool read, a tool's output, the prompt, the "
+            "tools offered) or record the session again",
+            step=step,
+            part=first.part,
+            message_index=first.message,
+        )
 
     def _error(self, error: _ScriptError, model: str, index: int) -> ProviderError:
         """The error a turn scripts (or a recording replays)."""

@@ -204,6 +204,18 @@ async def test_with_on_divergence_set_a_replay_reports_each_new_divergence_once_
     assert texts == ["one", "two", "three"]
     assert [(d.step, d.message_index) for d in seen] == [(1, 1)]  # later steps differ in the same message
 
+    # A tool list that differs from the first step on hides no later difference in the messages.
+    replay = ScriptedProvider.from_file(path)
+    seen.clear()
+    replay.on_divergence = seen.append
+    for step in range(3):
+        messages = history[: 1 + 2 * step]
+        if step == 2:
+            messages = [*messages[:-1], Message(role="user", content="less")]
+        await collect(replay, ModelRequest(model="", messages=messages, tools=[READ]))
+    assert [(d.step, d.part, d.message_index) for d in seen] == [(1, "tools", None), (3, "messages", 5)]
+    assert "added read_file" in str(seen[0])
+
 
 async def test_errors_and_cancelled_calls_are_recorded_and_replayed(
     openai: OpenAIProvider, server: FakeServer, tmp_path: Path
