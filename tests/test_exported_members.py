@@ -13,6 +13,8 @@ PACKAGES = [
     "weald.runtime.faults",
     "weald.runtime.daemon",
     "weald.runtime.daemon.config",
+    "weald.runtime.testing",
+    "weald.runtime.pytest_plugin",
     "weald.supervisors",
     "weald.tools",
 ]
