@@ -54,29 +54,34 @@ def anthropic() -> Iterator[LoopbackModel]:
 
 
 @pytest.fixture(scope="module")
+def openai() -> Iterator[FakeOpenAI]:
+    with FakeOpenAI() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
 def recorded(
-    tmp_path_factory: pytest.TempPathFactory, anthropic: LoopbackModel
+    tmp_path_factory: pytest.TempPathFactory, anthropic: LoopbackModel, openai: FakeOpenAI
 ) -> Iterator[tuple[DaemonProcess, Path, list[Any]]]:
     """A daemon with an agent that ran one turn against the OpenAI-format fake, recorded into rec.json."""
     root = tmp_path_factory.mktemp("record")
-    with FakeOpenAI() as server:
-        d = DaemonProcess(root, extra_config=CONFIG.format(openai=server.url, anthropic=anthropic.server.url))
-        try:
-            d.start()
-            record_session(server)
-            with d.client() as c:
-                c.call(
-                    "agent.start",
-                    {"working_dir": str(d.project), "model": "fake:gpt-test", "agent_id": "rec", "record": "rec.json"},
-                )
-                result = c.call("agent.prompt", {"agent_id": "rec", "text": PROMPT}, timeout=60)
-                assert result["ok"], result
-                history = c.call("agent.history", {"agent_id": "rec"})["messages"]
-                assert len(server.requests) == 3
-            yield d, d.project / "rec.json", history
-            assert d.terminate() == 0
-        finally:
-            d.close()
+    d = DaemonProcess(root, extra_config=CONFIG.format(openai=openai.url, anthropic=anthropic.server.url))
+    try:
+        d.start()
+        record_session(openai)
+        with d.client() as c:
+            c.call(
+                "agent.start",
+                {"working_dir": str(d.project), "model": "fake:gpt-test", "agent_id": "rec", "record": "rec.json"},
+            )
+            result = c.call("agent.prompt", {"agent_id": "rec", "text": PROMPT}, timeout=60)
+            assert result["ok"], result
+            history = c.call("agent.history", {"agent_id": "rec"})["messages"]
+            assert len(openai.requests) == 3
+        yield d, d.project / "rec.json", history
+        assert d.terminate() == 0
+    finally:
+        d.close()
 
 
 def test_a_recorded_session_replays_to_the_same_history_without_the_model(
@@ -218,3 +223,26 @@ def test_a_recording_replayed_under_a_fault_gives_the_same_run_every_time(
         f"{recording} diverged from the recording at step 3 of 3: message 5 (the result of tool call shell) differs"
     ) in " ".join(err.split())
     assert "notes.txt has 3 lines" in out  # the recorded answer, given as recorded
+
+
+def test_a_session_restored_after_a_kill_9_goes_on_recording_where_its_file_ends(
+    recorded: tuple[DaemonProcess, Path, list[Any]], openai: FakeOpenAI
+) -> None:
+    d, recording, _ = recorded
+    d.kill9()
+    d.start()
+    openai.text("Still 3 lines.")
+    with d.client() as c:
+        result = c.call("agent.prompt", {"agent_id": "rec", "text": "and now?"}, timeout=60)
+        history = c.call("agent.history", {"agent_id": "rec"})["messages"]
+        c.call("agent.start", {"working_dir": str(d.project), "model": f"scripted:{recording}", "agent_id": "whole"})
+        for text in (PROMPT, "and now?"):
+            assert c.call("agent.prompt", {"agent_id": "whole", "text": text}, timeout=60)["ok"]
+        replayed = c.call("agent.history", {"agent_id": "whole"})["messages"]
+
+    assert result["ok"], result
+    turns = json.loads(recording.read_text())["turns"]
+    assert len(turns) == 4
+    # Relative to the request recorded before the kill: its 5 messages, then the answer and the new prompt.
+    assert (turns[3]["request"]["same"], len(turns[3]["request"]["messages"])) == (5, 2)
+    assert replayed == history
