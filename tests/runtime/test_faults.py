@@ -420,5 +420,5 @@ def test_every_fault_file_in_the_guide_is_valid() -> None:
     plans = [parse_plan(tomllib.loads(block), source="toml") for block in tomls if "[[faults]]" in block]
     files = [block for block in jsons if '"faults": [' in block and '"statistics"' not in block]  # not fault.list's
     plans += [parse_plan(json.loads(block), source="json") for block in files]
-    assert len(plans) == 9  # the file example in TOML and JSON, one per target, three scenarios
+    assert len(plans) == 10  # the file example in TOML and JSON, one per target, three scenarios, a replay
     assert {spec.target for plan in plans for spec in plan.faults} == {"actor", "tool", "mcp", "provider"}
