@@ -341,3 +341,21 @@ async def test_an_edited_recording_is_refused_with_the_turn_named(
     path.write_text(json.dumps(data))
     with pytest.raises(MalformedScriptError, match=r"turns\[1\]\.request\.same is 9, but the turn before had 1"):
         ScriptedProvider.from_file(path)
+
+
+async def test_a_recording_to_go_on_with_is_read_only_when_it_is_a_regular_file_within_the_bound(
+    tmp_path: Path,
+) -> None:
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)  # with no writer: a blocking open would wait for ever
+    with pytest.raises(RecordingError, match=r"recording .*fifo.json is not a regular file"):
+        Recorder.resume(fifo)
+    big = tmp_path / "big.json"
+    big.write_text(json.dumps({"turns": [{"text": "x" * 3000}]}))
+    with pytest.raises(RecordingError, match=r"larger than 2,000 bytes"):
+        Recorder.resume(big, max_bytes=2000)
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"turns": [{"txt": "typo"}]}')
+    with pytest.raises(RecordingError, match=r"cannot go on with recording .*bad.json: it is not a valid recording"):
+        Recorder.resume(bad)
+    assert Recorder.resume(tmp_path / "none.json").turn_count == 0
