@@ -68,7 +68,7 @@ def test_the_docs_test_that_replays_a_recording_under_a_fault_passes(pytester: p
 def test_the_fixtures_stay_off_unless_the_project_asks(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_uses_it="def test_it(weald_daemon):\n    pass\n")
 
-    result = pytester.runpytest_subprocess("-q")
+    result = pytester.runpytest("-q")  # in this process: the entry point is loaded, and asked for nothing
 
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines(["*fixture 'weald_daemon' not found*"])
