@@ -239,8 +239,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     ``--model scripted:FILE`` replays. ``--faults FILE`` runs the agent in a
     daemon of its own with those faults (and a temporary store).
     """
-    from weald.runtime.faults import FaultSpecError
-
     out = _console()
     err = _console(stderr=True)
     for option in ("record", "faults"):
@@ -249,9 +247,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             return EXIT_USAGE
     faults = None
     if args.faults:
-        try:
-            from weald.runtime.faults import FaultInjector
+        from weald.runtime.faults import FaultInjector, FaultSpecError
 
+        try:
             faults = FaultInjector.from_file(Path(args.faults))
         except FaultSpecError as exc:
             for problem in exc.problems:

@@ -246,3 +246,16 @@ def test_a_session_restored_after_a_kill_9_goes_on_recording_where_its_file_ends
     # Relative to the request recorded before the kill: its 5 messages, then the answer and the new prompt.
     assert (turns[3]["request"]["same"], len(turns[3]["request"]["messages"])) == (5, 2)
     assert replayed == history
+
+
+def test_weald_run_refuses_record_or_faults_with_an_existing_agent_and_a_bad_fault_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from weald.runtime.daemon.cli import EXIT_USAGE, main
+
+    assert main(["run", "hi", "--agent", "a1", "--record", str(tmp_path / "r.json")]) == EXIT_USAGE
+    assert "--record starts a new agent; it cannot be used with --agent" in capsys.readouterr().err
+    (tmp_path / "bad.toml").write_text('[[faults]]\ntarget = "tool"\nkind = "explode"\n')
+    assert main(["run", "hi", "--faults", str(tmp_path / "bad.toml")]) == EXIT_USAGE
+    assert "weald run: bad fault file: " in capsys.readouterr().err
+    assert not (tmp_path / "r.json").exists()
