@@ -14,7 +14,9 @@ weald can use them too; the pytest plugin (``weald.runtime.pytest_plugin``,
   reads a recording (``weald run --record``);
 - assertions: `tree_node`, `restarts`, `escalations` on the ``tree``
   method's JSON; `tool_results`, `assert_tool_ok`, `assert_tool_failed` on a
-  history.
+  history;
+- the loop guard (`install_loop_guard`, `take_loop_guard_violations`), which
+  names every blocking call made on a trio loop thread, and `fill_disk`.
 """
 
 from __future__ import annotations

@@ -47,6 +47,7 @@ def _no_blocking_calls_on_the_loop() -> Iterator[None]:
         listed = "\n".join(f"  {v}\n{v.stack}" for v in caught)
         pytest.fail(f"blocking calls on the trio loop thread ({len(caught)}):\n{listed}", pytrace=False)
 
+
 # pytester runs the docs' pytest example files in a fresh pytest (tests/runtime/test_pytest_plugin.py).
 pytest_plugins = ["pytester"]
 

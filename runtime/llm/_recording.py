@@ -36,7 +36,6 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
-import stat
 import threading
 from collections.abc import AsyncGenerator, Callable
 from pathlib import Path
@@ -44,6 +43,8 @@ from typing import Any
 
 import msgspec
 import trio
+from weald.runtime._errors import UnreadableFileError
+from weald.runtime._files import read_regular_file
 
 from ._digest import RequestDigest, RequestDigester
 from ._exceptions import (
@@ -59,6 +60,7 @@ from ._exceptions import (
 )
 from ._faults import FaultHook
 from ._scripted import (
+    MAX_SCRIPT_BYTES,
     ErrorKind,
     _expected_requests,
     _Script,
@@ -73,7 +75,7 @@ from ._types import Completed, ModelRequest, Provider, StreamEvent, TextDelta, T
 __all__ = ["MAX_RECORDING_BYTES", "Recorder", "RecordingProvider"]
 
 #: The largest recording written: the most the scripted provider reads as a script.
-MAX_RECORDING_BYTES = 16 * 1024 * 1024
+MAX_RECORDING_BYTES = MAX_SCRIPT_BYTES
 
 
 def _same(value: Any) -> Any:
@@ -99,25 +101,11 @@ def _error_kind(error: ProviderError) -> ErrorKind:
 def _read_recording(path: Path, max_bytes: int) -> bytes | None:
     """The file's bytes; None when there is none. Only a regular file of at most ``max_bytes`` (blocking)."""
     try:
-        # O_NONBLOCK: a FIFO put in its place opens at once instead of waiting for a writer.
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        msg = f"cannot read recording {path}: {exc.strerror or exc}"
-        raise RecordingError(msg) from exc
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            msg = f"recording {path} is not a regular file"
-            raise RecordingError(msg)
-        if info.st_size > max_bytes:
-            msg = f"recording {path} is larger than {max_bytes:,} bytes, the most a recording may be"
-            raise RecordingError(msg)
-        with os.fdopen(os.dup(fd), "rb") as file:
-            return file.read(max_bytes + 1)
-    finally:
-        os.close(fd)
+        return read_regular_file(path, max_bytes=max_bytes, what="recording")
+    except UnreadableFileError as exc:
+        if isinstance(exc.__cause__, FileNotFoundError):
+            return None
+        raise RecordingError(str(exc)) from exc
 
 
 class Recorder:

@@ -348,11 +348,11 @@ async def test_a_recording_to_go_on_with_is_read_only_when_it_is_a_regular_file_
 ) -> None:
     fifo = tmp_path / "fifo.json"
     os.mkfifo(fifo)  # with no writer: a blocking open would wait for ever
-    with pytest.raises(RecordingError, match=r"recording .*fifo.json is not a regular file"):
+    with pytest.raises(RecordingError, match=r"recording .*fifo.json is a FIFO \(named pipe\), not a regular file"):
         Recorder.resume(fifo)
     big = tmp_path / "big.json"
     big.write_text(json.dumps({"turns": [{"text": "x" * 3000}]}))
-    with pytest.raises(RecordingError, match=r"larger than 2,000 bytes"):
+    with pytest.raises(RecordingError, match=r"recording .*big.json is larger than 2,000 bytes"):
         Recorder.resume(big, max_bytes=2000)
     bad = tmp_path / "bad.json"
     bad.write_text('{"turns": [{"txt": "typo"}]}')
