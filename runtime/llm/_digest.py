@@ -12,7 +12,8 @@ What a digest covers, so that a replay of the same conversation matches:
 
 - a message: its role, its text, its tool calls (name and arguments, the
   arguments as sorted-key JSON when they parse, so whitespace and key order
-  do not count), a tool result's tool name and error flag;
+  do not count), a tool result's tool name and error flag, and its images
+  (type and content);
 - a tool: its description and JSON schema (its name keys the digest);
 - the system prompt's text.
 
@@ -117,7 +118,9 @@ class RequestDigester:
             ]
             for call in message.tool_calls
         ]
-        canonical = [message.role, self._text(message.content), calls, message.name, message.is_error]
+        canonical: list[object] = [message.role, self._text(message.content), calls, message.name, message.is_error]
+        if message.images:  # left out when there are none, so a digest made before images existed still holds
+            canonical.append([[image.mime_type, _sha(image.data.encode(), _PART_CHARS)] for image in message.images])
         return _sha(_encoder.encode(canonical), _PART_CHARS)
 
     def tool(self, spec: ToolSpec) -> str:

@@ -15,6 +15,7 @@ from weald.runtime import redact, register_secret
 from weald.runtime.llm import (
     BadRequestError,
     Completed,
+    Image,
     MalformedScriptError,
     Message,
     ModelRequest,
@@ -359,3 +360,20 @@ async def test_a_recording_to_go_on_with_is_read_only_when_it_is_a_regular_file_
     with pytest.raises(RecordingError, match=r"cannot go on with recording .*bad.json: it is not a valid recording"):
         Recorder.resume(bad)
     assert Recorder.resume(tmp_path / "none.json").turn_count == 0
+
+
+async def test_an_image_a_tool_result_shows_the_model_counts_in_the_request(tmp_path: Path) -> None:
+    path = tmp_path / "rec.json"
+
+    def shown(data: str) -> list[Message]:
+        return [Message(role="tool", content="a chart", name="render", images=[Image("image/png", data)])]
+
+    await collect(
+        Recorder(path).wrap(ScriptedProvider.from_dict({"turns": [{"text": "ok"}]})),
+        ModelRequest(model="", messages=shown("iVBORw0KGgoAAAA")),
+    )
+    with pytest.raises(ReplayDivergence, match=r"message 1 \(the result of tool call render\) differs"):
+        await collect(ScriptedProvider.from_file(path), ModelRequest(model="", messages=shown("R0lGODlhAQABAAA")))
+    assert isinstance(
+        (await collect(ScriptedProvider.from_file(path), ModelRequest("", shown("iVBORw0KGgoAAAA"))))[-1], Completed
+    )
