@@ -38,9 +38,11 @@ from __future__ import annotations
 
 import fnmatch
 import functools
+import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -343,15 +345,48 @@ async def _launch(ctx: ToolContext, command: str, workdir: Path, fd: int) -> _La
                 f"{SANDBOX_ENABLE_HINT}.",
             )
         return _Launch(_argv(command), env, mode="unavailable", network=True, pass_fds=(fd,))
+    search_path = env.get("PATH", "")
     env["TMPDIR"] = "/tmp"  # noqa: S108 - the sandbox's own /tmp
-    argv = await trio.to_thread.run_sync(_sandbox_argv, ctx, status.bwrap, command, workdir, network)
+    argv = await trio.to_thread.run_sync(
+        functools.partial(_sandbox_argv, ctx, status.bwrap, command, workdir, network, search_path=search_path)
+    )
     # No descriptor goes in: one opened out here would lead back out of the
     # sandbox's mounts (openat(fd, "..")). bwrap starts in the pinned
     # directory and enters it again by its name, inside.
     return _Launch(argv, env, mode="bwrap", network=network, pass_fds=())
 
 
-def _sandbox_argv(ctx: ToolContext, bwrap: str, command: str, workdir: Path, network: bool) -> list[str]:
+def toolchain_in_tmp(search_path: str) -> tuple[Path, ...]:
+    """Where the command's programs live under the host's ``/tmp``, which the sandbox replaces with its own.
+
+    A checkout and its virtualenv under ``/tmp`` (a CI runner's work
+    directory, ``git clone`` into ``/tmp``) would otherwise vanish from the
+    sandbox with the rest of the host's ``/tmp``: the daemon's own Python
+    prefixes and the ``PATH`` directories found there (with the virtualenv a
+    ``bin`` belongs to) are shown again, read-only. Blocks: it looks at the
+    filesystem.
+    """
+    host_tmp = Path("/tmp")  # noqa: S108 - the host's /tmp, which the sandbox hides
+    found: list[Path] = []
+    candidates = [Path(sys.prefix), Path(sys.exec_prefix), Path(sys.base_prefix)]
+    candidates += [Path(entry) for entry in search_path.split(os.pathsep) if entry]
+    for candidate in candidates:
+        try:
+            real = candidate.resolve(strict=True)
+        except OSError:
+            continue
+        if host_tmp not in real.parents:
+            continue
+        if real.name == "bin" and (real.parent / "pyvenv.cfg").is_file():
+            real = real.parent  # the whole virtualenv: its lib/ holds what its python imports
+        if real not in found:
+            found.append(real)
+    return tuple(found)
+
+
+def _sandbox_argv(
+    ctx: ToolContext, bwrap: str, command: str, workdir: Path, network: bool, *, search_path: str
+) -> list[str]:
     """Runs in a worker thread: it looks at the filesystem."""
     option = ctx.config.option
     tmp = None
@@ -364,7 +399,11 @@ def _sandbox_argv(ctx: ToolContext, bwrap: str, command: str, workdir: Path, net
         project=project,
         workdir=workdir,
         writable=expand_paths(option("shell", "writable", ()), base=project),
-        readable=(*expand_paths(option("shell", "readable", ()), base=project), *ctx.allowed_dirs),
+        readable=(
+            *expand_paths(option("shell", "readable", ()), base=project),
+            *ctx.allowed_dirs,
+            *toolchain_in_tmp(search_path),
+        ),
         hidden=(
             *default_hidden_paths(),
             *expand_paths(ctx.config.private_paths),

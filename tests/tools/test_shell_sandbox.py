@@ -389,3 +389,26 @@ def test_debug_state_tells_the_agent_how_its_commands_are_sandboxed(make_ctx: Ca
 def test_debug_state_says_when_the_sandbox_is_unavailable(make_ctx: Callable[..., ToolContext]) -> None:
     assert "process groups only" in describe_sandbox(make_ctx())
     assert "refuses every command" in describe_sandbox(make_ctx(shell_options={"sandbox": "required"}))
+
+
+@pytest.mark.trio
+async def test_programs_on_the_path_under_the_hosts_tmp_still_run_read_only(
+    make_ctx: Callable[..., ToolContext], tmp_path: Path
+) -> None:
+    # A checkout and its virtualenv in /tmp (a CI runner's work directory): the sandbox's own /tmp
+    # must not take the toolchain away with the rest of the host's /tmp.
+    venv = tmp_path / "checkout" / ".venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    (venv / "lib").mkdir()
+    (venv / "lib" / "data.txt").write_text("from the venv's lib\n")
+    hello = venv / "bin" / "hello-from-tmp"
+    hello.write_text(f"#!/bin/sh\ncat {venv}/lib/data.txt\n")
+    hello.chmod(0o755)
+    (tmp_path / "checkout" / "secret.txt").write_text("tmp-secret")
+    ctx = make_ctx(shell_options={"env": {"PATH": f"{venv / 'bin'}:/usr/bin:/bin"}})
+    result = await run(ctx, command=f"hello-from-tmp; touch {venv}/lib/pwned; cat {tmp_path}/checkout/secret.txt")
+    assert result.data["sandbox"] == "bwrap"
+    assert "from the venv's lib" in result.output
+    assert not (venv / "lib" / "pwned").exists()  # shown read-only
+    assert "tmp-secret" not in result.output  # the rest of the host's /tmp stays out of reach
