@@ -10,6 +10,7 @@ cannot hold a value the file could not.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import urllib.parse
 from collections.abc import Mapping
@@ -145,6 +146,22 @@ def check_full_model_spec(value: object, _type: object = None) -> str:
     if ":" not in spec:
         raise InvalidValue('a "provider:model" string (like "openai:gpt-4.1")', value)
     return spec
+
+
+def check_http_address(value: object, _type: object = None) -> str:
+    """``HOST:PORT`` for the observer to listen on: an IP address (``[::1]`` for IPv6) or ``localhost``."""
+    if not isinstance(value, str):
+        raise InvalidValue('"HOST:PORT", like "127.0.0.1:8765"', value)
+    host, colon, port = value.rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")
+    if not colon or not host or not port.isdigit() or int(port) > 65535:
+        raise InvalidValue('"HOST:PORT", like "127.0.0.1:8765" (port 0 picks a free one)', value)
+    if host != "localhost":
+        try:
+            ipaddress.ip_address(host)
+        except ValueError:
+            raise InvalidValue('"HOST:PORT" with an IP address or localhost, like "127.0.0.1:8765"', value) from None
+    return value
 
 
 # --- The sections ---------------------------------------------------------------------------------
@@ -570,15 +587,22 @@ class SpillConfig:
 
 @attrs.frozen(kw_only=True)
 class DaemonConfig:
-    """``[server]``: the daemon's JSON-RPC front.
+    """``[server]``: the daemon's JSON-RPC front, and its web observer.
 
     Attributes:
         socket: The Unix socket. When not set, `load_config` uses
             ``$XDG_RUNTIME_DIR/weald.sock`` if that variable is set, else
             ``~/.weald/weald.sock``.
+        http: ``HOST:PORT`` where the observer (a live web view of the
+            daemon) listens; None: no observer. Port 0 picks a free port.
+        http_remote: Let ``http`` be an address other than loopback. Off,
+            a non-loopback address is refused: anyone who can reach the
+            port and holds the token sees and answers everything.
     """
 
     socket: Path = Path("~/.weald/weald.sock")
+    http: str | None = checked(None, optional(check_http_address))
+    http_remote: bool = checked(False, check_bool)
 
 
 @attrs.frozen(kw_only=True)

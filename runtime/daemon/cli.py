@@ -3,6 +3,8 @@
 ::
 
     weald serve [--socket PATH | --stdio] [--faults FILE]   run the daemon
+                [--http HOST:PORT]                      ... with the observer, a live web view
+    weald observe [--no-browser]                            open the running daemon's observer
     weald run "PROMPT" [--agent ID] [--cwd DIR] [--yes]     prompt an agent, streaming its work
               [--record FILE] [--faults FILE]               ... recording its model calls; under faults
     weald agents | tree | debug-state ID | tasks            look inside a running daemon
@@ -98,7 +100,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             _print_error(err, f"weald serve: bad fault file: {problem}")
         return EXIT_USAGE
     socket_path = None if args.stdio and not args.socket else _socket_path(args, config)
-    daemon = Daemon(config, socket_path=socket_path, stdio=args.stdio, faults=faults)
+    daemon = Daemon(config, socket_path=socket_path, stdio=args.stdio, faults=faults, http=args.http)
     stop = threading.Event()
 
     def on_signal(_signum: int, _frame: object) -> None:
@@ -127,10 +129,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.json and not args.stdio:
         # One line a script can read: where to connect, whom to signal.
         line = {"socket": str(socket_path), "pid": os.getpid(), "store": str(config.store.path)}
+        if daemon.observer_port is not None:
+            line["http"] = _observer_address(daemon)
         sys.stdout.write(json.dumps(line) + "\n")
         sys.stdout.flush()
     elif not args.stdio:
         err.print(f"weald daemon serving on {socket_path} (pid {os.getpid()}); store {config.store.path}")
+        if daemon.observer_port is not None:
+            err.print(f"observer on http://{_observer_address(daemon)}/ (weald observe opens it)")
     while not stop.wait(0.2):
         if daemon.stop_requested:
             break
@@ -138,6 +144,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
         err.print("weald daemon stopping: aborting running turns, saving, stopping the tree")
     daemon.shutdown()
     return EXIT_OK
+
+
+def _observer_address(daemon: Any) -> str:
+    """Where the observer listens, ``HOST:PORT`` (no token: that is for ``weald observe``)."""
+    from weald.runtime.daemon.http import split_address
+
+    host, _ = split_address(daemon.http)
+    return f"[{host}]:{daemon.observer_port}" if ":" in host else f"{host}:{daemon.observer_port}"
 
 
 def _log_warnings_to_stderr() -> None:
@@ -606,6 +620,40 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return EXIT_FAILED if failed else EXIT_OK
 
 
+def cmd_observe(args: argparse.Namespace) -> int:
+    """Open the running daemon's observer (a live web view) in a browser, or print its address.
+
+    The address carries the daemon's token, which only the daemon's owner-only
+    socket gives out: keep it to yourself. The daemon serves the observer when
+    started with ``weald serve --http 127.0.0.1:8765`` (or ``[server] http``).
+    """
+    with _connect(args) as client:
+        url = client.call("observer.url", timeout=10)["url"]
+    if args.json:
+        _print_json({"url": url})
+        return EXIT_OK
+    opened = False
+    if not args.no_browser and _has_browser():
+        import webbrowser
+
+        with contextlib.suppress(webbrowser.Error):
+            opened = webbrowser.open(url)
+    if opened:
+        _console(stderr=True).print(f"opened the observer in a browser: {url}", markup=False, soft_wrap=True)
+    else:
+        sys.stdout.write(url + "\n")
+    return EXIT_OK
+
+
+def _has_browser() -> bool:
+    """A browser could open here: a display, or $BROWSER (never a text browser taking over this terminal)."""
+    if os.environ.get("BROWSER"):
+        return True
+    if sys.platform == "darwin":
+        return True
+    return bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     """Run the self-contained demo."""
     from weald.runtime.daemon.demo import run_demo
@@ -641,7 +689,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stdio", action="store_true", help="serve JSON-RPC on stdin/stdout")
     p.add_argument("--faults", help="enable fault injection, with the faults declared in FILE (TOML or JSON)")
     p.add_argument("--no-restore", action="store_true", help="do not restart the stored sessions")
+    p.add_argument(
+        "--http", metavar="HOST:PORT", help="serve the observer, a live web view, here (loopback; port 0: any free)"
+    )
     p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser(
+        "observe", parents=[common], help="open the daemon's live web view", description=_doc(cmd_observe)
+    )
+    p.add_argument("--no-browser", action="store_true", help="print the address instead of opening a browser")
+    p.set_defaults(func=cmd_observe)
 
     p = sub.add_parser("run", parents=[common], help="prompt an agent", description=_doc(cmd_run))
     p.add_argument("prompt", help="what to ask")

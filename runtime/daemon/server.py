@@ -47,7 +47,7 @@ from typing import Annotated, Any, Literal
 import attrs
 import msgspec
 import trio
-from weald.runtime import Actor, Event, StoreError, WealdError, redact
+from weald.runtime import Actor, Event, Future, StoreError, WealdError, redact
 from weald.runtime._version import VERSION
 from weald.runtime.agent import TurnResult
 from weald.runtime.daemon._front import (
@@ -175,6 +175,14 @@ class PermissionRespondParams(_Params):
     decision: Literal["allow", "deny", "allow_always"]
     # With "deny": why, for the model, instead of "denied by the user".
     message: Annotated[str, msgspec.Meta(max_length=2000)] | None = None
+
+
+class OpenPromptsParams(_Params):
+    agent_id: str | None = None  # None: every agent's
+
+
+class ActorSnapshotParams(_Params):
+    path: str
 
 
 class AskUserRespondParams(_Params):
@@ -368,6 +376,26 @@ class ServerSnapshot:
 
 Handler = Callable[[Connection, Any], Awaitable[Any]]
 
+# Methods that stream to, or wait on behalf of, one client connection.
+_CONNECTION_METHODS = frozenset({"events.subscribe", "events.unsubscribe", "agent.prompt"})
+
+
+class _NoStream(trio.abc.SendStream):
+    """The send side of the in-process connection (`Server.call_nowait`): nothing is ever sent."""
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        await trio.lowlevel.checkpoint()
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await trio.lowlevel.checkpoint()
+
+    async def aclose(self) -> None:
+        await trio.lowlevel.checkpoint()
+
+
+def _ignore(_: Any) -> None:
+    """An I/O task's reply that tells the actor nothing: the task reported its own outcome."""
+
 
 class Server(Actor):
     """Serves the daemon's JSON-RPC API on a Unix socket (and/or stdio).
@@ -403,6 +431,8 @@ class Server(Actor):
         # Invariant: _in_flight counts requests read and not yet answered; _answered wakes at 0.
         self._in_flight = 0
         self._answered = trio.lowlevel.ParkingLot()
+        # In-process callers' requests (`call_nowait`) run on this connection; nothing is sent on it.
+        self._local = Connection(self, _NoStream(), "local")
         self._methods: dict[str, tuple[type[_Params], Handler]] = {
             "agent.start": (AgentStartParams, self._agent_start),
             "agent.prompt": (AgentPromptParams, self._agent_prompt),
@@ -414,8 +444,12 @@ class Server(Actor):
             "debug_state": (DebugStateParams, self._debug_state),
             "tree": (TreeParams, self._tree),
             "tasks.list": (TasksListParams, self._tasks_list),
+            "permission.list": (OpenPromptsParams, self._permission_list),
             "permission.respond": (PermissionRespondParams, self._permission_respond),
+            "ask_user.list": (OpenPromptsParams, self._ask_user_list),
             "ask_user.respond": (AskUserRespondParams, self._ask_user_respond),
+            "actor.snapshot": (ActorSnapshotParams, self._actor_snapshot),
+            "observer.url": (NoParams, self._observer_url),
             "events.subscribe": (EventsSubscribeParams, self._events_subscribe),
             "events.unsubscribe": (EventsUnsubscribeParams, self._events_unsubscribe),
             "fault.inject": (FaultInjectParams, self._fault_inject),
@@ -719,38 +753,67 @@ class Server(Actor):
         method = request.get("method")
         if not isinstance(method, str):
             return _error(request_id, INVALID_REQUEST, 'invalid request: "method" must be a string')
+        outcome = await self._call(conn, method, request.get("params", {}))
+        if notification:
+            return None
+        return {"jsonrpc": "2.0", "id": request_id, **outcome}
+
+    async def _call(self, conn: Connection, method: str, raw_params: Any) -> dict[str, Any]:
+        """Run one method: ``{"result": ...}`` (JSON-ready) or ``{"error": {code, message, data?}}``."""
         entry = self._methods.get(method)
         if entry is None:
             known = ", ".join(sorted(self._methods))
-            return (
-                None
-                if notification
-                else _error(request_id, METHOD_NOT_FOUND, f"method not found: {method!r}. Methods: {known}")
-            )
+            return _failure(METHOD_NOT_FOUND, f"method not found: {method!r}. Methods: {known}")
         params_type, handler = entry
-        raw_params = request.get("params", {})
         if raw_params is None:
             raw_params = {}
         if not isinstance(raw_params, dict):
-            return _error(request_id, INVALID_PARAMS, "invalid params: params must be an object of named parameters")
+            return _failure(INVALID_PARAMS, "invalid params: params must be an object of named parameters")
         try:
             params = msgspec.convert(raw_params, type=params_type)
         except msgspec.ValidationError as exc:
-            return _error(request_id, INVALID_PARAMS, f"invalid params for {method}: {_describe(exc)}")
+            return _failure(INVALID_PARAMS, f"invalid params for {method}: {_describe(exc)}")
         try:
             result = await handler(conn, params)
         except RPCError as exc:
-            return None if notification else _error(request_id, exc.code, exc.message, exc.data)
+            return _failure(exc.code, exc.message, exc.data)
         except (WealdError, ValueError, KeyError) as exc:
-            return None if notification else _error(request_id, APP_ERROR, str(exc))
+            return _failure(APP_ERROR, str(exc))
         except Exception as exc:
             if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE):
-                return None if notification else _error(request_id, APP_ERROR, _out_of_fds(method))
+                return _failure(APP_ERROR, _out_of_fds(method))
             self.system.events.publish("server.error", self.path, {"method": method, "error": repr(exc)})
-            return None if notification else _error(request_id, INTERNAL_ERROR, f"internal error in {method}: {exc!r}")
-        if notification:
-            return None
-        return {"jsonrpc": "2.0", "id": request_id, "result": _plain(result)}
+            return _failure(INTERNAL_ERROR, f"internal error in {method}: {exc!r}")
+        return {"result": _plain(result)}
+
+    def call_nowait(self, method: str, params: dict[str, Any] | None = None) -> Future[dict[str, Any]]:
+        """Run one of the methods for an in-process caller (the HTTP observer); returns a future of its outcome.
+
+        The outcome is what a JSON-RPC reply carries besides its id:
+        ``{"result": ...}`` or ``{"error": {"code", "message", "data"?}}``,
+        from the same method table, checks and handlers as the socket's
+        requests. The method runs in a task of its own, so a slow one never
+        holds up this actor's mailbox. Methods that need a connection of
+        their own (``events.subscribe``, ``agent.prompt``) are refused: the
+        observer reads the bus itself.
+
+        Runs in the server's own context (the loop thread).
+        """
+        future: Future[dict[str, Any]] = Future()
+        if method in _CONNECTION_METHODS:
+            future.set(_failure(INVALID_REQUEST, f"{method} needs a client connection of its own (the socket)"))
+            return future
+
+        async def run() -> None:
+            try:
+                outcome = await self._call(self._local, method, params)
+            except BaseException:  # the caller learns what went wrong; cancellation still ends the task
+                future.set_exception()
+                raise
+            future.set(outcome)
+
+        self.run_io(run, reply=_ignore, name=f"local {method}")
+        return future
 
     # -- agents --------------------------------------------------------------------------------------
 
@@ -838,6 +901,7 @@ class Server(Actor):
             row.update(
                 state=snap.status,
                 turn_id=snap.turn_id,
+                step=snap.step,
                 restarts=snap.restarts,
                 usage=_plain(snap.usage),
                 context=_plain(snap.context),
@@ -998,6 +1062,29 @@ class Server(Actor):
             _prune(root, p.depth)
         return root
 
+    async def _actor_snapshot(self, conn: Connection, p: ActorSnapshotParams) -> dict[str, Any]:
+        """One live actor's ``snapshot()`` (its class, and the state it reports), secrets redacted."""
+        ref = self.system.whereis(p.path.rstrip("/") or "/")
+        if ref is None:
+            raise RPCError(NOT_FOUND, f"no live actor at {p.path}; tree lists them")
+        snapshot = await ref.proxy().snapshot()
+        report: dict[str, Any] = redact(
+            {"path": ref.path, "kind": ref.actor_class.__name__, "snapshot": _plain(snapshot)}
+        )
+        return report
+
+    async def _observer_url(self, conn: Connection, p: NoParams) -> dict[str, Any]:
+        """The observer's address, with the token that lets a browser in (only over the owner-only socket)."""
+        observer = self.system.whereis("/http")
+        if observer is None:
+            raise RPCError(
+                NOT_FOUND,
+                "this daemon serves no observer: start it with weald serve --http 127.0.0.1:8765 "
+                '(or set http = "127.0.0.1:8765" under [server] in weald.toml)',
+            )
+        url: str = await observer.proxy().url()
+        return {"url": url}
+
     # -- tasks ------------------------------------------------------------------------------------------
 
     async def _tasks_list(self, conn: Connection, p: TasksListParams) -> dict[str, Any]:
@@ -1080,6 +1167,14 @@ class Server(Actor):
         for _, owner, payload in list(self._questions.values()):
             if owner == agent_id:
                 conn.notify("ask_user.question", payload)
+
+    async def _permission_list(self, conn: Connection, p: OpenPromptsParams) -> list[dict[str, Any]]:
+        """The open permission requests (of one agent), as ``permission.request`` sent them."""
+        return [payload for _, owner, payload in self._permissions.values() if p.agent_id in (None, owner)]
+
+    async def _ask_user_list(self, conn: Connection, p: OpenPromptsParams) -> list[dict[str, Any]]:
+        """The open questions (of one agent), as ``ask_user.question`` sent them."""
+        return [payload for _, owner, payload in self._questions.values() if p.agent_id in (None, owner)]
 
     async def _permission_respond(self, conn: Connection, p: PermissionRespondParams) -> dict[str, Any]:
         entry = self._permissions.get(p.request_id)
@@ -1350,11 +1445,16 @@ def _claim_ids(conn: Connection, request: Any) -> tuple[dict[int, dict[str, Any]
     return early, _Claim(claimed)
 
 
-def _error(request_id: Any, code: int, message: str, data: Any = None) -> dict[str, Any]:
+def _failure(code: int, message: str, data: Any = None) -> dict[str, Any]:
+    """The ``error`` part of a reply, without its id."""
     error: dict[str, Any] = {"code": code, "message": message}
     if data is not None:
         error["data"] = data
-    return {"jsonrpc": "2.0", "id": request_id, "error": error}
+    return {"error": error}
+
+
+def _error(request_id: Any, code: int, message: str, data: Any = None) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": request_id, **_failure(code, message, data)}
 
 
 def _describe(exc: msgspec.ValidationError) -> str:

@@ -8,7 +8,8 @@
     ├── io         trio loop thread
     ├── mcp        one MCPConnection per configured server (one_for_one, backoff)
     ├── sessions   DynamicSupervisor: one session subtree per agent
-    └── server     JSON-RPC front (Unix socket / stdio)
+    ├── server     JSON-RPC front (Unix socket / stdio)
+    └── http       the observer: a live web view (``[server] http``, ``weald serve --http``)
 
 Shutting down (SIGTERM, SIGINT, ``daemon.stop``) goes: the server stops
 accepting connections and new turns; running turns are aborted and prompts
@@ -80,6 +81,7 @@ from weald.runtime import (
 from weald.runtime.agent import AgentConfig, TurnResult
 from weald.runtime.daemon._hygiene import SandboxReport, prepare_process, stop_leftovers
 from weald.runtime.daemon.config import CONFIG_ENV, Config
+from weald.runtime.daemon.http import Observer, new_token
 from weald.runtime.daemon.server import SHUTDOWN_REASON, Server, prepare_socket
 from weald.runtime.llm import Provider, Recorder, RecordingError, ReplayDivergence, Usage, make_provider
 from weald.runtime.session import SessionConfig, agent_path, session_spec, valid_session_id
@@ -707,6 +709,7 @@ class Daemon:
         config: the configuration (``weald.toml``).
         socket_path: the Unix socket to serve on; None serves no socket.
         stdio: serve JSON-RPC on stdin/stdout instead.
+        http: ``HOST:PORT`` for the observer; default: ``[server] http`` (None: no observer).
         faults: a fault injector (`weald.runtime.faults`) when faults are enabled.
         registry: the tools; default: a copy of the built-ins.
     """
@@ -719,10 +722,16 @@ class Daemon:
         stdio: bool = False,
         faults: Any = None,
         registry: ToolRegistry | None = None,
+        http: str | None = None,
     ) -> None:
         self.config = config
         self.socket_path = Path(socket_path) if socket_path else None
         self.stdio = stdio
+        self.http = http or config.server.http
+        # Every request to the observer carries it; only the owner-only socket tells it (observer.url).
+        self.observer_token = new_token()
+        register_secret(self.observer_token)
+        self.observer_port: int | None = None  # the port the observer got; a restart keeps it
         self.faults = faults
         self.registry = registry if registry is not None else default_registry.copy()
         register_config_secrets(config)
@@ -787,7 +796,7 @@ class Daemon:
             self.sessions.sweep_spill()
             if restore:
                 self.system.loop.run(self.sessions.restore, progress)
-            if self.socket_path is not None or self.stdio:
+            if self.socket_path is not None or self.stdio or self.http:
                 root.start_child(
                     ChildSpec(
                         "server",
@@ -796,6 +805,11 @@ class Daemon:
                         shutdown=10,
                     )
                 ).get(timeout=30)
+            if self.http:
+                # Beside the server: every piece of data it shows comes through the server's methods.
+                observer = {"daemon": self, "address": self.http, "token": self.observer_token}
+                observer["remote"] = self.config.server.http_remote
+                root.start_child(ChildSpec("http", Observer, kwargs=observer, shutdown=10)).get(timeout=30)
         except BaseException:
             self.system.shutdown()
             restore_environ()
