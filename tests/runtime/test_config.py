@@ -198,6 +198,7 @@ durability = "power"
 
 [server]
 socket = "/run/weald.sock"
+http = "127.0.0.1:8765"
 
 [faults]
 enabled = true
@@ -256,6 +257,7 @@ def test_every_section_is_structured_into_its_class() -> None:
     assert attrs.astuple(config.limits) == (100, 1_048_576, 8, 50, 33_554_432)
     assert (config.store.path, config.store.durability) == (Path("/var/lib/weald/store.db"), "power")
     assert config.server.socket == Path("/run/weald.sock")
+    assert (config.server.http, config.server.http_remote) == ("127.0.0.1:8765", False)
     assert (config.faults.enabled, config.faults.file) == (True, Path("/etc/weald/faults.toml"))
 
 
@@ -482,6 +484,26 @@ def test_a_string_without_a_base_dir_keeps_relative_paths_relative() -> None:
 
 
 # --- Errors ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ('"8765"', '"HOST:PORT", like "127.0.0.1:8765" (port 0 picks a free one), got "8765"'),
+        ('"127.0.0.1:99999"', '"HOST:PORT", like "127.0.0.1:8765" (port 0 picks a free one), got "127.0.0.1:99999"'),
+        ('"observer.example:80"', '"HOST:PORT" with an IP address or localhost, like "127.0.0.1:8765", got "observer.example:80"'),
+        ("8765", '"HOST:PORT", like "127.0.0.1:8765", got 8765'),
+    ],
+)
+def test_a_bad_observer_address_is_reported_with_its_path(value: str, expected: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse(f"[server]\nhttp = {value}\n")
+    assert str(caught.value).splitlines()[1:] == [f"  <string>: server.http: expected {expected}"]
+
+
+def test_observer_addresses_on_loopback_and_ipv6_are_taken_as_written() -> None:
+    assert parse('[server]\nhttp = "[::1]:0"').server.http == "[::1]:0"
+    assert parse('[server]\nhttp = "localhost:8765"').server.http == "localhost:8765"
 
 
 def test_a_wrong_type_names_its_path_and_what_was_expected() -> None:
