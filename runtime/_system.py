@@ -19,6 +19,7 @@ import contextlib
 import logging
 import tempfile
 import threading
+import uuid
 from collections import OrderedDict, deque
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, TypeVar
@@ -151,6 +152,10 @@ class ActorSystem:
         ring_size: recent events kept by the bus.
         root_max_restarts: restart intensity of the root supervisor.
         root_max_seconds: its window.
+
+    Attributes:
+        run_id: a random id of this system's one run (a system starts once):
+            what a record written by an earlier process cannot carry.
     """
 
     _running: ClassVar[list[ActorSystem]] = []
@@ -183,6 +188,8 @@ class ActorSystem:
         self._faults: FaultHook | None = None
         self._root: Ref[Any] | None = None
         self._state = "new"
+        # A system runs once: records an earlier process wrote carry another run id.
+        self.run_id = uuid.uuid4().hex
 
     def __repr__(self) -> str:
         return f"<ActorSystem {self._state} actors={len(self._registry)} store={self.store_path}>"

@@ -154,7 +154,8 @@ class AgentRecord(msgspec.Struct, kw_only=True):
     depth: int = 0
     created: float = 0.0
     status: str = "active"
-    restarts: int = 0
+    restarts: int = 0  # see Agent: unplanned restarts since the daemon started, restores included
+    run_id: str = ""  # the `ActorSystem.run_id` that ``restarts`` counts for
     next_seq: int = 0
     provider_position: int | None = None
     usage: Usage = msgspec.field(default_factory=Usage)
@@ -557,6 +558,10 @@ class Agent(Actor):
         self._context.compactions = record.compactions
         record.next_seq = max(record.next_seq, (entries[-1][1].seq + 1) if entries else 0)
         self._record = record
+        if record.run_id != self.system.run_id:
+            # `restarts` counts from the daemon's start (a restore from the store is one, below).
+            record.run_id = self.system.run_id
+            record.restarts = 0
         interrupted = await self._recover(store) if recovered else None
         if recovered:
             record.restarts += 1
@@ -615,10 +620,20 @@ class Agent(Actor):
         return self._shutdown()
 
     async def _shutdown(self) -> None:
+        crashed = self._crashed_dependency()
         if self._turn is not None or self._compaction is not None or self._compact_waiters:
-            self._abort_turn("the agent was stopped")
+            if crashed is None:
+                self._abort_turn("the agent was stopped")
+            else:
+                reason = (
+                    f"the session's {crashed} crashed and was restarted, and this agent with it (rest_for_one); "
+                    "the turn was interrupted: its history is kept, prompt again to carry on"
+                )
+                self._abort_turn(reason, interrupted=True)
         if self._record is not None:
-            self._record.status = "stopped"
+            # Stopped because an actor it depends on crashed: the supervisor starts it again at
+            # once, a restart like its own crash ("active" makes the next start count it).
+            self._record.status = "stopped" if crashed is None or self._config.depth > 0 else "active"
             self._persist_record()
         failure = await self._drain_writes()
         # The receive loop has ended, so flush acknowledgements cannot arrive
@@ -632,6 +647,22 @@ class Agent(Actor):
         if self._provider is not None:
             with trio.move_on_after(2):
                 await self._provider.aclose()
+
+    def _crashed_dependency(self) -> str | None:
+        """The actor this agent depends on that has died, if that is why it is being stopped.
+
+        A session supervisor (rest_for_one) stops the agent, to restart it,
+        after its tool runner or sub-agent supervisor crashed: by then that
+        sibling is gone from the registry. A stop for good (``agent.stop``,
+        the daemon's shutdown) stops the agent first, its siblings still alive.
+        """
+        if self._runner_path is not None and self.system.whereis(self._runner_path) is None:
+            return "tool runner"
+        if self._config.depth == 0 and self._runner_path is not None:
+            sub_agents = self._runner_path.rsplit("/", 1)[0] + "/sub_agents"
+            if self.system.whereis(sub_agents) is None and self.system.whereis(self._runner_path) is not None:
+                return "sub-agent supervisor"
+        return None
 
     def on_failure(self, *exc_info: Any) -> None:
         """Tell whoever waits on the turn that it was interrupted (the supervisor restarts us)."""
@@ -1100,11 +1131,13 @@ class Agent(Actor):
             self._take_queue(turn)
         self._step()
 
-    def _end_turn(self, *, ok: bool, error: str | None = None, aborted: bool = False) -> None:
+    def _end_turn(
+        self, *, ok: bool, error: str | None = None, aborted: bool = False, interrupted: bool = False
+    ) -> None:
         turn = self._turn
         assert turn is not None
         self._turn = None
-        status = "aborted" if aborted else ("done" if ok else "error")
+        status = "aborted" if aborted else "interrupted" if interrupted else ("done" if ok else "error")
         self._write_turn(turn, status, error=error)
         self._persist_record()
         result = TurnResult(
@@ -1115,6 +1148,7 @@ class Agent(Actor):
             steps=turn.steps,
             error=error,
             aborted=aborted,
+            interrupted=interrupted,
         )
         futures = list(turn.futures)
         entry = (futures, result)
@@ -1151,12 +1185,12 @@ class Agent(Actor):
             acknowledge(final)
 
         self._flush(acknowledge, unsaved)
-        if self._queue and not aborted:
+        if self._queue and not (aborted or interrupted):
             self._start_turn()
         elif self._compact_waiters:
             self._compact_between_turns()  # asked for during the turn, which ended before another model call
 
-    def _abort_turn(self, reason: str) -> None:
+    def _abort_turn(self, reason: str, *, interrupted: bool = False) -> None:
         turn = self._turn
         self._gen += 1  # events still in flight from the cancelled stream are ignored
         if self._stream_io is not None:
@@ -1180,16 +1214,17 @@ class Agent(Actor):
                 history = self._context.messages
                 last = history[-1] if history else None
                 calls = last.tool_calls if last is not None and last.role == "assistant" else []
+                answer = f"[interrupted] {reason}" if interrupted else "[aborted]"
                 for call in calls:
                     self._append(
-                        Message(role="tool", content="[aborted]", tool_call_id=call.id, name=call.name, is_error=True),
+                        Message(role="tool", content=answer, tool_call_id=call.id, name=call.name, is_error=True),
                         turn.id,
                     )
                 turn.batch = None
                 turn.pending_calls = ()
             turn.futures.extend(p.future for p in queued)
-            self._publish("agent.aborted", {"turn_id": turn.id, "reason": reason})
-            self._end_turn(ok=False, error=reason, aborted=True)
+            self._publish("agent.aborted", {"turn_id": turn.id, "reason": reason, "interrupted": interrupted})
+            self._end_turn(ok=False, error=reason, aborted=not interrupted, interrupted=interrupted)
         else:
             for prompt in queued:
                 with contextlib.suppress(Exception):

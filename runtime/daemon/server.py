@@ -49,7 +49,7 @@ import msgspec
 import trio
 from weald.runtime import Actor, Event, Future, StoreError, WealdError, redact
 from weald.runtime._version import VERSION
-from weald.runtime.agent import TurnResult
+from weald.runtime.agent import Agent, TurnResult
 from weald.runtime.daemon._front import (
     LIMIT_REACHED,
     TOO_LARGE,
@@ -1031,11 +1031,26 @@ class Server(Actor):
                 if info.escalations:
                     node["escalations"] = info.escalations  # times it gave up (supervisor.gave_up)
 
+        async def agent_restarts(ref: Any, node: dict[str, Any]) -> None:
+            # An agent's restarts are its own count (see docs/protocol.md, "restarts"),
+            # the number agent.list and debug_state give: restores from the store included.
+            async with limiter:
+                try:
+                    snapshot = await ref.proxy().snapshot(0)
+                except Exception:
+                    return
+            node["restarts"] = snapshot.restarts
+
         async with trio.open_nursery() as nursery:
             for path in paths:
                 ref = registry.get(path)
                 if ref is not None and issubclass(ref.actor_class, SupervisorBase):
                     nursery.start_soon(supervised, ref)
+        async with trio.open_nursery() as nursery:
+            for path, node in nodes.items():
+                ref = registry.get(path)
+                if ref is not None and issubclass(ref.actor_class, Agent):
+                    nursery.start_soon(agent_restarts, ref, node)
         mcp = registry.get("/mcp")
         if mcp is not None and "/mcp" in nodes and hasattr(mcp.actor_class, "servers"):
             with contextlib.suppress(Exception):  # stopping: the tree is drawn without the detail
