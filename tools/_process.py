@@ -75,7 +75,6 @@ __all__ = [
     "group_alive",
     "leftover_processes",
     "open_group_process",
-    "own_deadline",
     "pump",
     "sandbox_members",
     "signal_group",
@@ -135,17 +134,6 @@ def find_ripgrep() -> str:
             "(pip install ripgrep==14.1.0, or the system package); meanwhile use shell with find or grep.",
         )
     return rg
-
-
-# A tool that enforces its own timeout stops a little before the runner's
-# own deadline for the call, so that the answer is the tool's (what it got,
-# what to do next) rather than a bare timeout. Its cleanup is shielded.
-_MAX_MARGIN = 0.25
-
-
-def own_deadline(timeout: float) -> float:
-    """The seconds a tool gives itself out of a call's ``timeout``: slightly less (at most 0.25 s less)."""
-    return timeout - min(_MAX_MARGIN, timeout * 0.1)
 
 
 # -- process groups ------------------------------------------------------------

@@ -26,7 +26,6 @@ import trio
 from weald.tools._contract import ToolContext, ToolError, ToolResult, tool
 from weald.tools._hashline import binary_reason
 from weald.tools._html import html_to_text
-from weald.tools._process import own_deadline
 
 __all__ = ["DEFAULT_MAX_BYTES", "DEFAULT_TIMEOUT", "MAX_BYTES", "MAX_REDIRECTS", "MAX_TIMEOUT", "fetch"]
 
@@ -149,7 +148,7 @@ async def fetch(
     if timeout is None:
         timeout = ctx.timeout if ctx.timeout is not None else DEFAULT_TIMEOUT
     target = _check_url(url)
-    with trio.move_on_after(own_deadline(timeout)):
+    with trio.move_on_after(timeout):  # the runner's deadline for the call is later (grace)
         try:
             return await _get(target, max_bytes=max_bytes, timeout=timeout)
         except httpx.TimeoutException as exc:

@@ -68,7 +68,6 @@ from weald.tools._process import (
     capture_until_exit,
     leftover_processes,
     open_group_process,
-    own_deadline,
 )
 from weald.tools._sandbox import pinned_directory
 from weald.tools._shellrules import match_shell_patterns
@@ -188,14 +187,14 @@ async def shell(
         raise ToolError(f"job_id is required for action {action!r}. Use action='list' to see the background jobs.")
     limits = _Limits.of(ctx)
     if action == "wait":
-        wait = own_deadline(timeout) if timeout is not None else _DEFAULT_WAIT
+        wait = timeout if timeout is not None else _DEFAULT_WAIT
         return _job_result(await jobs.wait(job_id, wait, max_lines=limits.lines), waited=wait)
     if action == "input":
         if text is None and not eof:
             raise ToolError("text is required for action 'input' (or eof=true to close the job's stdin).")
         printed = jobs.get(job_id).output_bytes
         info = await jobs.send_input(job_id, text or "", eof=eof)
-        wait = own_deadline(timeout) if timeout is not None else _DEFAULT_INPUT_WAIT
+        wait = timeout if timeout is not None else _DEFAULT_INPUT_WAIT
         await jobs.wait_output(job_id, wait, after=printed)
         sent = f"Sent {len(text or '')} characters to {info.id}" + (" and closed its stdin." if eof else ".")
         return _job_result(jobs.read_nowait(job_id, max_lines=limits.lines), before=sent)
@@ -530,7 +529,9 @@ async def _run_in(
             mark=mark,
             sandboxed=launch.sandboxed,
         ) as process:
-            with trio.move_on_after(own_deadline(timeout)) as deadline:
+            # The whole timeout: the runner's own deadline for the call is later
+            # (`RunnerConfig.grace`), so this answer, with the output, comes first.
+            with trio.move_on_after(timeout) as deadline:
                 held_open = await capture_until_exit(process, capture, drain=_DRAIN_AFTER_EXIT)
                 # In the sandbox nothing outlives the command: its namespace is gone when bwrap is.
                 left_running = held_open or (

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 import tracemalloc
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -149,6 +150,21 @@ async def test_a_timeout_stops_the_command_and_says_how_to_allow_more(make_ctx: 
     assert any("600" in hint and "background" in hint for hint in result.hints)
     pgid = int(result.output.split()[0])
     assert live_members(pgid) == []
+
+
+@pytest.mark.trio
+async def test_a_timeout_gives_the_command_its_whole_time_not_less(make_ctx: Callable[..., ToolContext]) -> None:
+    # It used to stop at 90% of a short timeout (1.8 s of 2 s; at most 0.25 s early): the runner's own
+    # deadline for the call is later (RunnerConfig.grace), so the tool needs no margin of its own.
+    # The command notes the wall-clock time the stop reached it; it was started after `before`.
+    ctx = make_ctx()
+    before = time.time()
+    command = "trap 'date +%s.%N > stopped-at.txt; exit 1' TERM; sleep 30 & wait"
+    result = await run(ctx, command=command, timeout=2.5)
+    assert result.data["timed_out"]
+    assert "timed out after 2.5 s" in result.output
+    stopped = float((Path(ctx.working_dir) / "stopped-at.txt").read_text())
+    assert stopped - before >= 2.5
 
 
 @pytest.mark.trio
