@@ -491,7 +491,10 @@ def test_a_string_without_a_base_dir_keeps_relative_paths_relative() -> None:
     [
         ('"8765"', '"HOST:PORT", like "127.0.0.1:8765" (port 0 picks a free one), got "8765"'),
         ('"127.0.0.1:99999"', '"HOST:PORT", like "127.0.0.1:8765" (port 0 picks a free one), got "127.0.0.1:99999"'),
-        ('"observer.example:80"', '"HOST:PORT" with an IP address or localhost, like "127.0.0.1:8765", got "observer.example:80"'),
+        (
+            '"observer.example:80"',
+            '"HOST:PORT" with an IP address or localhost, like "127.0.0.1:8765", got "observer.example:80"',
+        ),
         ("8765", '"HOST:PORT", like "127.0.0.1:8765", got 8765'),
     ],
 )
