@@ -28,6 +28,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import re
 import resource
 import socket
 from collections.abc import AsyncGenerator, Callable
@@ -38,14 +39,16 @@ import msgspec
 import trio
 
 __all__ = [
+    "ID_SCAN_BYTES",
     "LIMIT_REACHED",
     "MAX_PAUSE",
-    "TOO_LARGE",
     "Acceptor",
     "AcceptorStatistics",
     "InputBudget",
     "OverBudget",
+    "TooLarge",
     "default_max_connections",
+    "leading_id",
     "over_budget_message",
     "read_lines",
 ]
@@ -338,18 +341,91 @@ class InputBudget:
         self.held -= n
 
 
-class _Marker:
-    __slots__ = ("name",)
+@attrs.frozen
+class TooLarge:
+    """`read_lines` yields it for a line over the message limit, then skips to that line's end.
 
-    def __init__(self, name: str) -> None:
-        self.name = name
+    Attributes:
+        request_id: The line's top-level ``id``, when its first `ID_SCAN_BYTES`
+            bytes hold it (a string or an integer), so that the error reply can
+            carry it; None otherwise.
+    """
 
-    def __repr__(self) -> str:
-        return self.name
+    request_id: str | int | None
 
 
-TOO_LARGE: Final = _Marker("TOO_LARGE")
-"""`read_lines` yields it for a line over the message limit, then skips to that line's end."""
+ID_SCAN_BYTES: Final = 64 * 1024
+"""How much of a line over the limit is searched for its ``id``."""
+
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_SCALAR = re.compile(rb"-?[0-9][0-9.eE+-]*|true|false|null")
+_SPACE = re.compile(rb"[ \t\r\n]*")
+
+
+def leading_id(prefix: bytes) -> str | int | None:
+    """The top-level ``"id"`` of a JSON object whose text starts with ``prefix``, or None.
+
+    Reads the object's members in order, skipping each value (nested ones by
+    their brackets, strings by their quotes) until the ``id`` member; gives
+    up (None) at anything unexpected or where the prefix ends.
+    """
+    pos = _SPACE.match(prefix, 0).end()  # type: ignore[union-attr]
+    if prefix[pos : pos + 1] != b"{":
+        return None
+    pos += 1
+    while True:
+        pos = _SPACE.match(prefix, pos).end()  # type: ignore[union-attr]
+        key = _STRING.match(prefix, pos)
+        if key is None:
+            return None
+        pos = _SPACE.match(prefix, key.end()).end()  # type: ignore[union-attr]
+        if prefix[pos : pos + 1] != b":":
+            return None
+        pos = _SPACE.match(prefix, pos + 1).end()  # type: ignore[union-attr]
+        if key.group() == b'"id"':
+            token = _STRING.match(prefix, pos) or _SCALAR.match(prefix, pos)
+            if token is None or token.end() >= len(prefix):
+                return None  # a number the prefix may have cut short (-1 of -100) is not taken
+            try:
+                value = msgspec.json.decode(token.group())
+            except (msgspec.DecodeError, UnicodeDecodeError):
+                return None
+            return value if isinstance(value, str | int) and not isinstance(value, bool) else None
+        end = _skip_value(prefix, pos)
+        if end is None:
+            return None
+        pos = _SPACE.match(prefix, end).end()  # type: ignore[union-attr]
+        if prefix[pos : pos + 1] != b",":
+            return None
+        pos += 1
+
+
+def _skip_value(text: bytes, pos: int) -> int | None:
+    """Where the JSON value starting at ``pos`` ends, or None if ``text`` ends first (or it is not JSON)."""
+    first = text[pos : pos + 1]
+    if first == b'"':
+        string = _STRING.match(text, pos)
+        return string.end() if string is not None else None
+    if first not in (b"{", b"["):
+        scalar = _SCALAR.match(text, pos)
+        return scalar.end() if scalar is not None else None
+    depth = 0
+    while pos < len(text):
+        char = text[pos : pos + 1]
+        if char == b'"':
+            string = _STRING.match(text, pos)
+            if string is None:
+                return None
+            pos = string.end()
+            continue
+        if char in (b"{", b"["):
+            depth += 1
+        elif char in (b"}", b"]"):
+            depth -= 1
+            if depth == 0:
+                return pos + 1
+        pos += 1
+    return None
 
 
 @attrs.frozen
@@ -365,8 +441,8 @@ class OverBudget:
 
 async def read_lines(
     stream: trio.abc.ReceiveStream, limit: int, budget: InputBudget
-) -> AsyncGenerator[bytes | _Marker | OverBudget, None]:
-    """Yield each newline-terminated line of ``stream``, `TOO_LARGE` for one over ``limit``, or `OverBudget`.
+) -> AsyncGenerator[bytes | TooLarge | OverBudget, None]:
+    """Yield each newline-terminated line of ``stream``, `TooLarge` for one over ``limit``, or `OverBudget`.
 
     The partial line held between two reads is charged to ``budget``; all of
     it is given back when the generator ends, however it ends (close it with
@@ -404,21 +480,23 @@ async def read_lines(
                     if not skipping:
                         buf += data[start:]
                         if len(buf) > limit:
+                            too_large = TooLarge(leading_id(bytes(buf[:ID_SCAN_BYTES])))
                             buf.clear()
                             settle()
                             skipping = True
-                            yield TOO_LARGE
+                            yield too_large
                     break
                 if skipping:
                     skipping = False
                 else:
                     buf += data[start:newline]
                     complete = None if len(buf) > limit else bytes(buf)
+                    too_large = TooLarge(leading_id(bytes(buf[:ID_SCAN_BYTES]))) if complete is None else None
                     buf.clear()
                     settle()
-                    if complete is None:
-                        yield TOO_LARGE
-                    elif complete.strip():
+                    if too_large is not None:
+                        yield too_large
+                    elif complete is not None and complete.strip():
                         yield complete
                 start = newline + 1
             if not settle():

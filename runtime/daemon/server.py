@@ -52,10 +52,10 @@ from weald.runtime._version import VERSION
 from weald.runtime.agent import Agent, TurnResult
 from weald.runtime.daemon._front import (
     LIMIT_REACHED,
-    TOO_LARGE,
     Acceptor,
     InputBudget,
     OverBudget,
+    TooLarge,
     default_max_connections,
     over_budget_message,
     read_lines,
@@ -649,8 +649,10 @@ class Server(Actor):
 
                 async with contextlib.aclosing(read_lines(receive, self._max_message_bytes, self._budget)) as lines:
                     async for line in lines:
-                        if line is TOO_LARGE:
-                            await conn.reply(_error(None, INVALID_REQUEST, _too_large(self._max_message_bytes)))
+                        if isinstance(line, TooLarge):
+                            # The reply carries the request's id when the line's start gave it.
+                            message = _too_large(self._max_message_bytes)
+                            await conn.reply(_error(line.request_id, INVALID_REQUEST, message))
                             continue
                         if isinstance(line, OverBudget):
                             await self._refuse_over_budget(conn, line)
@@ -778,6 +780,8 @@ class Server(Actor):
         except RPCError as exc:
             return _failure(exc.code, exc.message, exc.data)
         except (WealdError, ValueError, KeyError) as exc:
+            if getattr(exc, "rpc_code", None) == INVALID_PARAMS:  # the daemon's InvalidRequestError
+                return _failure(INVALID_PARAMS, f"invalid params for {method}: {exc}", {"field": exc.field})  # type: ignore[union-attr]
             return _failure(APP_ERROR, str(exc))
         except Exception as exc:
             if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE):

@@ -94,6 +94,7 @@ __all__ = [
     "SHUTDOWN_REASON",
     "Daemon",
     "DaemonError",
+    "InvalidRequestError",
     "Roots",
     "SessionRecord",
     "Sessions",
@@ -108,6 +109,24 @@ logger = logging.getLogger("weald.runtime")
 
 class DaemonError(WealdError):
     """A daemon operation failed; the message says what to do."""
+
+
+class InvalidRequestError(DaemonError, ValueError):
+    """What a request asked for is wrong in itself (a relative path, a malformed id, an unknown model).
+
+    The JSON-RPC server answers it -32602 (invalid params), naming the field;
+    a request that is right but failed (an id in use, a directory that is not
+    there) is a plain `DaemonError`, -32000.
+
+    Attributes:
+        field: the param at fault.
+    """
+
+    rpc_code = -32602
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
 
 
 def demo_script_path(name: str = "default.json") -> Path:
@@ -451,19 +470,23 @@ class Sessions:
                 to ``working_dir``); it is replaced by the new recording.
 
         Raises:
-            DaemonError: bad working dir, model, id or recording file, an id
-                in use, a recording file another agent records into, or too
-                many agents.
+            InvalidRequestError: a relative working dir, a malformed or empty id, a model that cannot be used.
+            DaemonError: a working dir that is not a directory, a bad recording file, an id in use, a
+                recording file another agent records into, or too many agents.
         """
+        if agent_id is not None and not valid_session_id(agent_id):
+            what = "an empty agent_id" if agent_id == "" else f"{agent_id!r}"
+            msg = (
+                f"{what} is not an agent id: use 1-64 letters, digits, '_', '.' or '-' (first a letter or "
+                "digit), or leave agent_id out to have one made up"
+            )
+            raise InvalidRequestError("agent_id", msg)
         resolved = await trio.to_thread.run_sync(_resolve_working_dir, working_dir)
         recording = None
         if record is not None:
             recording = await trio.to_thread.run_sync(_recording_path, record, resolved)
             await self._check_recording_free(recording)
         session_id = agent_id or "a" + uuid.uuid4().hex[:10]
-        if not valid_session_id(session_id):
-            msg = f"bad agent_id {session_id!r}: use 1-64 letters, digits, '_', '.' or '-' (first a letter or digit)"
-            raise DaemonError(msg)
         model = model or self.default_model()
         # Building the provider may read a file (a script): not on the loop.
         await trio.to_thread.run_sync(self._check_model, model)
@@ -498,8 +521,7 @@ class Sessions:
         try:
             self.provider_factory(model)
         except Exception as exc:
-            msg = f"cannot use model {model!r}: {exc}"
-            raise DaemonError(msg) from exc
+            raise InvalidRequestError("model", f"cannot use model {model!r}: {exc}") from exc
 
     async def _check_recording_free(self, path: str) -> None:
         records = await trio.to_thread.run_sync(self.records)
@@ -970,8 +992,7 @@ def lock_state_dir(store_path: Path) -> int:
 def _resolve_working_dir(working_dir: str) -> str:
     path = Path(working_dir).expanduser()
     if not path.is_absolute():
-        msg = f"working_dir must be an absolute path, got {working_dir!r}"
-        raise DaemonError(msg)
+        raise InvalidRequestError("working_dir", f"must be an absolute path, got {working_dir!r}")
     if not path.is_dir():
         msg = f"working_dir {working_dir} is not a directory"
         raise DaemonError(msg)

@@ -26,7 +26,7 @@ def test_a_message_over_max_message_bytes_gets_an_error_and_the_connection_carri
             c.send_raw(msgspec.json.encode(big) + b"\n")
             notes = collect_until(c, lambda ns: any(n[0] == "_unmatched" for n in ns))
             reply = next(n[1] for n in notes if n[0] == "_unmatched")
-            assert reply["id"] is None
+            assert reply["id"] == 1  # the request's own id, read from the start of the line
             assert reply["error"]["code"] == -32600
             assert "message too large: over 1024 bytes" in reply["error"]["message"]
             assert "limits.max_message_bytes" in reply["error"]["message"]

@@ -146,3 +146,34 @@ def _nodes_with_faults(node: dict[str, Any]) -> dict[str, int]:
     for child in node["children"]:
         found.update(_nodes_with_faults(child))
     return found
+
+
+def test_agent_start_answers_a_wrong_param_with_32602_naming_it_and_a_failure_with_32000(
+    daemon: DaemonProcess,
+) -> None:
+    project = str(daemon.project)
+    wrong = [
+        ({"working_dir": "project"}, "working_dir", "must be an absolute path, got 'project'"),
+        ({"working_dir": project, "agent_id": "no spaces"}, "agent_id", "'no spaces' is not an agent id"),
+        ({"working_dir": project, "agent_id": ""}, "agent_id", "an empty agent_id is not an agent id"),
+        ({"working_dir": project, "model": "nosuchkind:x"}, "model", "cannot use model 'nosuchkind:x'"),
+    ]
+    with daemon.client() as client:
+        for params, field, problem in wrong:
+            with pytest.raises(RPCCallError) as caught:
+                client.call("agent.start", params)
+            assert caught.value.code == -32602, params
+            assert caught.value.message.startswith(f"invalid params for agent.start: {field}: {problem}")
+            assert caught.value.data == {"field": field}
+        # Nothing was started or stored for any of them (the empty id is not swapped for a made-up one).
+        assert client.call("agent.list") == []
+        # Right, but it failed: -32000.
+        with pytest.raises(RPCCallError) as caught:
+            client.call("agent.start", {"working_dir": str(daemon.project / "missing")})
+        assert caught.value.code == -32000
+        assert "is not a directory" in caught.value.message
+        client.call("agent.start", {"working_dir": project, "agent_id": "taken"})
+        with pytest.raises(RPCCallError) as caught:
+            client.call("agent.start", {"working_dir": project, "agent_id": "taken"})
+        assert caught.value.code == -32000
+        assert "already running" in caught.value.message
