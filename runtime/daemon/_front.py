@@ -491,11 +491,11 @@ async def read_lines(
                 else:
                     buf += data[start:newline]
                     complete = None if len(buf) > limit else bytes(buf)
-                    too_large = TooLarge(leading_id(bytes(buf[:ID_SCAN_BYTES]))) if complete is None else None
+                    over = TooLarge(leading_id(bytes(buf[:ID_SCAN_BYTES]))) if complete is None else None
                     buf.clear()
                     settle()
-                    if too_large is not None:
-                        yield too_large
+                    if over is not None:
+                        yield over
                     elif complete is not None and complete.strip():
                         yield complete
                 start = newline + 1

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from daemon_harness import DaemonProcess
+from daemon_harness import DaemonProcess, serving
 
 # The loopback model server of tests/llm (`llm._server`) serves daemons here too.
 _TESTS = str(Path(__file__).resolve().parents[1])
@@ -30,14 +30,8 @@ shell = "ask"
 @pytest.fixture
 def daemon(tmp_path: Path) -> Iterator[DaemonProcess]:
     """A running daemon in a subprocess; stopped with SIGTERM (and checked to exit 0) afterwards."""
-    proc = DaemonProcess(tmp_path, extra_config=PERMISSIONS)
-    proc.start()
-    try:
+    with serving(tmp_path, extra_config=PERMISSIONS) as proc:
         yield proc
-        if proc.proc is not None:
-            assert proc.terminate() == 0, proc.log.read_text()
-    finally:
-        proc.close()
 
 
 # -- a real browser, for the observer ------------------------------------------------------------------

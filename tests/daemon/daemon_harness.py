@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -123,6 +125,19 @@ class DaemonProcess:
             listed = "\n".join(blocking)
             msg = f"the daemon made blocking calls on its trio loop thread:\n{listed}"
             raise AssertionError(msg)
+
+
+@contextlib.contextmanager
+def serving(root: Path, *args: str, extra_config: str = "") -> Iterator[DaemonProcess]:
+    """A daemon started with ``weald serve ARGS``; stopped with SIGTERM (and checked to exit 0) afterwards."""
+    proc = DaemonProcess(root, extra_config=extra_config)
+    proc.start(*args)
+    try:
+        yield proc
+        if proc.proc is not None:
+            assert proc.terminate() == 0, proc.log.read_text()
+    finally:
+        proc.close()
 
 
 def collect_until(client: Client, predicate: Any, timeout: float = 20) -> list[tuple[str, Any]]:

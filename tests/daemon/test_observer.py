@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
-from daemon_harness import DaemonProcess
+from daemon_harness import DaemonProcess, serving
 from observer_harness import StreamReader, split_url
 from weald.runtime.testing import wait_until
 
@@ -31,14 +31,8 @@ shell = "ask"
 @pytest.fixture(scope="module")
 def observed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
     """One daemon serving the observer on a free loopback port, for the tests of this module."""
-    proc = DaemonProcess(tmp_path_factory.mktemp("observed"), extra_config=CONFIG)
-    proc.start("--http", "127.0.0.1:0")
-    try:
+    with serving(tmp_path_factory.mktemp("observed"), "--http", "127.0.0.1:0", extra_config=CONFIG) as proc:
         yield proc
-        if proc.proc is not None:
-            assert proc.terminate() == 0, proc.log.read_text()
-    finally:
-        proc.close()
 
 
 def observer_url(daemon: DaemonProcess) -> str:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from daemon_harness import DaemonProcess
+from daemon_harness import DaemonProcess, serving
 from observer_harness import split_url
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
@@ -58,23 +58,21 @@ SCRIPTS: dict[str, list[dict[str, Any]]] = {
         {"text": "The command printed fixed-from-the-page."},
     ],
     "crashy": [{"text": "I am about to be crashed on purpose, from the observer page.", "delay": 0.2}],
+    "curious": [
+        {"tool_calls": [call("ask_user", question="Which branch?", choices=["main", "dev"])]},
+        {"text": "Working on the branch you chose."},
+    ],
 }
 
 
 @pytest.fixture
 def demo_daemon(tmp_path: Path) -> Iterator[DaemonProcess]:
-    proc = DaemonProcess(tmp_path, extra_config=CONFIG)
-    proc.start("--http", "127.0.0.1:0")
-    try:
+    with serving(tmp_path, "--http", "127.0.0.1:0", extra_config=CONFIG) as proc:
         with proc.client() as client:
             for agent, turns in SCRIPTS.items():
                 model = proc.script(agent, turns)
                 client.call("agent.start", {"working_dir": str(proc.project), "model": model, "agent_id": agent})
         yield proc
-        if proc.proc is not None:
-            assert proc.terminate() == 0, proc.log.read_text()
-    finally:
-        proc.close()
 
 
 def shoot(page: Any, tmp_path: Path, name: str) -> None:
@@ -85,7 +83,7 @@ def shoot(page: Any, tmp_path: Path, name: str) -> None:
         shutil.copyfile(path, DOCS / name)
 
 
-def test_the_observer_page_shows_the_tree_answers_a_permission_and_watches_a_crash_recover(
+def test_the_observer_page_shows_the_tree_answers_a_permission_and_a_question_and_watches_a_crash_recover(
     demo_daemon: DaemonProcess, browser_page: Any, tmp_path: Path
 ) -> None:
     page = browser_page
@@ -116,6 +114,17 @@ def test_the_observer_page_shows_the_tree_answers_a_permission_and_watches_a_cra
         assert fixed["ok"], fixed
         history = client.call("agent.history", {"agent_id": "fixer"})["messages"]
         assert any(m["role"] == "tool" and "fixed-from-the-page" in m["content"] for m in history)
+
+        # A question, answered from the page with one of its choices.
+        asking = client.request("agent.prompt", {"agent_id": "curious", "text": "start"})
+        question = page.locator(".prompt.question")
+        question.wait_for(timeout=30_000)
+        assert "Which branch?" in question.inner_text()
+        question.locator("button", has_text="dev").click()
+        question.wait_for(state="detached", timeout=30_000)
+        assert asking.get(timeout=60)["ok"]
+        history = client.call("agent.history", {"agent_id": "curious"})["messages"]
+        assert any(m["role"] == "tool" and m["content"] == "The user answered: dev" for m in history)
 
         # A crash injected from the page: the agent's node shows the restart.
         agent_node = page.locator('.node[data-path="/sessions/crashy/agent"]')

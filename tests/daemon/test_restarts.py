@@ -14,20 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from daemon_harness import DaemonProcess
+from daemon_harness import DaemonProcess, serving
 from weald.runtime.daemon.client import Client
 
 
 @pytest.fixture
 def faulty(tmp_path: Path) -> Iterator[DaemonProcess]:
-    proc = DaemonProcess(tmp_path, extra_config="[faults]\nenabled = true\n")
-    proc.start()
-    try:
+    with serving(tmp_path, extra_config="[faults]\nenabled = true\n") as proc:
         yield proc
-        if proc.proc is not None:
-            assert proc.terminate() == 0, proc.log.read_text()
-    finally:
-        proc.close()
 
 
 def restarts_everywhere(client: Client, agent_id: str) -> dict[str, int]:

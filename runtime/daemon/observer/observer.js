@@ -544,8 +544,8 @@
       const data = el("span", { class: "data", text: JSON.stringify(event.data) });
       data.addEventListener("click", () => data.classList.toggle("open"));
       return el("div", { class: "ev", dataset: { topic: event.topic } },
-        el("span", { class: "muted", text: time }), el("span", { class: "topic", text: event.topic }), data,
-        el("span", { class: "src", text: event.source }));
+        el("span", { class: "muted", text: time }), el("span", { class: "topic", text: event.topic }),
+        el("span", { class: "src", text: event.source, title: event.source }), data);
     });
     $("events").replaceChildren(...rows);
     $("ev-count").textContent = `${shown.length} shown of ${state.events.length}`;
