@@ -99,6 +99,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
         for problem in exc.problems:
             _print_error(err, f"weald serve: bad fault file: {problem}")
         return EXIT_USAGE
+    if args.http is not None:
+        from weald.runtime._checks import ValueProblem
+        from weald.runtime.daemon._config_model import check_http_address
+
+        try:
+            check_http_address(args.http)
+        except ValueProblem as exc:
+            _print_error(err, f"weald serve: --http: {exc}")
+            return EXIT_USAGE
     socket_path = None if args.stdio and not args.socket else _socket_path(args, config)
     daemon = Daemon(config, socket_path=socket_path, stdio=args.stdio, faults=faults, http=args.http)
     stop = threading.Event()

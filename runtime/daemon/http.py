@@ -474,13 +474,13 @@ class _Stream:
     async def run(self) -> None:
         system = self._observer.system
         with system.events.subscribe("*", max_buffer=VIEWER_BUFFER) as sub:
+            # The daemon's own debug_state: its status, and the recent events the page starts from.
             hello = await self._observer._call("debug_state", {"events": 200})
-            status = await self._observer._call("daemon.status", {})
             result = hello.get("result") or {}
             await self._message(
                 "hello",
                 {
-                    "daemon": status.get("result"),
+                    "daemon": result.get("daemon"),
                     "events": result.get("recent_events", []),
                     "faults_enabled": self._observer._daemon.faults is not None,
                     "views": [view.name for view in self._views],

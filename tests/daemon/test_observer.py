@@ -266,3 +266,12 @@ def test_the_observer_refuses_an_address_other_than_loopback_unless_allowed(tmp_
     assert "http_remote" in run.stderr
     assert "Traceback" not in run.stderr
     assert not proc.socket.exists()
+
+
+def test_weald_serve_refuses_an_http_address_that_is_not_host_port_before_starting(tmp_path: Path) -> None:
+    proc = DaemonProcess(tmp_path)
+    run = proc.cli("serve", "--http", "8765")
+    assert run.returncode == 2
+    assert run.stderr.strip() == (
+        'weald serve: --http: expected "HOST:PORT", like "127.0.0.1:8765" (port 0 picks a free one), got "8765"'
+    )
