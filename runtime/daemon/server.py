@@ -1051,10 +1051,10 @@ class Server(Actor):
                 if ref is not None and issubclass(ref.actor_class, SupervisorBase):
                     nursery.start_soon(supervised, ref)
         async with trio.open_nursery() as nursery:
-            for path, node in nodes.items():
+            for path, agent_node in nodes.items():
                 ref = registry.get(path)
                 if ref is not None and issubclass(ref.actor_class, Agent):
-                    nursery.start_soon(agent_restarts, ref, node)
+                    nursery.start_soon(agent_restarts, ref, agent_node)
         mcp = registry.get("/mcp")
         if mcp is not None and "/mcp" in nodes and hasattr(mcp.actor_class, "servers"):
             with contextlib.suppress(Exception):  # stopping: the tree is drawn without the detail
