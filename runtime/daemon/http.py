@@ -50,6 +50,14 @@ from typing import Any
 import attrs
 import msgspec
 import trio
+
+# Imported with this module (by the daemon, on its own thread when it serves an observer),
+# never later on the loop thread: an import reads files.
+from hypercorn.config import Config as HypercornConfig
+from hypercorn.trio import serve
+from starlette.applications import Starlette
+from starlette.responses import HTMLResponse, Response
+from starlette.routing import Route
 from weald.runtime import Actor, ActorDeadError, WealdError
 
 __all__ = [
@@ -301,9 +309,6 @@ class Observer(Actor):
         return frozenset(hosts)
 
     async def _serve(self, sock: socket.socket) -> None:
-        from hypercorn.config import Config as HypercornConfig
-        from hypercorn.trio import serve
-
         config = HypercornConfig()
         config.bind = [f"fd://{sock.detach()}"]  # hypercorn takes the socket over
         config.accesslog = None
@@ -333,9 +338,6 @@ class Observer(Actor):
     # -- the app -----------------------------------------------------------------------------
 
     def _app(self) -> Callable[[Scope, Receive, Send], Awaitable[None]]:
-        from starlette.applications import Starlette
-        from starlette.routing import Route
-
         app = Starlette(
             routes=[
                 Route("/", self._page_endpoint, methods=["GET"]),
@@ -345,9 +347,11 @@ class Observer(Actor):
         )
 
         async def guarded(scope: Scope, receive: Receive, send: Send) -> None:
-            if scope["type"] != "http":
-                await app(scope, receive, send)
+            if scope["type"] == "lifespan":
+                await _lifespan(receive, send)
                 return
+            if scope["type"] != "http":
+                return  # no websockets here
             self._requests += 1
             problem = self._refusal(scope)
             if problem is not None:
@@ -383,8 +387,6 @@ class Observer(Actor):
         return None
 
     async def _page_endpoint(self, request: Any) -> Any:  # noqa: ARG002 - Starlette's endpoint signature
-        from starlette.responses import HTMLResponse
-
         assert self._page is not None
         nonce = secrets.token_urlsafe(16)
         response = HTMLResponse(_compose(self._page, nonce))
@@ -394,8 +396,6 @@ class Observer(Actor):
         return response
 
     async def _call_endpoint(self, request: Any) -> Any:
-        from starlette.responses import Response
-
         body = bytearray()
         async for chunk in request.stream():
             body += chunk
@@ -555,6 +555,21 @@ class _AsgiEndpoint:
         await self._app(scope, receive, send)
 
 
+async def _lifespan(receive: Receive, send: Send) -> None:
+    """ASGI's lifespan, answered here: the app has nothing to start or stop.
+
+    Starlette's own would format a traceback (reading source files, on the
+    loop thread) when the observer is cancelled at shutdown.
+    """
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+
+
 async def _plain_response(send: Send, status: int, text: str) -> None:
     body = text.encode()
     headers = [(b"content-type", b"text/plain; charset=utf-8"), (b"content-length", str(len(body)).encode())]
@@ -563,8 +578,6 @@ async def _plain_response(send: Send, status: int, text: str) -> None:
 
 
 def _json_response(value: Any) -> Any:
-    from starlette.responses import Response
-
     response = Response(_encoder.encode(value), media_type="application/json")
     for name, header in _COMMON_HEADERS:
         response.headers[name.decode()] = header.decode()

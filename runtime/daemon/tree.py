@@ -81,7 +81,6 @@ from weald.runtime import (
 from weald.runtime.agent import AgentConfig, TurnResult
 from weald.runtime.daemon._hygiene import SandboxReport, prepare_process, stop_leftovers
 from weald.runtime.daemon.config import CONFIG_ENV, Config
-from weald.runtime.daemon.http import Observer, new_token
 from weald.runtime.daemon.server import SHUTDOWN_REASON, Server, prepare_socket
 from weald.runtime.llm import Provider, Recorder, RecordingError, ReplayDivergence, Usage, make_provider
 from weald.runtime.session import SessionConfig, agent_path, session_spec, valid_session_id
@@ -750,9 +749,14 @@ class Daemon:
         self.socket_path = Path(socket_path) if socket_path else None
         self.stdio = stdio
         self.http = http or config.server.http
-        # Every request to the observer carries it; only the owner-only socket tells it (observer.url).
-        self.observer_token = new_token()
-        register_secret(self.observer_token)
+        self.observer_token: str | None = None
+        if self.http:
+            # Here, on the daemon's own thread: the observer's imports read files.
+            from weald.runtime.daemon.http import new_token
+
+            # Every request to the observer carries it; only the owner-only socket tells it (observer.url).
+            self.observer_token = new_token()
+            register_secret(self.observer_token)
         self.observer_port: int | None = None  # the port the observer got; a restart keeps it
         self.faults = faults
         self.registry = registry if registry is not None else default_registry.copy()
@@ -828,6 +832,8 @@ class Daemon:
                     )
                 ).get(timeout=30)
             if self.http:
+                from weald.runtime.daemon.http import Observer
+
                 # Beside the server: every piece of data it shows comes through the server's methods.
                 observer = {"daemon": self, "address": self.http, "token": self.observer_token}
                 observer["remote"] = self.config.server.http_remote

@@ -51,6 +51,8 @@ def published_in_code() -> set[str]:
         # Tools stream events as tool.<kind> through ctx.emit / the runner's emit.
         topics.update(f"tool.{kind}" for kind in re.findall(r'\bemit\(\s*"([a-z_]+)"', source))
         topics.update(f"tool.{kind}" for kind in re.findall(r'_emit\(\s*"([a-z_]+)"', source))
+        # An MCP server's notifications, as mcp.<kind> (runtime/mcp/_session.py's _NOTICES).
+        topics.update(f"mcp.{kind}" for kind in re.findall(r'"notifications/[a-z_/]+": "([a-z_]+)"', source))
     return topics
 
 
