@@ -254,6 +254,9 @@
       node.escalations ? el("span", { class: "badge escalations", text: `gave up ${node.escalations}×` }) : null,
       node.mailbox ? el("span", { class: "badge mailbox", text: `mailbox ${node.mailbox}` }) : null,
       node.faults ? el("span", { class: "badge faults", text: `faults ${node.faults}` }) : null,
+      node.mcp && node.mcp.status !== "running"
+        ? el("span", { class: "badge escalations", text: `mcp ${node.mcp.status}` + (node.mcp.retry_in ? `, retry in ${Math.round(node.mcp.retry_in)} s` : "") })
+        : null,
       node.children_hidden ? el("span", { class: "badge", text: `+${node.children_hidden}` }) : null);
       const item = el("li", {}, toggle, card);
       if (kids.length && !collapsed) item.append(el("ul", {}, ...kids.map(build)));
@@ -650,15 +653,20 @@
     const box = $("mcp");
     if (state.viewErrors.mcp) { box.replaceChildren(el("div", { class: "error-text", text: state.viewErrors.mcp })); return; }
     if (!servers.length) { box.replaceChildren(el("div", { class: "muted", text: "no MCP servers configured" })); return; }
-    // Whatever fields the daemon reports (state, last error, next retry...), one column each.
-    const keys = [...new Set(servers.flatMap((s) => Object.keys(s)))];
+    // Whatever fields the daemon reports, one column each: the known ones first, in this order.
+    const known = ["server", "status", "transport", "tools", "restarts", "attempt", "failed_starts", "last_error", "retry_at", "recent_logs"];
+    const keys = [...new Set([...known.filter((k) => servers.some((s) => k in s)), ...servers.flatMap((s) => Object.keys(s))])]
+      .filter((k) => k !== "retry_in");
+    const cell = (k, v) => {
+      if (v === null || v === undefined) return "";
+      if (k === "retry_at" && typeof v === "number") return `${new Date(v * 1000).toLocaleTimeString()} (in ${Math.max(0, Math.round(v - Date.now() / 1000))} s)`;
+      if (k === "recent_logs" && Array.isArray(v)) return v.map((log) => `${log.level}: ${short(log.data, 80)}`).join("\n");
+      return typeof v === "object" ? JSON.stringify(v) : String(v);
+    };
     const table = el("table", { class: "grid-table" },
-      el("thead", {}, el("tr", {}, ...keys.map((k) => el("th", { text: k.replace(/_/g, " ") })))),
-      el("tbody", {}, ...servers.map((s) => el("tr", {}, ...keys.map((k) => {
-        let v = s[k];
-        if (v !== null && v !== undefined && /retry|_at$/.test(k) && typeof v === "number" && v > 1e9) v = new Date(v * 1000).toLocaleTimeString();
-        return el("td", { text: v === null || v === undefined ? "" : typeof v === "object" ? JSON.stringify(v) : String(v) });
-      })))));
+      el("thead", {}, el("tr", {}, ...keys.map((k) => el("th", { text: k === "retry_at" ? "next retry" : k.replace(/_/g, " ") })))),
+      el("tbody", {}, ...servers.map((s) => el("tr", { dataset: { server: s.server || "" } },
+        ...keys.map((k) => el("td", { class: k === "last_error" || k === "recent_logs" ? "mono" : undefined, text: cell(k, s[k]) }))))));
     box.replaceChildren(table);
   }
 
