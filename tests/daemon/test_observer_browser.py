@@ -99,6 +99,11 @@ def test_the_observer_page_shows_the_tree_answers_a_permission_and_a_question_an
         for agent in SCRIPTS:
             page.locator(f'.node[data-path="/sessions/{agent}/agent"]').wait_for(timeout=30_000)
         assert page.locator("#live").inner_text() == "live"
+        # The agents table: tokens used and context fill, as agent.list reports them.
+        explorer = page.locator('#agents tr[data-agent="explorer"]')
+        explorer.locator("td.context", has_text="%").wait_for(timeout=30_000)
+        usage = explored["usage"]
+        assert explorer.locator("td.tokens").inner_text() == f"{usage['input_tokens']} / {usage['output_tokens']}"
 
         # A permission request appears on the page and is answered there.
         fixing = client.request("agent.prompt", {"agent_id": "fixer", "text": "fix it"})

@@ -347,16 +347,12 @@
     return `${usage.input_tokens || 0} / ${usage.output_tokens || 0}`;
   }
 
+  // agent.list's `context` (ContextStats): the next request's estimated size against the input budget.
   function contextText(agent) {
     const ctx = agent.context;
-    if (ctx && typeof ctx === "object") {
-      if (ctx.fill !== undefined) return `${Math.round(ctx.fill * 100)}%`;
-      if (ctx.tokens !== undefined && ctx.window) return `${Math.round((100 * ctx.tokens) / ctx.window)}%`;
-      return short(ctx, 40);
-    }
-    if (agent.context_fill !== undefined) return `${Math.round(agent.context_fill * 100)}%`;
-    if (agent.context_tokens !== undefined) return String(agent.context_tokens);
-    return "";
+    if (!ctx || typeof ctx !== "object" || !ctx.input_budget) return "";
+    const pct = Math.round((100 * ctx.tokens) / ctx.input_budget);
+    return `${pct}% (${ctx.tokens}/${ctx.input_budget})` + (ctx.compactions ? ` · ${ctx.compactions} compacted` : "");
   }
 
   function drawAgents() {
@@ -371,8 +367,8 @@
         el("td", { class: "mono", text: agent.agent_id }),
         el("td", { class: "state-" + stateName, text: stateName }),
         el("td", { text: agent.step ? String(agent.step) : "" }),
-        el("td", { text: usageText(agent.usage) }),
-        el("td", { text: contextText(agent) }),
+        el("td", { class: "tokens", text: usageText(agent.usage) }),
+        el("td", { class: "context", text: contextText(agent) }),
         el("td", { class: "restarts", text: agent.restarts === undefined ? "" : String(agent.restarts) }),
         el("td", { class: "running", dataset: { path: agent.path } }),
         el("td", { text: waiting.join(", ") }),
