@@ -29,6 +29,10 @@ faults, and how often it was put to the test:
 - blocking path: ``agent.start`` with FIFO, device, huge and missing scripts
   in bursts while another client times ``daemon.status`` (these three in
   ``tests/reliability/rel_store.py``);
+- leftovers: kill -9 of a real daemon while its agents' shells run commands
+  that leave their session (``setsid``, ``env -i``), the shell's sandbox on
+  and off in turn; processes that died with the daemon, that the next start
+  stopped and reported, and survivors (``tests/reliability/rel_leftovers.py``);
 - soak: agents with a small context window prompting continuously on a real
   daemon; prompts, compactions, and the daemon's memory, which must level off
   (the long version is ``benchmarks/bench_soak.py``).
@@ -40,7 +44,7 @@ many held. The exit code is 1 if any did not hold.
 Run: ``python benchmarks/reliability.py [--schedules N] [--trees N] [--crash-cycles N]
 [--fuzz N] [--clients N] [--load-seconds S] [--flood-clients N] [--nofile N]
 [--line-connections N] [--line-mb MB] [--disk-full-rounds N] [--second-daemons N]
-[--blocking-rounds N] [--soak-agents N] [--soak-seconds S] [--seed S]``, as root (the disk-full
+[--blocking-rounds N] [--leftover-cycles N] [--soak-agents N] [--soak-seconds S] [--seed S]``, as root (the disk-full
 part mounts a tmpfs). The defaults take four to five minutes on a 2-core machine.
 """
 
@@ -71,6 +75,7 @@ from rel_chaos import InvariantCheck, escalating_plan, random_plan, run_chaos  #
 from rel_crash import run_crash_cycles  # noqa: E402
 from rel_front import run_fd_flood, run_line_flood  # noqa: E402
 from rel_fuzz import FuzzClient  # noqa: E402
+from rel_leftovers import run_leftovers  # noqa: E402
 from rel_load import run_load  # noqa: E402
 from rel_soak import run_soak  # noqa: E402
 from rel_store import run_blocking_paths, run_disk_full, run_second_daemons  # noqa: E402
@@ -206,6 +211,7 @@ def main() -> int:
     parser.add_argument("--disk-full-rounds", type=int, default=5, help="times the store's disk is filled and freed")
     parser.add_argument("--second-daemons", type=int, default=20, help="daemons started on a store in use")
     parser.add_argument("--blocking-rounds", type=int, default=10, help="bursts of agent.start with bad scripts")
+    parser.add_argument("--leftover-cycles", type=int, default=4, help="kill -9 cycles with shells running")
     parser.add_argument("--soak-agents", type=int, default=20, help="agents prompting continuously in the soak")
     parser.add_argument("--soak-seconds", type=float, default=60.0, help="how long the soak lasts")
     parser.add_argument("--seed", type=int, default=2025, help="the seed everything derives from")
@@ -254,6 +260,7 @@ def main() -> int:
             ("disk full", lambda where: run_disk_full(where, rounds=args.disk_full_rounds)),
             ("second daemon", lambda where: run_second_daemons(where, attempts=args.second_daemons)),
             ("blocking path", lambda where: run_blocking_paths(where, rounds=args.blocking_rounds)),
+            ("leftovers", lambda where: run_leftovers(where, cycles=args.leftover_cycles)),
         ):
             started = time.monotonic()
             resources[part] = run(root / part.replace(" ", "-"))
