@@ -243,11 +243,14 @@ class _Collector:
 
     def finish(self) -> None:
         if self.skipping:
+            # The summary came in the chunk that started the skipping (decoded
+            # there, nothing left in the tail), or it is the tail's last line.
             last = self._tail.rstrip(b"\n").rpartition(b"\n")[2]
-            try:
-                self.summary = _SUMMARY_DECODER.decode(last).data.stats
-            except msgspec.DecodeError:
-                self.summary = None
+            if last:
+                try:
+                    self.summary = _SUMMARY_DECODER.decode(last).data.stats
+                except msgspec.DecodeError:
+                    self.summary = None
         elif self._rest.strip():
             self.feed(b"\n")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import uuid
 from pathlib import Path
 from typing import Any
@@ -11,7 +12,8 @@ import pytest
 import trio
 from weald.tools import SessionServices, ToolContext, ToolResult, invoke
 from weald.tools._hashline import line_hash
-from weald.tools.grep import grep
+from weald.tools._process import find_ripgrep
+from weald.tools.grep import _Collector, grep
 
 
 def command_lines() -> list[bytes]:
@@ -354,3 +356,22 @@ async def test_a_missing_ripgrep_is_explained(ctx: ToolContext, monkeypatch: pyt
     result = await search(ctx, pattern="needle")
     assert not result.ok
     assert "ripgrep (rg) is not installed" in result.output
+
+
+@pytest.mark.parametrize("chunk", [None, 512], ids=["all at once", "in pieces"])
+def test_the_totals_past_the_limit_come_from_ripgreps_summary_however_its_output_arrives(
+    tmp_path: Path, chunk: int | None
+) -> None:
+    # ripgrep's whole output (the matches past the limit and its summary) may arrive in
+    # the read that reaches the limit: a loaded machine made it so, and the total said
+    # 101 of 150.
+    (tmp_path / "a.txt").write_text("".join(f"target {i}\n" for i in range(150)))
+    rg = find_ripgrep()
+    output = subprocess.run([rg, "--json", "target", "a.txt"], cwd=tmp_path, capture_output=True, check=True).stdout
+    collector = _Collector(100, 0, None)
+    pieces = [output] if chunk is None else [output[i : i + chunk] for i in range(0, len(output), chunk)]
+    for piece in pieces:
+        collector.feed(piece)
+    collector.finish()
+    assert collector.shown == 100
+    assert collector.totals() == (150, 1)
