@@ -29,6 +29,21 @@ work only after that. The queue belongs to the store, not to the writer, so
 an actor that is killed loses nothing it enqueued; `close` drains the queue
 before closing.
 
+Enqueued writes are gathered in the store (namespace -> key -> encoded
+value: a newer value of a key replaces the older one) and the committer
+takes all of them at once when it is woken. Waking it is a thread switch,
+and an agent turn makes about 18 writes, so it is not woken per write: on a
+weald loop thread the first write of a burst arms a timer, and the writes
+are handed over by the next `flush` or `handover_delay` seconds later,
+whichever comes first (at once past `HANDOVER_MAX_WRITES` gathered writes);
+another thread wakes the committer once per burst. A loop that ends hands
+over what it gathered. A flush with nothing enqueued since the last
+successful commit is resolved at once, without a round trip. A synchronous
+write (`put`, `delete`, `write_batch`...) of a key with a queued write
+first waits until that is committed, so a queued older value can never land
+over it; while it cannot be committed, the synchronous write fails with its
+cause. Writes to other keys do not wait.
+
 A group is one transaction across all its namespaces, written by the
 committer through its own SQLite connection to the same sqlitedict tables
 (same file, same schema; sqlitedict opens and creates them, and serves
@@ -60,6 +75,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import logging
 import os
 import queue
@@ -80,9 +96,9 @@ from weald.runtime._errors import (
     StoreError,
     StoreFullError,
 )
-from weald.runtime._future import Future
+from weald.runtime._future import LOOP_THREADS, Future
 
-__all__ = ["RETRY_INTERVAL", "Store"]
+__all__ = ["HANDOVER_DELAY", "HANDOVER_MAX_WRITES", "RETRY_INTERVAL", "Store"]
 
 logger = logging.getLogger("weald.runtime")
 
@@ -90,6 +106,15 @@ T = TypeVar("T")
 
 RETRY_INTERVAL = 0.5
 """Seconds between attempts to commit queued writes that failed, while nothing else comes."""
+
+HANDOVER_DELAY = 0.005
+"""Seconds a write enqueued on a weald loop thread may wait, gathered with others, before the committer takes it."""
+
+HANDOVER_MAX_WRITES = 1024
+"""Gathered writes past which the committer is woken at once, whatever the delay."""
+
+_SETTLE_TIMEOUT = 120.0
+"""Seconds a synchronous write waits for the queued writes before it (the committer tries each group 3 times)."""
 
 _SQLITE_FULL = 13
 _SQLITE_IOERR = 10
@@ -104,6 +129,16 @@ def _identity(value: Any) -> Any:
     return value
 
 
+class _HandOver:
+    """A weald loop's hand-over timer for one store: armed by the first write gathered after a hand-over."""
+
+    __slots__ = ("armed", "event")
+
+    def __init__(self) -> None:
+        self.armed = False
+        self.event = trio.Event()
+
+
 class Store:
     """A namespaced, persistent key-value store; thread-safe.
 
@@ -113,6 +148,9 @@ class Store:
             also survives power loss, at the cost of an fsync per write.
         max_retained_bytes: how much of queued writes that failed to commit
             may wait for another attempt before new ones are refused.
+        handover_delay: how long writes enqueued on a weald loop thread may
+            be gathered before the committer takes them unflushed (see the
+            module docstring).
 
     Raises:
         StoreCorruptError: the file exists but is not a readable database.
@@ -125,10 +163,12 @@ class Store:
         *,
         durability: Literal["process", "power"] = "process",
         max_retained_bytes: int = 64 * 1024 * 1024,
+        handover_delay: float = HANDOVER_DELAY,
     ) -> None:
         self.path = Path(path).expanduser()
         self.durability = durability
         self.max_retained_bytes = max_retained_bytes
+        self.handover_delay = handover_delay
         self._lock = threading.RLock()
         self._tables: dict[str, SqliteDict] = {}
         self._closed = False
@@ -136,13 +176,31 @@ class Store:
         self.reads = 0
         self.commits = 0
         self.failed_commits = 0
+        self.rounds = 0  # times the committer woke up and took the gathered writes
+        # The committer's wake-ups: ("wake",), ("flush", future), ("stop",).
+        # The writes themselves are gathered in _pending, which it takes whole.
         self._queue: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        # Under _pending_lock: the gathered writes (namespace -> key -> encoded
+        # value) and their count; whether an item on the queue will make the
+        # committer take them (_woken); whether the committer holds writes it
+        # took and has not committed yet, retained ones included (_unsettled).
+        # Invariant: every write enqueued is in _pending, or taken and then
+        # committed or retained; so with _pending empty and _unsettled False,
+        # everything enqueued so far is in the file.
+        self._pending_lock = threading.Lock()
+        self._pending: dict[str, dict[str, bytes]] = {}
+        self._pending_count = 0
+        self._woken = False
+        self._unsettled = False
+        # Per weald loop thread that writes: its hand-over timer (touched on that thread only).
+        self._handovers: dict[int, _HandOver] = {}
         self._committer: threading.Thread | None = None
         self._committer_lock = threading.Lock()
         # Queued writes whose commit failed, kept for the next attempt
-        # (namespace -> key -> value), and why it failed. Invariant: the
-        # error is set exactly while writes are retained. Only the committer
-        # thread changes them.
+        # (namespace -> key -> value), and why it failed; while the committer
+        # commits a group, _retained is that group. Invariant: the error is
+        # set exactly while writes are retained after a round. Only the
+        # committer thread changes them, _retained under _pending_lock.
         self._retained: dict[str, dict[str, bytes]] = {}
         self._retained_bytes = 0
         self._retained_count = 0  # for statistics(), which must not iterate what the committer changes
@@ -150,6 +208,7 @@ class Store:
         self._writer: sqlite3.Connection | None = None  # the committer's connection
         self._sync_writer: sqlite3.Connection | None = None  # synchronous writes', under _lock
         self._closing = False
+        self._stopped = False  # the committer has ended (closed): nothing more will be committed
         self._check_file()
 
     def __repr__(self) -> str:
@@ -461,6 +520,8 @@ class Store:
             StoreError: the transaction failed otherwise; nothing was written.
         """
         wanted = list(deletes)
+        self._check_open()
+        self._settle_queued(namespace, itertools.chain(puts, wanted), f"a write to namespace {namespace!r}")
         # `_table` checked the namespace against _NAMESPACE, so it is safe in SQL.
         replace = f'REPLACE INTO "{namespace}" (key, value) VALUES (?,?)'  # noqa: S608
         delete = f'DELETE FROM "{namespace}" WHERE key = ?'  # noqa: S608
@@ -547,7 +608,79 @@ class Store:
             )
             raise type(failure)(msg) from failure
         raw = self._encode(namespace, key, value)
-        self._queue.put(("put", namespace, key, raw))
+        thread = threading.get_ident()
+        with self._pending_lock:
+            if self._closing:  # checked again under the lock: close() takes everything gathered before it
+                msg = f"store {self.path} is closed"
+                raise StoreClosedError(msg)
+            values = self._pending.get(namespace)
+            if values is None:
+                values = self._pending[namespace] = {}
+            values[key] = raw
+            self._pending_count += 1
+            if self._woken:
+                return  # the committer is to take them anyway
+            on_loop = thread in LOOP_THREADS and self._pending_count < HANDOVER_MAX_WRITES
+            if on_loop:
+                handover = self._handovers.get(thread)
+                if handover is not None and handover.armed:
+                    return  # its timer hands them over
+            else:
+                self._woken = True
+        if not on_loop:
+            self._wake_committer()
+        elif not self._arm(thread, handover):
+            self._hand_over()
+
+    def _arm(self, thread: int, handover: _HandOver | None) -> bool:
+        """Have this loop hand the gathered writes over in ``handover_delay``; False if it cannot (its run ends)."""
+        if handover is None:
+            handover = _HandOver()
+            try:
+                trio.lowlevel.spawn_system_task(
+                    self._hand_over_later, handover, name=f"store hand-over {self.path.name}"
+                )
+            except RuntimeError:  # the run is ending: no timer any more
+                return False
+            self._handovers[thread] = handover
+        handover.armed = True
+        handover.event.set()
+        return True
+
+    async def _hand_over_later(self, handover: _HandOver) -> None:
+        # A system task of a loop that writes: once armed, it waits
+        # handover_delay and wakes the committer if writes are still gathered
+        # (a flush may have taken them meanwhile). A run that ends cancels it:
+        # it then hands over at once, so nothing gathered is left behind.
+        try:
+            while True:
+                await handover.event.wait()
+                await trio.sleep(self.handover_delay)
+                handover.event = trio.Event()
+                handover.armed = False
+                self._hand_over()
+        finally:
+            handover.armed = False
+            thread = threading.get_ident()
+            if self._handovers.get(thread) is handover:
+                del self._handovers[thread]
+            self._hand_over()
+
+    def _hand_over(self) -> None:
+        """Wake the committer if writes are gathered and nothing will wake it yet; never raises."""
+        with self._pending_lock:
+            if self._woken or not self._pending_count:
+                return
+            self._woken = True
+        try:
+            self._wake_committer()
+        except Exception:  # a system task must not fail its run; the next flush or write tries again
+            with self._pending_lock:
+                self._woken = False
+            logger.exception("store %s: waking the committer failed", self.path)
+
+    def _wake_committer(self) -> None:
+        self._queue.put(("wake",))
         self._ensure_committer()
 
     def flush(self) -> Future[None]:
@@ -556,15 +689,53 @@ class Store:
         It fails with `StoreError` (`StoreFullError` when the disk is full)
         if those writes could not be committed yet; they are kept and
         committed later (see the module docstring), so a later flush may
-        succeed. Await it from trio, or ``.get()`` it from a thread.
+        succeed. With nothing enqueued since the last successful commit it
+        is resolved at once. Await it from trio, or ``.get()`` it from a thread.
         """
         future: Future[None] = Future()
-        if self._closing and self._committer is None:
-            future.set(None)
-            return future
-        self._queue.put(("flush", future))
-        self._ensure_committer()
+        with self._pending_lock:
+            settled = not self._pending_count and not self._unsettled
+            stopped = self._stopped
+            if not settled and not stopped:
+                self._woken = True
+        if settled:
+            future.set(None)  # nothing to commit: no round trip
+        elif stopped:
+            # Closed with writes the committer could not commit: they never will be now.
+            error = self._retained_error or StoreClosedError(f"store {self.path} is closed")
+            future.set_exception((type(error), error, None))
+        else:
+            self._queue.put(("flush", future))
+            self._ensure_committer()
         return future
+
+    def _settle_queued(self, namespace: str, keys: Iterable[str], what: str) -> None:
+        """If a write to one of ``keys`` is queued, wait until it is committed: a synchronous write lands after it.
+
+        Raises:
+            StoreError: it cannot be committed (yet): writing now would let
+                it land over this write later (`StoreFullError` when the
+                disk is full).
+        """
+        with self._pending_lock:
+            gathered, held = self._pending.get(namespace), self._retained.get(namespace)
+            if not any((gathered and key in gathered) or (held and key in held) for key in keys):
+                return
+        flushed = self.flush()
+        landed = threading.Event()
+        # A plain wait, not Future.get: this may run on a loop thread, and the committer needs nothing from it.
+        flushed._on_done(lambda _: landed.set())
+        if not landed.wait(_SETTLE_TIMEOUT):
+            msg = (
+                f"store {self.path} could not commit {what}: the writes queued before it were not "
+                f"committed within {_SETTLE_TIMEOUT:.0f} s"
+            )
+            raise StoreError(msg)
+        try:
+            flushed.get()
+        except StoreError as exc:
+            msg = f"store {self.path} could not commit {what}: the writes queued before it cannot be committed ({exc})"
+            raise type(exc)(msg) from exc
 
     def _ensure_committer(self) -> None:
         if self._committer is not None:
@@ -581,6 +752,8 @@ class Store:
         try:
             self._commit_rounds()
         finally:
+            with self._pending_lock:
+                self._stopped = True
             conn, self._writer = self._writer, None
             if conn is not None:
                 conn.close()
@@ -602,27 +775,38 @@ class Store:
                 items = [q.get(timeout=RETRY_INTERVAL if self._retained else None)]
             except queue.Empty:
                 items = []
-            while len(items) < 1024:
+            while True:
                 try:
                     items.append(q.get_nowait())
                 except queue.Empty:
                     break
-            stop = False
-            # Retained writes go first; a newer value of the same key replaces its older one.
-            group = self._retained
-            flushes: list[Future[None]] = []
-            for item in items:
-                if item[0] == "put":
-                    group.setdefault(item[1], {})[item[2]] = item[3]
-                elif item[0] == "flush":
-                    flushes.append(item[1])
-                else:
-                    stop = True
+            flushes: list[Future[None]] = [item[1] for item in items if item[0] == "flush"]
+            stop = any(item[0] == "stop" for item in items)
+            # Taken after the items: every write enqueued before a flush taken
+            # here is in it, or was in an earlier round's group.
+            with self._pending_lock:
+                taken, self._pending, self._pending_count = self._pending, {}, 0
+                self._woken = False
+                # Retained writes go first; a newer value of the same key
+                # replaces its older one. Merged under the lock: a synchronous
+                # write looks for its keys in _pending and _retained.
+                group = self._retained
+                for namespace, values in taken.items():
+                    into = group.get(namespace)
+                    if into is None:
+                        group[namespace] = values
+                    else:
+                        into.update(values)
+                if group:
+                    self._unsettled = True
+            self.rounds += 1
             error = self._commit_group(group)
             if error is None:
-                self._retained, self._retained_bytes, self._retained_count, self._retained_error = {}, 0, 0, None
+                with self._pending_lock:
+                    self._retained = {}
+                    self._unsettled = False
+                self._retained_bytes, self._retained_count, self._retained_error = 0, 0, None
             else:
-                self._retained = group
                 self._retained_bytes = sum(len(raw) for values in group.values() for raw in values.values())
                 self._retained_count = sum(len(values) for values in group.values())
                 self._retained_error = error
@@ -689,7 +873,11 @@ class Store:
 
     def close(self) -> None:
         """Commit what is queued, then close every namespace; later calls raise `StoreClosedError`."""
-        self._closing = True  # refuse new queued writes; drain the ones already queued
+        with self._pending_lock:
+            self._closing = True  # refuse new queued writes; drain the ones already gathered
+            gathered = self._pending_count
+        if gathered:
+            self._ensure_committer()  # a loop's timer may not have woken it yet
         committer = self._committer
         if committer is not None and committer is not threading.current_thread():
             self._queue.put(("stop",))
@@ -720,7 +908,8 @@ class Store:
             "writes": self.writes,
             "commits": self.commits,
             "failed_commits": self.failed_commits,
-            "queued": self._queue.qsize(),
+            "queued": self._pending_count,
+            "rounds": self.rounds,
             "retained": self._retained_count,
             "write_failure": str(self._retained_error) if self._retained_error is not None else None,
             "closed": self._closed,

@@ -276,7 +276,7 @@ def test_a_queued_group_is_one_transaction_across_namespaces(tmp_path: Path) -> 
         other.execute("CREATE TRIGGER refuse BEFORE INSERT ON \"broken\" BEGIN SELECT RAISE(ABORT, 'refused'); END")
         other.execute("BEGIN IMMEDIATE")  # holds the write lock: the committer's next group waits
         s.enqueue_nowait("history", "first", 1)
-        wait_until(lambda: s._queue.qsize() == 0)  # the committer took it and waits for the lock
+        wait_until(lambda: s.statistics()["queued"] == 0)  # the committer took it and waits for the lock
         s.enqueue_nowait("turns", "t", 1)
         s.enqueue_nowait("broken", "b", 1)  # same group as "t": the trigger fails it
         flushed = s.flush()
