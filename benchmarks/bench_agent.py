@@ -26,13 +26,24 @@ Also printed: where a turn's time goes (from the agent's own events), how
 many times a turn waits for the store to commit, and what one such commit
 round trip costs (the store's committer thread, measured alone).
 
-Run: ``python benchmarks/bench_agent.py [--quick]``
+``--before REF`` compares this checkout with another commit side by side
+in one run (default ``main``): each contender measures in a worker process
+of its own (``git archive REF`` loaded instead of this tree), in rounds that
+alternate them, so load hits both alike; the figures are medians over the
+rounds, with the ratio after / before.
+
+Run: ``python benchmarks/bench_agent.py [--quick] [--before REF] [--rounds N]``
 """
 
 from __future__ import annotations
 
+import argparse
 import itertools
+import json
+import os
+import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -51,7 +62,7 @@ from weald.supervisors import DynamicSupervisor
 from weald.tools import ToolContext, ToolRegistry, tool
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench import PLACEMENTS, Row, banner, pin, quick_main, summary, verdict
+from _bench import PLACEMENTS, Row, banner, load_note, pin, quick_main, summary, verdict
 
 REG = ToolRegistry()
 EMPTY = {"type": "object", "properties": {}, "additionalProperties": False}
@@ -304,7 +315,87 @@ def run(quick: bool = False) -> list[Row]:
     return summary(rows)
 
 
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _checkout(ref: str) -> Path:
+    """``ref`` of this repository as an importable ``weald`` tree (runtime/, tools/, supervisors/)."""
+    where = Path(tempfile.mkdtemp(prefix="bench-agent-before-"))
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", ref], capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(where)], input=archive, check=True)
+    package = where / "pkg" / "weald"
+    package.mkdir(parents=True)
+    for name in ("runtime", "tools", "supervisors"):
+        (package / name).symlink_to(where / name)
+    return where
+
+
+def _worker_measure(placement: str, quick: bool, pythonpath: Path | None) -> dict[str, Any]:
+    env = dict(os.environ)
+    if pythonpath is not None:
+        env["PYTHONPATH"] = str(pythonpath)
+    argv = [sys.executable, __file__, "--worker", placement, *(["--quick"] if quick else [])]
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, check=False, cwd=tempfile.gettempdir())
+    if done.returncode != 0:
+        raise RuntimeError(f"worker {placement} failed:\n{done.stderr[-3000:]}")
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def compare(before: str, rounds: int, quick: bool) -> None:
+    """This checkout beside ``before``, each in worker processes, rounds alternating."""
+    banner(f"bench_agent: one turn with 10 no-op tool calls, this checkout beside {before}")
+    baseline = _checkout(before)
+    own = tool_own_time()
+    names = {f"before ({before})": baseline / "pkg", "after (this checkout)": None}
+    try:
+        for placement in ("one", "two"):
+            got: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+            for i in range(rounds):
+                order = list(names.items()) if i % 2 == 0 else list(reversed(names.items()))
+                for name, path in order:
+                    got[name].append(_worker_measure(placement, quick, path))
+            print(f"\n--- placement: {PLACEMENTS[placement]} ({rounds} rounds, medians of their medians) ---")
+            print(f"  {'':<44}{'before':>10}{'after':>10}{'after/before':>14}")
+            rows: list[tuple[str, Any]] = [
+                ("turn overhead, driven from the loop", "loop"),
+                ("turn overhead, from a foreign thread", "foreign"),
+            ]
+            rows += [(f"phase: {name}", j) for j, name in enumerate(PHASES)]
+            rows += [("store flushes per turn", "flushes_per_turn"), ("one commit round trip", "flush")]
+            for label, key in rows:
+                values = []
+                for name in names:
+                    if isinstance(key, int):
+                        per_round = [r["phases"][key] for r in got[name] if r["phases"] is not None]
+                    else:
+                        per_round = [r[key] for r in got[name]]
+                    value = statistics.median(per_round) if per_round else float("nan")
+                    values.append(value - own if key in ("loop", "foreign") else value)
+                unit = "" if key == "flushes_per_turn" else " us"
+                ratio = values[1] / values[0] if values[0] else float("nan")
+                print(f"  {label:<44}{values[0]:>8.1f}{unit:<2}{values[1]:>8.1f}{unit:<2}{ratio:>13.2f}x")
+    finally:
+        shutil.rmtree(baseline, ignore_errors=True)
+    print(load_note())
+
+
 def main() -> None:
+    if "--worker" in sys.argv:
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--worker", choices=["one", "two"])
+        parser.add_argument("--quick", action="store_true")
+        args = parser.parse_args()
+        print(json.dumps(measure(args.quick, args.worker)))
+        return
+    if "--before" in sys.argv:
+        parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+        parser.add_argument("--before", default="main", help="the commit to compare with (default main)")
+        parser.add_argument("--rounds", type=int, default=4, help="worker runs per contender and placement")
+        parser.add_argument("--quick", action="store_true")
+        args = parser.parse_args()
+        compare(args.before, args.rounds, args.quick)
+        return
     quick_main(run, __doc__)
 
 
