@@ -77,6 +77,7 @@ import contextlib
 import errno
 import itertools
 import logging
+import math
 import os
 import queue
 import re
@@ -130,13 +131,20 @@ def _identity(value: Any) -> Any:
 
 
 class _HandOver:
-    """A weald loop's hand-over timer for one store: armed by the first write gathered after a hand-over."""
+    """A weald loop's hand-over timer for one store: armed by the first write gathered after a hand-over.
 
-    __slots__ = ("armed", "event")
+    The timer is the deadline of a cancel scope its task sleeps in: arming
+    it sets the deadline (no task switch), and the task runs only when it
+    expires. ``deadline`` is what the task's next scope starts with, for an
+    arming before the task has entered one.
+    """
 
-    def __init__(self) -> None:
-        self.armed = False
-        self.event = trio.Event()
+    __slots__ = ("armed", "deadline", "scope")
+
+    def __init__(self, deadline: float) -> None:
+        self.armed = True
+        self.deadline = deadline
+        self.scope: trio.CancelScope | None = None
 
 
 class Store:
@@ -634,8 +642,9 @@ class Store:
 
     def _arm(self, thread: int, handover: _HandOver | None) -> bool:
         """Have this loop hand the gathered writes over in ``handover_delay``; False if it cannot (its run ends)."""
+        deadline = trio.current_time() + self.handover_delay
         if handover is None:
-            handover = _HandOver()
+            handover = _HandOver(deadline)
             try:
                 trio.lowlevel.spawn_system_task(
                     self._hand_over_later, handover, name=f"store hand-over {self.path.name}"
@@ -643,20 +652,28 @@ class Store:
             except RuntimeError:  # the run is ending: no timer any more
                 return False
             self._handovers[thread] = handover
+            return True
         handover.armed = True
-        handover.event.set()
+        if handover.scope is not None:
+            handover.scope.deadline = deadline
+        else:
+            handover.deadline = deadline
         return True
 
     async def _hand_over_later(self, handover: _HandOver) -> None:
-        # A system task of a loop that writes: once armed, it waits
-        # handover_delay and wakes the committer if writes are still gathered
-        # (a flush may have taken them meanwhile). A run that ends cancels it:
+        # A system task of a loop that writes: it sleeps until its armed
+        # deadline, then wakes the committer if writes are still gathered (a
+        # flush may have taken them meanwhile). A run that ends cancels it:
         # it then hands over at once, so nothing gathered is left behind.
+        # Between two scopes it runs without a checkpoint, so _arm always
+        # finds either the scope or the deadline the next one starts with.
         try:
             while True:
-                await handover.event.wait()
-                await trio.sleep(self.handover_delay)
-                handover.event = trio.Event()
+                with trio.CancelScope(deadline=handover.deadline) as scope:
+                    handover.scope = scope
+                    await trio.sleep_forever()
+                handover.scope = None
+                handover.deadline = math.inf
                 handover.armed = False
                 self._hand_over()
         finally:
