@@ -20,16 +20,19 @@ import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from importlib import metadata
+from pathlib import Path
 
 __all__ = [
     "PLACEMENTS",
     "Row",
     "banner",
+    "checkout",
     "interleave",
     "load_note",
     "machine_info",
@@ -236,3 +239,21 @@ def quick_main(run: Callable[..., list[Row]], doc: str | None) -> None:
     parser = argparse.ArgumentParser(description=(doc or "").splitlines()[0] if doc else None)
     parser.add_argument("--quick", action="store_true", help="fewer samples")
     run(quick=parser.parse_args().quick)
+
+
+def checkout(ref: str, prefix: str = "bench-before-") -> Path:
+    """``ref`` of this repository, extracted to a temporary folder, as an importable ``weald`` tree.
+
+    Put ``<returned folder>/pkg`` first on ``PYTHONPATH`` to import that
+    commit's ``weald`` (runtime/, tools/, supervisors/) instead of this one;
+    remove the folder afterwards.
+    """
+    repo = Path(__file__).resolve().parents[1]
+    where = Path(tempfile.mkdtemp(prefix=prefix))
+    archive = subprocess.run(["git", "-C", str(repo), "archive", ref], capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(where)], input=archive, check=True)
+    package = where / "pkg" / "weald"
+    package.mkdir(parents=True)
+    for name in ("runtime", "tools", "supervisors"):
+        (package / name).symlink_to(where / name)
+    return where

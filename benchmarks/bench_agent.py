@@ -62,7 +62,7 @@ from weald.supervisors import DynamicSupervisor
 from weald.tools import ToolContext, ToolRegistry, tool
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench import PLACEMENTS, Row, banner, load_note, pin, quick_main, summary, verdict
+from _bench import PLACEMENTS, Row, banner, checkout, load_note, pin, quick_main, summary, verdict
 
 REG = ToolRegistry()
 EMPTY = {"type": "object", "properties": {}, "additionalProperties": False}
@@ -315,21 +315,6 @@ def run(quick: bool = False) -> list[Row]:
     return summary(rows)
 
 
-REPO = Path(__file__).resolve().parents[1]
-
-
-def _checkout(ref: str) -> Path:
-    """``ref`` of this repository as an importable ``weald`` tree (runtime/, tools/, supervisors/)."""
-    where = Path(tempfile.mkdtemp(prefix="bench-agent-before-"))
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", ref], capture_output=True, check=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(where)], input=archive, check=True)
-    package = where / "pkg" / "weald"
-    package.mkdir(parents=True)
-    for name in ("runtime", "tools", "supervisors"):
-        (package / name).symlink_to(where / name)
-    return where
-
-
 def _worker_measure(placement: str, quick: bool, pythonpath: Path | None) -> dict[str, Any]:
     env = dict(os.environ)
     if pythonpath is not None:
@@ -345,7 +330,7 @@ def _worker_measure(placement: str, quick: bool, pythonpath: Path | None) -> dic
 def compare(before: str, rounds: int, quick: bool) -> None:
     """This checkout beside ``before``, each in worker processes, rounds alternating."""
     banner(f"bench_agent: one turn with 10 no-op tool calls, this checkout beside {before}")
-    baseline = _checkout(before)
+    baseline = checkout(before, "bench-agent-before-")
     own = tool_own_time()
     names = {f"before ({before})": baseline / "pkg", "after (this checkout)": None}
     try:

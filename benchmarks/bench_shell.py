@@ -34,9 +34,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench import Row, banner, summary, verdict
+from _bench import Row, banner, checkout, summary, verdict
 
-REPO = Path(__file__).resolve().parents[1]
 TARGET_MS = 10.0
 
 
@@ -90,18 +89,6 @@ def _worker(mode: str, n: int) -> None:
     shutil.rmtree(root, ignore_errors=True)
 
 
-def _checkout(ref: str) -> Path:
-    """``ref`` of this repository as an importable ``weald`` tree (runtime/, tools/, supervisors/)."""
-    where = Path(tempfile.mkdtemp(prefix="bench-shell-before-"))
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", ref], capture_output=True, check=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(where)], input=archive, check=True)
-    package = where / "pkg" / "weald"
-    package.mkdir(parents=True)
-    for name in ("runtime", "tools", "supervisors"):
-        (package / name).symlink_to(where / name)
-    return where
-
-
 def _samples(mode: str, n: int, pythonpath: Path | None) -> list[float]:
     env = dict(os.environ)
     if pythonpath is not None:
@@ -123,7 +110,7 @@ def _samples(mode: str, n: int, pythonpath: Path | None) -> list[float]:
 def run(quick: bool = False, before: str = "main") -> list[Row]:
     banner(f"bench_shell: a no-op `true` through the shell tool, sandboxed and not, beside {before}")
     rounds, n = (3, 20) if quick else (6, 40)
-    baseline = _checkout(before)
+    baseline = checkout(before, "bench-shell-before-")
     contenders = {
         f"before ({before}), process groups": ("off", baseline / "pkg"),
         "process groups (sandbox off)": ("off", None),
