@@ -715,16 +715,27 @@ class Store:
             stopped = self._stopped
             if not settled and not stopped:
                 self._woken = True
+                # Put under the lock: once the committer has stopped, it answers every flush it left on the queue.
+                self._queue.put(("flush", future))
         if settled:
             future.set(None)  # nothing to commit: no round trip
         elif stopped:
-            # Closed with writes the committer could not commit: they never will be now.
-            error = self._retained_error or StoreClosedError(f"store {self.path} is closed")
-            future.set_exception((type(error), error, None))
+            self._answer_unsettled(future)
         else:
-            self._queue.put(("flush", future))
             self._ensure_committer()
         return future
+
+    def _answer_unsettled(self, future: Future[None]) -> None:
+        """Answer a flush the committer will never take (it has stopped): by what is in the file."""
+        with self._pending_lock:
+            settled = not self._pending_count and not self._unsettled
+        if settled:
+            future.set(None)
+            return
+        error = self._retained_error or StoreClosedError(
+            f"store {self.path} is closed; writes queued before this flush were not committed"
+        )
+        future.set_exception((type(error), error, None))
 
     def _settle_queued(self, namespace: str, keys: Iterable[str], what: str) -> None:
         """If a write to one of ``keys`` is queued, wait until it is committed: a synchronous write lands after it.
@@ -771,6 +782,14 @@ class Store:
         finally:
             with self._pending_lock:
                 self._stopped = True
+            # Flushes put after the last round (after the stop, or if the rounds broke off).
+            while True:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item[0] == "flush":
+                    self._answer_unsettled(item[1])
             conn, self._writer = self._writer, None
             if conn is not None:
                 conn.close()

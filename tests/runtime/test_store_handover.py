@@ -151,6 +151,25 @@ def test_close_commits_what_a_loop_gathered(tmp_path: Path, loop: Loop) -> None:
         reopened.close()
 
 
+def test_a_flush_after_close_is_answered_by_what_the_file_holds(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    store = Store(path)
+    other = sqlite3.connect(path, isolation_level=None)
+    try:
+        store.put("broken", "seed", 0)
+        other.execute("CREATE TRIGGER refuse BEFORE INSERT ON \"broken\" BEGIN SELECT RAISE(ABORT, 'refused'); END")
+        store.enqueue_nowait("broken", "b", 1)
+        store.close()  # its last round fails: the write is not committed, and never will be now
+        with pytest.raises(StoreError, match="refused"):
+            store.flush().get(timeout=10)  # answered at once, not left waiting for a committer that has ended
+    finally:
+        other.close()
+    clean = Store(tmp_path / "clean.db")
+    clean.enqueue_nowait("history", "a", 1)
+    clean.close()
+    clean.flush().get(timeout=10)  # everything landed: a flush after close succeeds
+
+
 # -- ordering and durability over random interleavings ----------------------------------------------------
 
 KEYS = ("a", "b", "c")
