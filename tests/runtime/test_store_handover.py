@@ -11,6 +11,7 @@ the gathered writes.
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator
@@ -102,13 +103,22 @@ def test_a_synchronous_write_lands_after_the_writes_queued_before_it(tmp_path: P
         store.close()
 
 
-def test_a_synchronous_write_is_refused_while_a_queued_write_of_its_key_cannot_be_committed(tmp_path: Path) -> None:
-    path = tmp_path / "s.db"
+@contextlib.contextmanager
+def refusing(path: Path) -> Iterator[tuple[Store, sqlite3.Connection]]:
+    """A store whose ``broken`` namespace refuses every insert (a trigger), and the connection that set it."""
     store = Store(path)
     other = sqlite3.connect(path, isolation_level=None)
     try:
         store.put("broken", "seed", 0)
         other.execute("CREATE TRIGGER refuse BEFORE INSERT ON \"broken\" BEGIN SELECT RAISE(ABORT, 'refused'); END")
+        yield store, other
+    finally:
+        other.close()
+        store.close()
+
+
+def test_a_synchronous_write_is_refused_while_a_queued_write_of_its_key_cannot_be_committed(tmp_path: Path) -> None:
+    with refusing(tmp_path / "s.db") as (store, other):
         store.enqueue_nowait("broken", "b", "queued")
         store.enqueue_nowait("tasks", "t", "queued")
         with pytest.raises(StoreError, match=r"writes queued before it cannot be committed .*refused"):
@@ -122,9 +132,6 @@ def test_a_synchronous_write_is_refused_while_a_queued_write_of_its_key_cannot_b
         assert store.get("broken", "b") == "queued"
         store.flush().get(timeout=10)
         assert store.get("tasks", "t") == "synchronous"
-    finally:
-        other.close()
-        store.close()
 
 
 def test_writes_gathered_by_a_loop_that_ends_are_handed_over(tmp_path: Path) -> None:
@@ -152,18 +159,11 @@ def test_close_commits_what_a_loop_gathered(tmp_path: Path, loop: Loop) -> None:
 
 
 def test_a_flush_after_close_is_answered_by_what_the_file_holds(tmp_path: Path) -> None:
-    path = tmp_path / "s.db"
-    store = Store(path)
-    other = sqlite3.connect(path, isolation_level=None)
-    try:
-        store.put("broken", "seed", 0)
-        other.execute("CREATE TRIGGER refuse BEFORE INSERT ON \"broken\" BEGIN SELECT RAISE(ABORT, 'refused'); END")
+    with refusing(tmp_path / "s.db") as (store, _):
         store.enqueue_nowait("broken", "b", 1)
         store.close()  # its last round fails: the write is not committed, and never will be now
         with pytest.raises(StoreError, match="refused"):
             store.flush().get(timeout=10)  # answered at once, not left waiting for a committer that has ended
-    finally:
-        other.close()
     clean = Store(tmp_path / "clean.db")
     clean.enqueue_nowait("history", "a", 1)
     clean.close()
