@@ -979,11 +979,13 @@ def lock_state_dir(store_path: Path) -> int:
     except OSError as exc:
         held = exc.errno in (errno.EAGAIN, errno.EACCES)
         owner = os.pread(fd, 32, 0).decode("ascii", "replace").strip() if held else ""
+        fd_stat = os.fstat(fd)
         os.close(fd)
         if not held:
             msg = f"cannot lock the store's lock file {lock_path}: {exc.strerror or exc}"
             raise DaemonError(msg) from exc
-        pid = owner if owner.isdigit() else "unknown"
+        # The owner writes its pid just after it takes the lock: in between, the kernel knows it.
+        pid = owner if owner.isdigit() else _flock_holder(fd_stat) or "unknown"
         msg = (
             f"another weald daemon (pid {pid}) is using {state_dir}; its store {store_path} serves one daemon "
             "at a time: stop that daemon first, or give this one another [store] path"
@@ -993,6 +995,21 @@ def lock_state_dir(store_path: Path) -> int:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return fd
+
+
+def _flock_holder(stat: os.stat_result) -> str | None:
+    """The pid holding a ``flock`` on the file ``stat`` describes, from ``/proc/locks``; None if not found."""
+    device = f"{os.major(stat.st_dev):02x}:{os.minor(stat.st_dev):02x}:{stat.st_ino}"
+    try:
+        with open("/proc/locks", encoding="ascii", errors="replace") as locks:  # procfs: never blocks on a disk
+            for line in locks:
+                fields = line.split()
+                # "1: FLOCK  ADVISORY  WRITE 1234 00:2a:5678 0 EOF" ("->" marks a waiter)
+                if len(fields) >= 6 and fields[1] == "FLOCK" and fields[2] != "->" and fields[5] == device:
+                    return fields[4]
+    except OSError:
+        return None
+    return None
 
 
 def _resolve_working_dir(working_dir: str) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import sqlite3
@@ -13,6 +14,8 @@ from typing import Any
 
 import pytest
 from daemon_harness import DaemonProcess
+from weald.runtime.daemon import DaemonError
+from weald.runtime.daemon.tree import lock_state_dir
 from weald.runtime.testing import fill_disk, wait_until
 
 
@@ -219,3 +222,17 @@ def test_a_stopped_sessions_spill_files_are_removed_and_orphans_swept_at_start(t
         assert d.terminate() == 0
     finally:
         d.close()
+
+
+def test_a_daemon_refused_in_the_moment_before_the_owner_writes_its_pid_still_names_the_owner(tmp_path: Path) -> None:
+    # The owner takes the lock, then writes its pid into the file: a second daemon
+    # coming in between read an empty file and said "pid unknown".
+    store = tmp_path / "store.db"
+    holder = os.open(tmp_path / "store.db.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(holder, fcntl.LOCK_EX)  # held, and the file still empty
+        with pytest.raises(DaemonError, match=rf"another weald daemon \(pid {os.getpid()}\) is using {tmp_path}"):
+            lock_state_dir(store)
+    finally:
+        os.close(holder)
+    os.close(lock_state_dir(store))  # released with its descriptor
