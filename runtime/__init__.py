@@ -54,6 +54,7 @@ from weald.runtime._secrets import (
     scrub_environ,
 )
 from weald.runtime._store import Store
+from weald.runtime._stub import Stub, StubState
 from weald.runtime._system import (
     ActorSystem,
     ComponentSnapshot,
@@ -101,6 +102,8 @@ __all__ = [
     "StoreError",
     "StoreFullError",
     "StoreSnapshot",
+    "Stub",
+    "StubState",
     "Subscription",
     "SystemStatistics",
     "ThreadActor",

@@ -394,6 +394,11 @@ class _StopFlag:
         self._set = True
 
 
+# An inbox's items before its first message (see `_LoopInbox`).
+_NO_ITEMS: tuple[()] = ()
+_INBOX_LOCK = threading.Lock()
+
+
 class _LoopInbox:
     """A loop actor's inbox: a deque plus the parked task, if any.
 
@@ -406,18 +411,31 @@ class _LoopInbox:
     __slots__ = ("_closed", "_items", "_loop", "_owner", "_task", "_wake_pending")
 
     def __init__(self) -> None:
-        self._items: deque[Envelope[Any]] = deque()
+        # The deque is made by the first put: an empty one costs ~760 bytes,
+        # and most actors of an idle tree never receive a message.
+        self._items: deque[Envelope[Any]] | tuple[()] = _NO_ITEMS
         self._task: trio.lowlevel.Task | None = None
         self._loop: Any = None
         self._wake_pending = False
         self._closed = False
-        self._owner = ""
+        self._owner: object = ""
 
     def __len__(self) -> int:
         return len(self._items)
 
+    def _made_items(self) -> deque[Envelope[Any]]:
+        # Puts may come from any thread: exactly one deque is ever installed.
+        with _INBOX_LOCK:
+            items = self._items
+            if items.__class__ is not deque:
+                items = self._items = deque()
+        return items  # type: ignore[return-value]
+
     def put(self, envelope: Envelope[Any], /) -> None:
-        self._items.append(envelope)
+        items = self._items
+        if items.__class__ is not deque:
+            items = self._made_items()
+        items.append(envelope)  # type: ignore[union-attr]
         if self._closed:
             self._drain_dead()
         elif self._task is not None:
@@ -446,7 +464,7 @@ class _LoopInbox:
         return trio.lowlevel.Abort.SUCCEEDED
 
     def get(self) -> Envelope[Any]:
-        return self._items.popleft()
+        return self._items.popleft()  # type: ignore[union-attr]
 
     def empty(self) -> bool:
         return not self._items
@@ -455,6 +473,17 @@ class _LoopInbox:
         self._closed = True
         self._drain_dead()
 
+    def take_nowait(self) -> list[Envelope[Any]]:
+        """Remove and return every envelope waiting (for an actor that hands its inbox on)."""
+        items = self._items
+        out: list[Envelope[Any]] = []
+        while items:
+            try:
+                out.append(items.popleft())  # type: ignore[union-attr]
+            except IndexError:
+                break
+        return out
+
     def _drain_dead(self) -> None:
         items = self._items
         # Every actor's end drains its (nearly always empty) inbox: test
@@ -462,10 +491,10 @@ class _LoopInbox:
         # still guards against a racing drain from another thread.
         while items:
             try:
-                envelope = items.popleft()
+                envelope = items.popleft()  # type: ignore[union-attr]
             except IndexError:
                 return
-            _fail_envelope(envelope, self._owner)
+            _fail_envelope(envelope, str(self._owner))
 
 
 class _ThreadInbox:
@@ -477,7 +506,7 @@ class _ThreadInbox:
         self._items: deque[Envelope[Any]] = deque()
         self._cond = threading.Condition(threading.Lock())
         self._closed = False
-        self._owner = ""
+        self._owner: object = ""
 
     def __len__(self) -> int:
         return len(self._items)
@@ -488,7 +517,7 @@ class _ThreadInbox:
                 self._items.append(envelope)
                 self._cond.notify()
                 return
-        _fail_envelope(envelope, self._owner)
+        _fail_envelope(envelope, str(self._owner))
 
     def get(self) -> Envelope[Any] | None:
         with self._cond:
@@ -508,7 +537,7 @@ class _ThreadInbox:
             self._items.clear()
             self._cond.notify_all()
         for envelope in dead:
-            _fail_envelope(envelope, self._owner)
+            _fail_envelope(envelope, str(self._owner))
 
 
 class IOHandle:
@@ -581,6 +610,9 @@ class Actor(pykka.Actor):
 
     _system: ActorSystem
     _actor_ref: Ref[Any]
+    # Messages kept unhandled while set (see `hold_messages`); a class default,
+    # so an actor that never holds pays no instance slot for it.
+    _holding: list[Envelope[Any]] | None = None
 
     def __init__(self, *_args: Any, **_kwargs: Any) -> None:
         system = _spawning.system
@@ -643,7 +675,7 @@ class Actor(pykka.Actor):
             msg = f"{cls.__name__}.__init__() did not call super().__init__()"
             raise WealdError(msg)
         ref: Ref[Self] = obj._actor_ref
-        obj.actor_inbox._owner = str(ref)  # type: ignore[attr-defined]
+        obj.actor_inbox._owner = ref  # type: ignore[attr-defined]  # named by str() only when a message fails
         system._register(path, ref, toplevel=parent is None and path != "/")
         if parent is not None:
             parent_actor = parent._actor_weakref()
@@ -686,7 +718,8 @@ class Actor(pykka.Actor):
         inbox = self.actor_inbox
         assert isinstance(inbox, _LoopInbox)
         inbox._loop = self._system.loop
-        self._system.loop.spawn_nowait(self._loop_main, on_error=self._loop_task_error)
+        # Unguarded (one coroutine frame fewer per actor): `_loop_main` contains its own errors.
+        self._system.loop.spawn_contained_nowait(self._loop_main, on_error=self._loop_task_error)
 
     # -- identity and introspection ---------------------------------------------
 
@@ -736,6 +769,45 @@ class Actor(pykka.Actor):
 
     def __str__(self) -> str:
         return f"{type(self).__name__} at {self._path}"
+
+    # -- holding messages ---------------------------------------------------------
+
+    def hold_messages(self) -> None:
+        """Keep the messages that arrive from now on, unhandled, until `release_messages`.
+
+        For an actor about to be hibernated by its supervisor: whatever
+        reaches it while it stops is not lost, but handed, in order, to
+        whatever holds its path once it has ended (the stub that wakes its
+        successor). A stop is still handled. Call it in the actor's own context.
+        """
+        if self._holding is None:
+            self._holding = []
+
+    def release_messages(self) -> None:
+        """Stop holding: the held messages are handled next, before any newer one."""
+        held, self._holding = self._holding, None
+        if held:
+            inbox = self.actor_inbox
+            items = inbox._items if inbox._items.__class__ is deque else inbox._made_items()  # type: ignore[attr-defined]
+            items.extendleft(reversed(held))
+            if isinstance(inbox, _LoopInbox) and inbox._task is not None:
+                inbox._wake()
+
+    def _hand_on_held(self) -> None:
+        """After the actor is unregistered: send what it held (and what queued after its stop) on."""
+        held = self._holding
+        if held is None:
+            return
+        self._holding = None
+        inbox = self.actor_inbox
+        if isinstance(inbox, _LoopInbox):
+            held.extend(inbox.take_nowait())
+        target = self._system.whereis(self._path)
+        for envelope in held:
+            if target is None or target is self._actor_ref:
+                _fail_envelope(envelope, str(self._actor_ref))
+            else:
+                target.actor_inbox.put(envelope)
 
     # -- I/O ----------------------------------------------------------------------
 
@@ -803,6 +875,14 @@ class Actor(pykka.Actor):
         self._finish(Exit("crashed", exc))
 
     async def _loop_main(self) -> None:
+        try:
+            await self._loop_body()
+        except trio.Cancelled:
+            raise
+        except BaseException as exc:  # the loop machinery itself broke: contain it
+            self._loop_task_error(exc)
+
+    async def _loop_body(self) -> None:
         exit_: Exit | None = KILLED
         with trio.CancelScope() as scope:
             self._scope = scope
@@ -833,19 +913,24 @@ class Actor(pykka.Actor):
 
     async def _loop_serve(self) -> Exit:
         inbox: _LoopInbox = self.actor_inbox  # type: ignore[assignment]
-        items = inbox._items
         system = self._system
         burst = 0  # messages handled since this task last yielded to the loop
         while True:
+            # Read afresh each time: the first put replaces the empty sentinel.
+            items = inbox._items
             if not items:
                 inbox._task = trio.lowlevel.current_task()
-                if items:
+                if inbox._items:
                     inbox._task = None
                 else:
                     await trio.lowlevel.wait_task_rescheduled(inbox._abort)
                     continue
-            envelope = items.popleft()
+                items = inbox._items
+            envelope = items.popleft()  # type: ignore[union-attr]
             message = envelope.message
+            if self._holding is not None and message.__class__ is not _ActorStop:
+                self._holding.append(envelope)  # handed on when it ends (see `hold_messages`)
+                continue
             if message.__class__ is _ActorStop:
                 if envelope.reply_to is not None:
                     self._stop_replies.append(envelope.reply_to)
@@ -875,7 +960,7 @@ class Actor(pykka.Actor):
                 if reply_to is not None:
                     reply_to.set(result)
             self._handled += 1
-            if items:
+            if inbox._items:
                 burst += 1
                 if burst >= _FAIRNESS_BURST:
                     # Fairness: a busy actor lets the loop's other tasks run.
@@ -932,6 +1017,7 @@ class Actor(pykka.Actor):
             error = pykka.ActorDeadError(f"{ref} ended ({exit_.describe()}) before it started")
             ref._started.resolve(outcome.Error(error))
         self._system._unregister(self._path, ref)
+        self._hand_on_held()
         self.actor_inbox.close()  # type: ignore[attr-defined]
         for future in self._stop_replies:
             with contextlib.suppress(queue.Full):  # answered already

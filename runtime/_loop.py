@@ -57,7 +57,6 @@ class Loop:
         self._ready = threading.Event()
         self._stop_requested: trio.Event | None = None
         self._crash: BaseException | None = None
-        self._tasks = 0
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -135,7 +134,9 @@ class Loop:
 
     def statistics(self) -> LoopStatistics:
         """Return the loop's current load."""
-        return LoopStatistics(running=self.running, tasks=self._tasks, thread_name=self._name)
+        nursery = self._nursery
+        tasks = len(nursery.child_tasks) if nursery is not None else 0
+        return LoopStatistics(running=self.running, tasks=tasks, thread_name=self._name)
 
     # -- scheduling ------------------------------------------------------------
 
@@ -163,11 +164,26 @@ class Loop:
         else:
             self.token.run_sync_soon(self._start_in_loop, async_fn, args, on_error)
 
+    def spawn_contained_nowait(
+        self, async_fn: Callable[[], Awaitable[object]], *, on_error: Callable[[BaseException], object]
+    ) -> None:
+        """`spawn_nowait` for a function that contains its own errors (it raises only `trio.Cancelled`).
+
+        Without the guarding wrapper: one coroutine frame fewer for every
+        loop actor's receive loop (~240 bytes each). ``on_error`` is called
+        only if the loop has stopped.
+        """
+        if self.in_loop_thread():
+            self._start_in_loop(async_fn, (), on_error, guarded=False)
+        else:
+            self.token.run_sync_soon(self._start_in_loop, async_fn, (), on_error, False)
+
     def _start_in_loop(
         self,
         async_fn: Callable[..., Awaitable[object]],
         args: tuple[Any, ...],
         on_error: Callable[[BaseException], object] | None,
+        guarded: bool = True,
     ) -> None:
         nursery = self._nursery
         if nursery is None:
@@ -176,7 +192,10 @@ class Loop:
             if on_error is not None:
                 on_error(error)
             return
-        nursery.start_soon(self._guarded, async_fn, args, on_error, name=async_fn)
+        if guarded:
+            nursery.start_soon(self._guarded, async_fn, args, on_error, name=async_fn)
+        else:
+            nursery.start_soon(async_fn, *args, name=async_fn)
 
     async def _guarded(
         self,
@@ -184,7 +203,6 @@ class Loop:
         args: tuple[Any, ...],
         on_error: Callable[[BaseException], object] | None,
     ) -> None:
-        self._tasks += 1
         try:
             await async_fn(*args)
         except trio.Cancelled:
@@ -197,8 +215,6 @@ class Loop:
                     on_error(exc)
                 except Exception:
                     logger.exception("error handler for %r failed", async_fn)
-        finally:
-            self._tasks -= 1
 
     def run(self, async_fn: Callable[..., Awaitable[T]], *args: Any) -> T:
         """Run ``async_fn(*args)`` on the loop and block the calling thread for its result.

@@ -21,6 +21,7 @@ import tempfile
 import threading
 import uuid
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, TypeVar
 
@@ -31,6 +32,7 @@ from weald.runtime._events import EventBus
 from weald.runtime._loop import Loop
 from weald.runtime._secrets import refresh_from_env
 from weald.runtime._store import Store
+from weald.runtime._stub import Stub, StubState, _Group, shape_of
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -343,23 +345,103 @@ class ActorSystem:
         return actor_class._spawn(self, f"/{name}", None, args, kwargs or {})
 
     def whereis(self, path: str) -> Ref[Any] | None:
-        """Return the live actor registered at ``path``, or None. O(1)."""
-        return self._registry.get(path)
+        """Return the live actor registered at ``path``, or None. O(1) when it runs.
+
+        For an actor that is not running but starts on its first message (a
+        lazy child, or one in a hibernated subtree), the answer is its
+        `Stub`, a `Ref` like any other: whatever is sent to it wakes it.
+        """
+        ref = self._registry.get(path)
+        if ref is None:
+            return self._stub_below(path)
+        return ref
+
+    def _stub_below(self, path: str) -> Stub[Any] | None:
+        # A miss: is an ancestor a stub whose sleeping subtree had this path?
+        registry = self._registry
+        parent = path
+        while True:
+            cut = parent.rfind("/")
+            if cut <= 0:
+                return None
+            parent = parent[:cut]
+            above = registry.get(parent)
+            if above is None:
+                continue
+            if above.__class__ is not Stub:
+                return None
+            with self._registry_lock:
+                again = registry.get(path)
+                if again is not None:
+                    return again  # type: ignore[return-value]
+                stub = above._below(path)  # type: ignore[attr-defined]
+                if stub is not None:
+                    registry[path] = stub
+                return stub  # type: ignore[no-any-return]
 
     def registered(self, prefix: str = "/") -> list[str]:
-        """Return the paths of live actors under ``prefix``, sorted."""
+        """Return the paths of live actors (and stubs) under ``prefix``, sorted."""
         with self._registry_lock:
             return sorted(p for p in self._registry if p.startswith(prefix))
+
+    def install_stub(
+        self,
+        path: str,
+        actor_class: type[Actor],
+        *,
+        state: StubState,
+        wake: Callable[[], None],
+        like: Ref[Any] | None = None,
+    ) -> Stub[Any]:
+        """Register a `Stub` at ``path``: its first message calls ``wake`` (for supervisors).
+
+        It replaces whatever holds the path (a live actor about to be
+        hibernated keeps running until it is stopped, but is no longer
+        found there). ``wake`` is called once, on the thread that sent the
+        first message; it must only send a message. When an actor later
+        registers at the path, the stub hands it its messages.
+
+        Args:
+            path: the path to hold.
+            actor_class: the class of the actor that will take the path.
+            state: ``dormant`` (never started yet) or ``hibernated``.
+            wake: asks for the actor to be started.
+            like: a live actor whose subtree the stub answers for too (its
+                descendants' paths get stubs on demand).
+        """
+        stub = Stub(path, actor_class, state, _Group(wake, shape_of(like)))
+        with self._registry_lock:
+            self._registry[path] = stub
+        return stub
+
+    def discard_stubs(self, stub: Stub[Any], reason: str, *, only_unused: bool = False) -> None:
+        """Retire ``stub`` and the other stubs of its subtree; their buffered messages fail with ``reason``.
+
+        With ``only_unused``, stubs that an actor has taken over are left
+        alone (they forward to it): what a wake leaves behind.
+        """
+        group = stub._group
+        group.wake = None
+        for member in list(group.stubs):
+            if only_unused and member.successor is not None:
+                continue
+            member._discard(reason)
+            with self._registry_lock:
+                if self._registry.get(member.path) is member:
+                    del self._registry[member.path]
+        group.stubs = [member for member in group.stubs if member.successor is not None]
 
     def _register(self, path: str, ref: Ref[Any], *, toplevel: bool) -> None:
         with self._registry_lock:
             existing = self._registry.get(path)
-            if existing is not None and existing.is_alive():
+            if existing is not None and existing.is_alive() and existing.__class__ is not Stub:
                 msg = f"an actor is already running at {path}"
                 raise NameTakenError(msg)
             self._registry[path] = ref
             if toplevel:
                 self._toplevel[path] = ref
+        if existing is not None and existing.__class__ is Stub:
+            existing._succeed(ref)  # type: ignore[attr-defined]  # its messages go first
 
     def _unregister(self, path: str, ref: Ref[Any]) -> None:
         with self._registry_lock:

@@ -18,7 +18,16 @@ from weald.supervisors._errors import (
     RestartIntensityError,
     SupervisorError,
 )
-from weald.supervisors._spec import RESTART_TYPES, STRATEGIES, Backoff, ChildInfo, ChildSpec, Restart, Strategy
+from weald.supervisors._spec import (
+    RESTART_TYPES,
+    STRATEGIES,
+    Backoff,
+    ChildInfo,
+    ChildSpec,
+    ChildStatus,
+    Restart,
+    Strategy,
+)
 from weald.supervisors._supervisor import Supervisor
 
 __all__ = [
@@ -30,6 +39,7 @@ __all__ = [
     "ChildNotFoundError",
     "ChildRunningError",
     "ChildSpec",
+    "ChildStatus",
     "DynamicSupervisor",
     "MaxChildrenError",
     "Restart",

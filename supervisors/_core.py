@@ -8,22 +8,23 @@ mailbox until the restart is done, exactly as a gen_server would.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import deque
 from collections.abc import Callable
 from types import TracebackType
-from typing import Any, Literal
+from typing import Any
 
 import attrs
 import trio
-from weald.runtime import Actor, Down, Ref, StartError
+from weald.runtime import Actor, ActorDeadError, Down, Ref, StartError, Stub, StubState
 from weald.supervisors._errors import (
     ChildExistsError,
     ChildNotFoundError,
     ChildRunningError,
     RestartIntensityError,
 )
-from weald.supervisors._spec import ChildInfo, ChildSpec
+from weald.supervisors._spec import ChildInfo, ChildSpec, ChildStatus
 
 __all__ = ["SupervisorBase", "SupervisorSnapshot"]
 
@@ -54,14 +55,19 @@ class SupervisorSnapshot:
 
 
 class _Child:
-    """A supervisor's record of one child (mutable; only the supervisor touches it)."""
+    """A supervisor's record of one child (mutable; only the supervisor touches it).
 
-    __slots__ = ("attempt", "escalations", "generation", "ref", "restarts", "spec", "started_at", "status")
+    Invariant: ``stub`` is set exactly while ``status`` is ``dormant`` or
+    ``hibernated``, and then ``ref`` is None.
+    """
+
+    __slots__ = ("attempt", "escalations", "generation", "ref", "restarts", "spec", "started_at", "status", "stub")
 
     def __init__(self, spec: ChildSpec) -> None:
         self.spec = spec
         self.ref: Ref[Any] | None = None
-        self.status: Literal["running", "restarting", "stopped"] = "stopped"
+        self.stub: Stub[Any] | None = None
+        self.status: ChildStatus = "stopped"
         self.restarts = 0
         self.escalations = 0
         self.started_at = 0.0
@@ -71,7 +77,7 @@ class _Child:
     def info(self, base: str) -> ChildInfo:
         return ChildInfo(
             id=self.spec.id,
-            ref=self.ref,
+            ref=self.ref if self.stub is None else self.stub,
             status=self.status,
             restarts=self.restarts,
             path=f"{base}/{self.spec.id}",
@@ -79,6 +85,13 @@ class _Child:
             restart=self.spec.restart,
             escalations=self.escalations,
         )
+
+
+@attrs.frozen
+class _Wake:
+    """A message reached the stub of a dormant or hibernated child: start it."""
+
+    child_id: str
 
 
 @attrs.frozen
@@ -111,7 +124,8 @@ class SupervisorBase(Actor):
         self._max_seconds = float(max_seconds)
         self._kids: dict[str, _Child] = {}
         self._by_ref: dict[Ref[Any], str] = {}
-        self._restart_times: deque[float] = deque()
+        # Made by the first restart: most supervisors never restart anything.
+        self._restart_times: deque[float] | None = None
         self._total_restarts = 0
 
     # -- events -------------------------------------------------------------------------
@@ -126,7 +140,44 @@ class SupervisorBase(Actor):
     # -- starting -----------------------------------------------------------------------
 
     async def _start(self, child: _Child) -> Ref[Any]:
-        return await self._confirm_start(child, self._launch_child(child))
+        stub = child.stub
+        if stub is None:
+            return await self._confirm_start(child, self._launch_child(child))
+        # Dormant or hibernated: the new actors take the stubs' paths (and messages).
+        child.stub = None
+        self._by_ref.pop(stub, None)
+        try:
+            return await self._confirm_start(child, self._launch_child(child))
+        finally:
+            self.system.discard_stubs(stub, "it did not come back when its subtree was started", only_unused=True)
+
+    def _sleep(self, child: _Child, state: StubState, like: Ref[Any] | None = None) -> Stub[Any]:
+        """Leave a stub at the child's path; its first message starts the child (`_Wake`)."""
+        return self._keep_stub(child, self._install_stub(child, state, like))
+
+    def _install_stub(self, child: _Child, state: StubState, like: Ref[Any] | None) -> Stub[Any]:
+        ref = self.actor_ref
+        wake_message = _Wake(child.spec.id)
+
+        def wake() -> None:
+            with contextlib.suppress(ActorDeadError):  # the supervisor ended: so did its stubs
+                ref.tell(wake_message)
+
+        path = f"{self._base}/{child.spec.id}"
+        return self.system.install_stub(path, child.spec.actor, state=state, wake=wake, like=like)
+
+    def _keep_stub(self, child: _Child, stub: Stub[Any]) -> Stub[Any]:
+        child.stub = stub
+        child.status = stub.state
+        self._by_ref[stub] = child.spec.id
+        return stub
+
+    def _forget_stub(self, child: _Child, reason: str) -> None:
+        stub = child.stub
+        if stub is not None:
+            child.stub = None
+            self._by_ref.pop(stub, None)
+            self.system.discard_stubs(stub, reason)
 
     def _launch_child(self, child: _Child) -> Ref[Any]:
         """Spawn the child's actor; its ``on_start`` runs in its own task, next."""
@@ -184,6 +235,7 @@ class SupervisorBase(Actor):
         child.generation += 1  # cancels a pending backoff restart
         child.status = "stopped"
         child.ref = None
+        self._forget_stub(child, f"{self.path} stopped it")
         if ref is None:
             return
         self._by_ref.pop(ref, None)  # its Down, when it comes, is ours: ignore it
@@ -205,7 +257,7 @@ class SupervisorBase(Actor):
 
     async def _terminate_all(self) -> None:
         for child in reversed(list(self._kids.values())):
-            if child.ref is not None:
+            if child.ref is not None or child.stub is not None:
                 await self._terminate(child)
 
     def on_stop(self) -> Any:
@@ -226,8 +278,54 @@ class SupervisorBase(Actor):
     async def on_receive(self, message: Any) -> None:
         if isinstance(message, Down):
             await self._on_down(message)
+        elif isinstance(message, _Wake):
+            await self._on_wake(message)
         elif isinstance(message, _RestartDue):
             await self._on_restart_due(message)
+
+    async def _on_wake(self, wake: _Wake) -> None:
+        child = self._kids.get(wake.child_id)
+        if child is None or child.stub is None or not child.stub.waking:
+            return  # stopped, deleted or started meanwhile
+        state = child.status
+        try:
+            ref = await self._start(child)
+        except StartError:
+            return  # _confirm_start published child_start_failed; the stubs' messages failed with it
+        if child.spec.progress:
+            self._publish("child_woken", id=child.spec.id, path=ref.path, was=state)
+
+    async def hibernate_child(self, child_id: str) -> bool:
+        """Stop a running child and leave a `weald.runtime.Stub` in its place; its next message restarts it.
+
+        OTP's ``proc_lib:hibernate`` taken to a subtree: the child's actors
+        end (normally: their ``on_stop`` runs, so they persist what they
+        must), and the stub answers for the child's path and every path of
+        its subtree. The first message sent to any of them starts the child
+        again from its spec (not counted as a restart) and is then handled
+        by it, with everything sent meanwhile, in order. A hibernated child
+        is left as it is by restarts of its siblings.
+
+        Returns:
+            True if it was hibernated; False if it was not running.
+
+        Raises:
+            ChildNotFoundError: there is no such child.
+        """
+        child = self._get(child_id)
+        ref = child.ref
+        if ref is None or child.status != "running" or not ref.is_alive():
+            return False
+        # The stub holds the paths from now on; what reaches it while the
+        # child stops wakes it once this handler is done (`_Wake` queues).
+        stub = self._install_stub(child, "hibernated", ref)
+        await self._terminate(child)
+        if self._kids.get(child_id) is not child:
+            self.system.discard_stubs(stub, f"{self.path} removed it")
+            return False
+        self._keep_stub(child, stub)
+        self._publish("child_hibernated", id=child_id, path=ref.path)
+        return True
 
     async def _on_down(self, down: Down) -> None:
         child_id = self._by_ref.pop(down.ref, None)
@@ -267,6 +365,8 @@ class SupervisorBase(Actor):
     def _allow_restart(self) -> bool:
         now = self._clock()
         times = self._restart_times
+        if times is None:
+            times = self._restart_times = deque()
         times.append(now)
         while times and times[0] < now - self._max_seconds:
             times.popleft()
@@ -292,9 +392,11 @@ class SupervisorBase(Actor):
             if other_id != child_id and other.ref is not None:
                 await self._terminate(other)
         # Temporary children stopped for a group restart are not restarted (OTP).
-        group = [i for i in full if i == child_id or self._kids[i].spec.restart != "temporary"]
+        # Dormant and hibernated ones are left as they are: nothing of them ran.
+        asleep = {i for i in full if self._kids[i].stub is not None}
+        group = [i for i in full if i == child_id or (i not in asleep and self._kids[i].spec.restart != "temporary")]
         for i in full:
-            if i not in group:
+            if i not in group and i not in asleep:
                 del self._kids[i]
         child = self._kids[child_id]
         delay = self._backoff_delay(child)
@@ -336,7 +438,7 @@ class SupervisorBase(Actor):
     async def _start_group(self, group: list[str]) -> None:
         for child_id in group:
             child = self._kids.get(child_id)
-            if child is None or child.ref is not None:
+            if child is None or child.ref is not None or child.stub is not None:
                 continue
             while True:
                 try:

@@ -58,12 +58,17 @@ class DynamicSupervisor(SupervisorBase):
     async def start_child(self, spec: ChildSpec) -> Ref[Any]:
         """Start a child from ``spec``; its id must be unique among the children.
 
+        A lazy spec is not started: its `weald.runtime.Stub` is returned,
+        and the first message sent to it starts the child.
+
         Raises:
             MaxChildrenError: ``max_children`` children are already present.
             ChildExistsError: a child with that id is present.
             StartError: the child failed to start (it is not kept).
         """
         child = self._admit(spec)
+        if spec.lazy:
+            return self._sleep(child, "dormant")
         try:
             return await self._start(child)
         except BaseException:

@@ -9,9 +9,10 @@ from typing import Any, Literal
 import attrs
 from weald.runtime import Actor
 
-__all__ = ["RESTART_TYPES", "STRATEGIES", "Backoff", "ChildInfo", "ChildSpec", "Restart", "Strategy"]
+__all__ = ["RESTART_TYPES", "STRATEGIES", "Backoff", "ChildInfo", "ChildSpec", "ChildStatus", "Restart", "Strategy"]
 
 Restart = Literal["permanent", "transient", "temporary"]
+ChildStatus = Literal["running", "restarting", "stopped", "dormant", "hibernated"]
 Strategy = Literal["one_for_one", "one_for_all", "rest_for_one"]
 RESTART_TYPES: tuple[str, ...] = ("permanent", "transient", "temporary")
 STRATEGIES: tuple[str, ...] = ("one_for_one", "one_for_all", "rest_for_one")
@@ -89,6 +90,12 @@ class ChildSpec:
             flood the event ring, whose starts and ends their parent reports
             itself (each tool call: ``tool.started`` / ``tool.finished``).
             Crashes, failed starts, kills and restarts are published always.
+        lazy: start the child on its first message instead of with its
+            supervisor. Until then it is ``dormant``: a `weald.runtime.Stub`
+            holds its path, and whatever is sent there starts it and is
+            then handled by it. A dormant child is left as it is by restarts
+            of its siblings (nothing of it runs); once started it is an
+            ordinary child.
     """
 
     id: str = attrs.field(validator=_check_id)
@@ -99,6 +106,7 @@ class ChildSpec:
     shutdown: float = attrs.field(default=5.0, validator=_check_shutdown)
     backoff: Backoff | None = None
     progress: bool = True
+    lazy: bool = False
 
 
 @attrs.frozen
@@ -107,8 +115,11 @@ class ChildInfo:
 
     Attributes:
         id: the child's id.
-        ref: its `Ref` while running, else None.
-        status: ``running``, ``restarting`` or ``stopped``.
+        ref: its `Ref` while running; its `weald.runtime.Stub` while
+            ``dormant`` or ``hibernated`` (a message there starts it); else None.
+        status: ``running``, ``restarting``, ``stopped``, ``dormant`` (lazy,
+            not started yet) or ``hibernated`` (stopped while idle; started
+            again by its next message).
         restarts: how many times the supervisor restarted it.
         path: its path in the tree.
         kind: the actor class name.
@@ -119,7 +130,7 @@ class ChildInfo:
 
     id: str
     ref: Any
-    status: Literal["running", "restarting", "stopped"]
+    status: ChildStatus
     restarts: int = 0
     path: str = ""
     kind: str = ""

@@ -94,6 +94,9 @@ class Supervisor(SupervisorBase):
     async def _start_all(self) -> None:
         started: list[_Child] = []
         for child in list(self._kids.values()):
+            if child.spec.lazy:
+                self._sleep(child, "dormant")
+                continue
             try:
                 await self._start(child)
             except StartError:
@@ -110,6 +113,8 @@ class Supervisor(SupervisorBase):
             StartError: the child failed to start.
         """
         child = self._add(spec)
+        if spec.lazy:
+            return self._sleep(child, "dormant")
         try:
             return await self._start(child)
         except BaseException:
@@ -124,7 +129,7 @@ class Supervisor(SupervisorBase):
             self._kids.pop(child_id, None)
 
     async def restart_child(self, child_id: str) -> Ref[Any]:
-        """Start a stopped child again.
+        """Start a stopped child again (a dormant or hibernated one: now, without a message).
 
         Raises:
             ChildRunningError: the child is running or restarting.
@@ -141,4 +146,5 @@ class Supervisor(SupervisorBase):
         """
         child = self._get(child_id)
         self._require_stopped(child, "delete")
+        self._forget_stub(child, f"{self.path} deleted it")
         del self._kids[child_id]

@@ -3,7 +3,11 @@
 It predicts, for a tree of supervisors and workers, what a crash or an
 external stop of one worker does: which children restart (and so get a new
 generation), which are removed, which supervisor gives up, and whether the
-top escalates. Restart intensity is modelled with a frozen clock: every
+top escalates. Children that start on demand are modelled too: a lazy
+worker is ``dormant`` until its first message, a hibernated child (worker
+or supervisor) sleeps until its next one; either then starts afresh (a new
+generation, its own lazy children dormant again), and neither is touched by
+a restart of its siblings. Restart intensity is modelled with a frozen clock: every
 restart falls within the window.
 """
 
@@ -20,6 +24,7 @@ class WorkerNode:
     id: str
     restart: str
     threaded: bool = False  # hosted on its own thread (ThreadActor) rather than the loop; same OTP rules
+    lazy: bool = False  # started by its first message (ChildSpec.lazy)
 
 
 @dataclass(frozen=True)
@@ -45,8 +50,19 @@ class Inst:
     def start(cls, node: WorkerNode | SupNode) -> Inst:
         inst = cls(node)
         if isinstance(node, SupNode):
-            inst.kids = {c.id: cls.start(c) for c in node.children}
+            inst.kids = {c.id: cls.first(c) for c in node.children}
         return inst
+
+    @classmethod
+    def first(cls, node: WorkerNode | SupNode) -> Inst:
+        """A child as its supervisor's start leaves it: running, or dormant if lazy."""
+        if isinstance(node, WorkerNode) and node.lazy:
+            return cls(node, status="dormant")
+        return cls.start(node)
+
+    @property
+    def asleep(self) -> bool:
+        return self.status in ("dormant", "hibernated")
 
 
 class Model:
@@ -68,6 +84,24 @@ class Model:
         if not self.escalated:
             walk(self.top, f"/{self.top.node.id}")
         return out
+
+    def sleeping(self) -> list[str]:
+        """Dormant and hibernated children, by path."""
+        return sorted(p for p, (status, _) in self.paths().items() if status in ("dormant", "hibernated"))
+
+    def running_children(self) -> list[str]:
+        """Running children (workers and supervisors), by path."""
+        return sorted(p for p, (status, _) in self.paths().items() if status == "running")
+
+    def hibernate(self, path: str) -> None:
+        """Its supervisor hibernated the running child at ``path``: its subtree is gone."""
+        sup, cid = self._parent(path)
+        sup.kids[cid] = Inst(sup.kids[cid].node, status="hibernated")
+
+    def wake(self, path: str) -> None:
+        """A message reached the sleeping child at ``path``: it starts afresh (not a restart)."""
+        sup, cid = self._parent(path)
+        sup.kids[cid] = Inst.start(sup.kids[cid].node)
 
     def running_workers(self) -> list[str]:
         return sorted(
@@ -120,6 +154,8 @@ class Model:
             group = [cid]
         for gid in group:
             kid = sup.kids[gid]
+            if gid != cid and kid.asleep:
+                continue  # nothing of it runs: it stays as it is
             if gid != cid and kid.node.restart == "temporary":
                 del sup.kids[gid]
                 continue

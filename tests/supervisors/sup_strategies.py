@@ -13,7 +13,7 @@ strategy_names = st.sampled_from(["one_for_one", "one_for_all", "rest_for_one"])
 def trees(draw: st.DrawFn, depth: int = 2, node_id: str = "top") -> SupNode:
     """A supervisor with 1-4 children, some of them supervisors (to ``depth`` levels).
 
-    Each worker is loop-hosted or a thread actor, at random.
+    Each worker is loop-hosted or a thread actor, and lazy or not, at random.
     """
     count = draw(st.integers(1, 4))
     children: list[WorkerNode | SupNode] = []
@@ -22,7 +22,9 @@ def trees(draw: st.DrawFn, depth: int = 2, node_id: str = "top") -> SupNode:
         if depth > 0 and draw(st.booleans()):
             children.append(draw(trees(depth=depth - 1, node_id=cid)))
         else:
-            children.append(WorkerNode(cid, draw(restart_types), threaded=draw(st.booleans())))
+            children.append(
+                WorkerNode(cid, draw(restart_types), threaded=draw(st.booleans()), lazy=draw(st.booleans()))
+            )
     return SupNode(
         id=node_id,
         restart=draw(restart_types) if node_id != "top" else "permanent",
@@ -33,5 +35,8 @@ def trees(draw: st.DrawFn, depth: int = 2, node_id: str = "top") -> SupNode:
 
 
 operations = st.lists(
-    st.tuples(st.sampled_from(["crash", "crash", "stop"]), st.integers(0, 10_000)), min_size=1, max_size=8
+    st.tuples(st.sampled_from(["crash", "crash", "stop", "hibernate", "wake"]), st.integers(0, 10_000)),
+    min_size=1,
+    max_size=8,
 )
+"""Crash or stop a running worker; hibernate a running child; send a message to a sleeping one."""

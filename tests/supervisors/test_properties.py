@@ -5,18 +5,23 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from sup_model import Model, SupNode, WorkerNode
 from sup_strategies import operations, trees
 from sup_workers import FakeClock, ThreadWorker, Worker
-from weald.runtime import ActorSystem, Ref
+from weald.runtime import ActorSystem, Ref, Stub
 from weald.runtime.testing import WaitTimeout, wait_until
 from weald.supervisors import ChildSpec, RestartIntensityError, Supervisor, SupervisorBase
 
 
 def spec_of(node: WorkerNode | SupNode) -> ChildSpec:
     if isinstance(node, WorkerNode):
-        return ChildSpec(node.id, ThreadWorker if node.threaded else Worker, restart=node.restart)  # type: ignore[arg-type]
+        return ChildSpec(
+            node.id,
+            ThreadWorker if node.threaded else Worker,
+            restart=node.restart,  # type: ignore[arg-type]
+            lazy=node.lazy,
+        )
     return ChildSpec(
         node.id,
         Supervisor,
@@ -39,7 +44,8 @@ def observe(ref: Ref[Any], base: str) -> dict[str, tuple[str, Any]]:
     for info in infos:
         path = f"{base}/{info.id}"
         out[path] = (info.status, info.ref)
-        if info.ref is not None and issubclass(info.ref.actor_class, SupervisorBase):
+        # Only running supervisors are asked: a question to a stub would wake it.
+        if info.status == "running" and issubclass(info.ref.actor_class, SupervisorBase):
             out.update(observe(info.ref, path))
     return out
 
@@ -92,11 +98,30 @@ def test_random_trees_return_to_their_spec_shape_or_escalate_exactly_as_otp_woul
         wait_until(settled, timeout=10, message="the initial tree")
         record()
         for kind, pick in ops:
+            real = {p.replace(base, "/top", 1): v for p, v in observe(top, base).items()}
+            if kind in ("hibernate", "wake"):
+                choices = model.running_children() if kind == "hibernate" else model.sleeping()
+                if not choices:
+                    continue
+                path = choices[pick % len(choices)]
+                if kind == "hibernate":
+                    parent = top if path.count("/") == 2 else real[path.rpartition("/")[0]][1]
+                    assert parent.proxy().hibernate_child(path.rpartition("/")[2]).get(timeout=10) is True
+                    model.hibernate(path)
+                else:
+                    stub = real[path][1]
+                    assert isinstance(stub, Stub)
+                    stub.tell("wake up")  # any message: workers echo it, supervisors ignore it
+                    model.wake(path)
+                event(kind)
+                wait_until(settled, timeout=10, message=f"the tree after {kind} of {path}")
+                record()
+                continue
             workers = model.running_workers()
             if not workers:
                 break
             path = workers[pick % len(workers)]
-            target = {p.replace(base, "/top", 1): v for p, v in observe(top, base).items()}[path][1]
+            target = real[path][1]
             if kind == "crash":
                 target.tell("crash")
             else:
