@@ -61,7 +61,7 @@ import contextlib
 import itertools
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -380,6 +380,16 @@ class _Summarized:
     result: outcome.Outcome[Completed]
 
 
+@attrs.frozen
+class _IdleFor:
+    token: int
+
+
+@attrs.frozen
+class _HibernateAnswer:
+    result: outcome.Outcome[bool]
+
+
 class _Turn:
     __slots__ = ("batch", "futures", "id", "overflowed", "pending_calls", "started", "steps", "text", "usage")
 
@@ -473,6 +483,11 @@ class Agent(Actor):
             "" when there are none). Blocking: it is called once per start,
             in a worker thread, and only when the agent is offered
             ``use_skill``. None: the model is shown no skills.
+        hibernate: asks for the agent's session to be hibernated (see
+            `weald.runtime.session.SessionRuntime.hibernate`); returns
+            whether it will be. Called once the agent has been idle for
+            ``idle_after`` seconds, while it holds its messages.
+        idle_after: seconds of idleness before ``hibernate`` is called; None: never.
     """
 
     def __init__(
@@ -487,6 +502,8 @@ class Agent(Actor):
         parent: Ref[Any] | None = None,
         provider_factory: Callable[[str], Provider] | None = None,
         skills: Callable[[], str] | None = None,
+        hibernate: Callable[[], Awaitable[bool]] | None = None,
+        idle_after: float | None = None,
     ) -> None:
         super().__init__()
         self._session_id = session_id
@@ -522,6 +539,10 @@ class Agent(Actor):
         self._unacknowledged: list[tuple[list[Future[TurnResult]], TurnResult]] = []
         # token -> (what to run once committed, what to run with the store's error instead)
         self._flush_waiters: dict[int, tuple[Callable[[], None], Callable[[BaseException], None]]] = {}
+        self._hibernate = hibernate if idle_after is not None else None
+        self._idle_after = idle_after
+        self._idle_timer: Any = None
+        self._idle_token = 0
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -578,6 +599,53 @@ class Agent(Actor):
         seek = getattr(self._provider, "seek", None)
         if seek is not None and record.provider_position is not None:
             seek(record.provider_position)
+        self._arm_idle()
+
+    # -- hibernation ----------------------------------------------------------------------------
+
+    def _arm_idle(self) -> None:
+        """(Re)start the idle timer: after ``idle_after`` quiet seconds, ask to hibernate."""
+        if self._hibernate is None:
+            return
+        self._disarm_idle()
+        self._idle_token += 1
+        token = self._idle_token
+        self._idle_timer = self.run_io(trio.sleep, self._idle_after, reply=lambda _: _IdleFor(token), name="idle")
+
+    def _disarm_idle(self) -> None:
+        timer, self._idle_timer = self._idle_timer, None
+        if timer is not None:
+            timer.cancel()
+
+    def _is_idle(self) -> bool:
+        return (
+            self._turn is None
+            and not self._queue
+            and not self._questions
+            and not self._permissions
+            and not self._unacknowledged
+            and not self._flush_waiters
+            and not len(self.actor_inbox)  # type: ignore[arg-type]
+        )
+
+    def _on_idle_for(self, token: int) -> None:
+        if token != self._idle_token or self._hibernate is None:
+            return
+        self._idle_timer = None
+        if not self._is_idle():
+            return  # busy again: re-armed when it is idle
+        # From here on what arrives is kept, and handed on, in order, to the
+        # session when it wakes (or handled here if it does not hibernate).
+        self.hold_messages()
+        self._publish("agent.hibernating", {"idle_for": self._idle_after})
+        self.run_io(self._hibernate, reply=_HibernateAnswer, name="hibernate")
+
+    def _on_hibernate_answer(self, answer: _HibernateAnswer) -> None:
+        result = answer.result
+        if isinstance(result, outcome.Value) and result.value:
+            return  # the session is stopping us; what arrives is held and handed on
+        self.release_messages()
+        self._arm_idle()
 
     async def _compose_system_prompt(self) -> str | None:
         """The configured system prompt, followed by the skill catalog when ``use_skill`` is offered."""
@@ -851,6 +919,10 @@ class Agent(Actor):
             self._sample(message)
         elif isinstance(message, _Sampled):
             self._on_sampled(message)
+        elif isinstance(message, _IdleFor):
+            self._on_idle_for(message.token)
+        elif isinstance(message, _HibernateAnswer):
+            self._on_hibernate_answer(message)
         elif isinstance(message, PermissionState):
             if message.open:
                 if self._permissions is None:
@@ -865,6 +937,7 @@ class Agent(Actor):
     # -- the loop --------------------------------------------------------------------------------------
 
     def _start_turn(self) -> None:
+        self._disarm_idle()
         turn = _Turn(uuid.uuid4().hex[:12])
         self._turn = turn
         self._publish("agent.turn_start", {"turn_id": turn.id})
@@ -1173,6 +1246,8 @@ class Agent(Actor):
                     "usage": msgspec.to_builtins(turn.usage),
                 },
             )
+            if self._turn is None:
+                self._arm_idle()
 
         def unsaved(exc: BaseException) -> None:
             # Not committed: the turn is not acknowledged as it ended, but as

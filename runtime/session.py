@@ -32,7 +32,7 @@ from typing import Any
 
 import attrs
 import trio
-from weald.runtime import ActorSystem, Event, Future, Ref, Store, redact
+from weald.runtime import ActorSystem, Event, Future, Ref, Store, Stub, redact
 from weald.runtime.agent import Agent, AgentConfig, AskUser, TurnResult
 from weald.runtime.llm import Provider, Recorder, ReplayDivergence, ScriptedProvider, make_provider
 from weald.runtime.tool_runner import RunnerConfig, ToolRunner
@@ -69,6 +69,8 @@ class SessionConfig:
         runner: tool runner configuration (permissions, timeouts, limits).
         allowed_dirs: further directories file tools may touch.
         output_dir: where full tool outputs are saved (default: next to the store).
+        hibernate_after: seconds the session may stay idle before it
+            hibernates (see `SessionRuntime.hibernate`); None: never.
     """
 
     session_id: str
@@ -77,6 +79,7 @@ class SessionConfig:
     runner: RunnerConfig = attrs.field(factory=RunnerConfig)
     allowed_dirs: tuple[str, ...] = ()
     output_dir: str | None = None
+    hibernate_after: float | None = None
 
 
 class RuntimeView:
@@ -166,6 +169,27 @@ class SessionRuntime(RuntimeView):
             if self._skills_text is None:
                 self._skills_text = describe_skills(self.config.working_dir, dirs=self.skill_dirs)
             return self._skills_text
+
+    async def hibernate(self) -> bool:
+        """Hibernate this session if nothing runs in it; returns whether it did.
+
+        Asked by the session's agent once it has been idle for
+        ``hibernate_after`` seconds, while it holds its messages (so a prompt
+        that arrives meanwhile is not lost but wakes the session again). The
+        session's supervisor stops the whole subtree (the agent persists its
+        state, as for any stop) and leaves a stub at its paths; the next
+        message to any of them restores it from the store. Not while the tool
+        runner has anything running or listed (a call, a permission prompt,
+        a background job). Runs on the loop, in the agent's I/O task.
+        """
+        runner = self._system.whereis(f"{self.session_path}/tool_runner")
+        sessions = self._system.whereis(self.session_path.rpartition("/")[0] or "/")
+        if runner is None or sessions is None or runner.__class__ is Stub:
+            return False
+        if not await runner.proxy().idle():
+            return False
+        hibernated: bool = await sessions.proxy().hibernate_child(self.session_id)
+        return hibernated
 
     async def ask_user(self, agent_path: str, question: str, choices: Sequence[str] = ()) -> str:
         """Ask whoever drives the top-level agent; a sub-agent's question goes up the chain.
@@ -395,7 +419,8 @@ def session_spec(
             },
             shutdown=15.0,
         ),
-        ChildSpec("sub_agents", DynamicSupervisor, kwargs={"max_restarts": 10, "max_seconds": 10.0}),
+        # Started by its first message (the first sub_agent call): most sessions never need it.
+        ChildSpec("sub_agents", DynamicSupervisor, kwargs={"max_restarts": 10, "max_seconds": 10.0}, lazy=True),
         ChildSpec(
             "agent",
             Agent,
@@ -405,6 +430,8 @@ def session_spec(
                 "runner_path": f"{path}/tool_runner",
                 "provider_factory": agent_factory,
                 "skills": runtime.skills_prompt,
+                "hibernate": runtime.hibernate if config.hibernate_after is not None else None,
+                "idle_after": config.hibernate_after,
             },
             shutdown=15.0,
         ),

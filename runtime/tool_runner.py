@@ -471,8 +471,7 @@ class ToolRunner(Actor):
     # -- lifecycle -----------------------------------------------------------------
 
     def on_start(self) -> None:
-        """Start the ``calls`` supervisor and the session services (on the runner's task)."""
-        self._calls = self.spawn_child(DynamicSupervisor, kwargs={"max_restarts": 1_000_000}, name="calls")
+        """Make the session services (on the runner's task); ``calls`` starts with the first call."""
         jobs = JobTable(self._spawn_job, output_dir=self._output_dir / "jobs", spill=self._spill)
         self._services = SessionServices(
             output_dir=self._output_dir, ledger=ReadLedger(), jobs=jobs, runtime=self._runtime, spill=self._spill
@@ -563,6 +562,15 @@ class ToolRunner(Actor):
             return self._abort_all("aborted")
         batch = self._batches.get(batch_id)
         return 0 if batch is None else self._abort_batch(batch, "aborted")
+
+    def idle(self) -> bool:
+        """True when nothing runs or waits here: no call, no permission prompt, no background job.
+
+        A job that ended still counts while it is listed: its output is read
+        through this runner, so its session must not hibernate.
+        """
+        jobs = self._services.jobs if self._services is not None else None
+        return not self._batches and not self._permissions and (jobs is None or not jobs.snapshot())
 
     def snapshot(self) -> RunnerSnapshot:
         """A frozen view of running calls and pending permission prompts."""
@@ -818,7 +826,9 @@ class ToolRunner(Actor):
     def _launch(self, launches: list[_Launch]) -> None:
         """Start calls as children of the ``calls`` supervisor, all in one request."""
         calls = self._calls
-        assert calls is not None
+        if calls is None:
+            # Started on first use: an idle session's runner has no calls supervisor.
+            calls = self._calls = self.spawn_child(DynamicSupervisor, kwargs={"max_restarts": 1_000_000}, name="calls")
         if len(launches) == 1:  # the common single call: start_child, a little cheaper
             spec, started = launches[0]
             # What calls.proxy().start_child(spec) sends, without the proxy's lookups.

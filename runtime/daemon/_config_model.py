@@ -504,9 +504,6 @@ class ContextConfig:
 class LimitsConfig:
     """``[limits]``: bounds on what the daemon holds.
 
-    Idle sessions do not hibernate: every session the daemon hosts keeps its
-    actors alive until it is stopped.
-
     Attributes:
         max_agents: Top-level sessions alive at once (``agent.start``);
             sub-agents are not counted.
@@ -521,6 +518,9 @@ class LimitsConfig:
         max_buffered_bytes: Bytes of unfinished lines (messages still being
             received) held across all connections; the connection whose
             line would go over it is told so and closed.
+        hibernate_after: Seconds a top-level session may stay idle before
+            it hibernates: its actors stop and a stub holds its paths until
+            the next message, which restores it from the store. None: never.
     """
 
     max_agents: int = checked(20_000, check_positive_int)
@@ -528,6 +528,7 @@ class LimitsConfig:
     max_concurrent_turns: int | None = checked(None, optional(check_positive_int))
     max_connections: int | None = checked(None, optional(check_positive_int))
     max_buffered_bytes: int = checked(64 * 1024 * 1024, check_positive_int)
+    hibernate_after: float | None = checked(600.0, optional(check_seconds))
 
 
 @attrs.frozen(kw_only=True)

@@ -47,7 +47,7 @@ from typing import Annotated, Any, Literal
 import attrs
 import msgspec
 import trio
-from weald.runtime import Actor, Event, Future, StoreError, WealdError, redact
+from weald.runtime import Actor, Event, Future, StoreError, Stub, WealdError, redact
 from weald.runtime._version import VERSION
 from weald.runtime.agent import Agent, TurnResult
 from weald.runtime.daemon._front import (
@@ -896,6 +896,9 @@ class Server(Actor):
             if ref is None:
                 row["state"] = "stopped" if record.status == "stopped" else "not running"
                 return
+            if isinstance(ref, Stub) and ref.successor is None:
+                row["state"] = ref.state  # asking it would wake it
+                return
             async with limiter:
                 try:
                     snap = await ref.proxy().snapshot(0)
@@ -1002,10 +1005,11 @@ class Server(Actor):
             ref = registry.get(path)
             if ref is None:
                 continue
+            asleep = isinstance(ref, Stub) and ref.successor is None
             nodes[path] = {
                 "path": path,
                 "kind": ref.actor_class.__name__,
-                "status": "running" if ref.is_alive() else "stopping",
+                "status": ref.state if asleep else ("running" if ref.is_alive() else "stopping"),
                 "restarts": 0,
                 "mailbox": ref.mailbox_size(),
                 "children": [],
@@ -1048,12 +1052,14 @@ class Server(Actor):
         async with trio.open_nursery() as nursery:
             for path in paths:
                 ref = registry.get(path)
-                if ref is not None and issubclass(ref.actor_class, SupervisorBase):
+                # A stub is not asked: the question would wake what it stands for.
+                if ref is not None and ref.__class__ is not Stub and issubclass(ref.actor_class, SupervisorBase):
                     nursery.start_soon(supervised, ref)
         async with trio.open_nursery() as nursery:
             for path, agent_node in nodes.items():
                 ref = registry.get(path)
-                if ref is not None and issubclass(ref.actor_class, Agent):
+                # A hibernated agent is not asked either (see below for its count).
+                if ref is not None and ref.__class__ is not Stub and issubclass(ref.actor_class, Agent):
                     nursery.start_soon(agent_restarts, ref, agent_node)
         mcp = registry.get("/mcp")
         if mcp is not None and "/mcp" in nodes and hasattr(mcp.actor_class, "servers"):

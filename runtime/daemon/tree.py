@@ -71,6 +71,7 @@ from weald.runtime import (
     ActorSystem,
     Future,
     Ref,
+    Stub,
     WealdError,
     environ_value,
     is_secret_name,
@@ -443,6 +444,7 @@ class Sessions:
             # Skills in ~/.weald/skills may be read by file tools too.
             allowed_dirs=(str(home_skills),) if home_skills.is_dir() else (),
             output_dir=str(self.spill_root / record.session_id),
+            hibernate_after=self.config.limits.hibernate_after,
         )
 
     # -- operations ------------------------------------------------------------------------
@@ -679,6 +681,8 @@ class Sessions:
         """
         ref = self.agent(agent_id)
         dropped = self.gate.cancel_waiting_nowait(agent_id, reason)
+        if isinstance(ref, Stub) and ref.successor is None:
+            return dropped > 0  # hibernated: no turn runs (and waking it to say so would be waste)
         aborted: bool = await ref.proxy().abort()
         return aborted or dropped > 0
 
@@ -694,7 +698,7 @@ class Sessions:
         refs = [
             ref
             for info in await self._proxy.which_children()
-            if (ref := self.system.whereis(agent_path(info.id))) is not None
+            if info.status == "running" and (ref := self.system.whereis(agent_path(info.id))) is not None
         ]
         aborted = 0
         limiter = trio.CapacityLimiter(64)  # 10,000 agents: bounded asks in flight

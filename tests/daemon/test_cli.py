@@ -105,6 +105,7 @@ def test_weald_config_json_is_the_merged_configuration(tmp_path: Path) -> None:
         "max_agents": 20000,
         "max_message_bytes": 16 * 1024 * 1024,
         "max_buffered_bytes": 64 * 1024 * 1024,
+        "hibernate_after": 600.0,
     }
 
 

@@ -87,6 +87,7 @@ def test_an_empty_file_gives_every_default() -> None:
         "max_concurrent_turns": None,
         "max_connections": None,
         "max_buffered_bytes": 64 * 1024 * 1024,
+        "hibernate_after": 600.0,
     }
     assert config.store.path == HOME / ".weald" / "store.db"
     assert config.store.durability == "process"
@@ -191,6 +192,7 @@ max_message_bytes = 1_048_576
 max_concurrent_turns = 8
 max_connections = 50
 max_buffered_bytes = 33_554_432
+hibernate_after = 30
 
 [store]
 path = "/var/lib/weald/store.db"
@@ -254,7 +256,7 @@ def test_every_section_is_structured_into_its_class() -> None:
     )
 
     assert attrs.astuple(config.agent) == (10, 0, 30.0, "Be brief.", True)
-    assert attrs.astuple(config.limits) == (100, 1_048_576, 8, 50, 33_554_432)
+    assert attrs.astuple(config.limits) == (100, 1_048_576, 8, 50, 33_554_432, 30.0)
     assert (config.store.path, config.store.durability) == (Path("/var/lib/weald/store.db"), "power")
     assert config.server.socket == Path("/run/weald.sock")
     assert (config.server.http, config.server.http_remote) == ("127.0.0.1:8765", False)
@@ -656,10 +658,9 @@ def test_the_built_in_tool_names_the_config_knows_are_the_registered_ones() -> N
     assert sorted(BUILTIN_TOOLS) == sorted(default_registry.names())
 
 
-def test_weald_does_not_hibernate_so_hibernate_after_is_an_unknown_key() -> None:
-    assert problems("[limits]\nhibernate_after = 900\n") == [
-        "limits.hibernate_after: unknown key; expected one of: max_agents, max_buffered_bytes, "
-        "max_concurrent_turns, max_connections, max_message_bytes"
+def test_hibernate_after_is_a_positive_number_of_seconds() -> None:
+    assert problems('[limits]\nhibernate_after = "soon"\n') == [
+        'limits.hibernate_after: expected a number, got "soon"'
     ]
 
 
@@ -790,8 +791,8 @@ def test_every_problem_in_every_file_is_reported_at_once(tmp_path: Path) -> None
         f"  {home_file}:1:7: invalid TOML: Expected ']' at the end of a table declaration",
         f'  {project_file}: agent.max_steps: expected an integer, got "many"',
         f"  {project_file}: limits.max_agents: expected a positive integer, got 0",
-        f"  {project_file}: limits.bogus: unknown key; expected one of: max_agents, max_buffered_bytes, "
-        "max_concurrent_turns, max_connections, max_message_bytes",
+        f"  {project_file}: limits.bogus: unknown key; expected one of: hibernate_after, max_agents, "
+        "max_buffered_bytes, max_concurrent_turns, max_connections, max_message_bytes",
     ]
 
 

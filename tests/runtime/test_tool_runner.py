@@ -447,10 +447,12 @@ def test_tool_config_reaches_the_tools(system: ActorSystem, tmp_path: Path) -> N
 
 @pytest.mark.parametrize("calls", [1, 3])
 def test_calls_that_cannot_be_started_become_error_results(session: Session, calls: int) -> None:
+    assert session.system.whereis("/runner/calls") is None  # started by the first call
+    assert session.run(("noop", {})).outcomes[0].result.ok
     supervisor = wait_until(lambda: session.system.whereis("/runner/calls"))
     supervisor.stop()  # the runner's calls supervisor is gone: nothing can start
     out = session.run(*[("noop", {})] * calls).outcomes
-    assert [o.call_id for o in out] == [f"b1-c{i}" for i in range(calls)]
+    assert [o.call_id for o in out] == [f"b2-c{i}" for i in range(calls)]
     assert all(not o.result.ok and "the noop call could not run" in o.result.output for o in out)
 
 
