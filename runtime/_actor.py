@@ -429,13 +429,13 @@ class _LoopInbox:
             items = self._items
             if items.__class__ is not deque:
                 items = self._items = deque()
-        return items  # type: ignore[return-value]
+        return items
 
     def put(self, envelope: Envelope[Any], /) -> None:
         items = self._items
         if items.__class__ is not deque:
             items = self._made_items()
-        items.append(envelope)  # type: ignore[union-attr]
+        items.append(envelope)
         if self._closed:
             self._drain_dead()
         elif self._task is not None:
@@ -479,7 +479,7 @@ class _LoopInbox:
         out: list[Envelope[Any]] = []
         while items:
             try:
-                out.append(items.popleft())  # type: ignore[union-attr]
+                out.append(items.popleft())
             except IndexError:
                 break
         return out
@@ -491,7 +491,7 @@ class _LoopInbox:
         # still guards against a racing drain from another thread.
         while items:
             try:
-                envelope = items.popleft()  # type: ignore[union-attr]
+                envelope = items.popleft()
             except IndexError:
                 return
             _fail_envelope(envelope, str(self._owner))
@@ -926,7 +926,7 @@ class Actor(pykka.Actor):
                     await trio.lowlevel.wait_task_rescheduled(inbox._abort)
                     continue
                 items = inbox._items
-            envelope = items.popleft()  # type: ignore[union-attr]
+            envelope = items.popleft()
             message = envelope.message
             if self._holding is not None and message.__class__ is not _ActorStop:
                 self._holding.append(envelope)  # handed on when it ends (see `hold_messages`)

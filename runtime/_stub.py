@@ -52,7 +52,7 @@ class _Group:
     def __init__(self, wake: Callable[[], None], shape: Mapping[str, type[Actor]]) -> None:
         self.wake: Callable[[], None] | None = wake
         self.shape = shape
-        self.stubs: list[Stub[Any]] = []
+        self.stubs: list[Stub] = []
         self.woken = False
 
 
@@ -131,6 +131,15 @@ class Stub(Ref[Any]):
         buffer = self._buffer
         return len(buffer) if buffer else 0
 
+    def empty(self) -> bool:
+        """True when nothing is buffered."""
+        return not self._buffer
+
+    def get(self) -> Envelope[Any]:
+        """Not for stubs: nothing reads a stub's messages but its successor."""
+        msg = "a stub's messages are handed to the actor that takes its path"
+        raise TypeError(msg)
+
     def put(self, envelope: Envelope[Any], /) -> None:
         """Buffer (the first one wakes the group), forward to the successor, or fail when discarded."""
         wake = None
@@ -185,7 +194,7 @@ class Stub(Ref[Any]):
             _fail_envelope(envelope, f"{self} ({reason})")
         self._exited.resolve(_NORMAL_OUTCOME)
 
-    def _below(self, path: str) -> Stub[Any] | None:
+    def _below(self, path: str) -> Stub | None:
         """A stub for ``path`` under this one, made on demand from the group's shape."""
         group = self._group
         actor_class = group.shape.get(path[len(self.path) + 1 :])
@@ -197,9 +206,9 @@ class Stub(Ref[Any]):
 class _StubProxy(_Proxy[Any]):
     """A proxy to a stub: attributes are looked up on the actor's class (there is no instance yet)."""
 
-    def __init__(self, stub: Stub[Any]) -> None:
+    def __init__(self, stub: Stub) -> None:
         self.actor_ref = stub
-        self._actor = stub.actor_class  # type: ignore[assignment]
+        self._actor = stub.actor_class
         self._attr_path = ()
         self._known_attrs = _class_attrs(stub.actor_class)
         self._actor_proxies = {}

@@ -356,7 +356,7 @@ class ActorSystem:
             return self._stub_below(path)
         return ref
 
-    def _stub_below(self, path: str) -> Stub[Any] | None:
+    def _stub_below(self, path: str) -> Stub | None:
         # A miss: is an ancestor a stub whose sleeping subtree had this path?
         registry = self._registry
         parent = path
@@ -374,10 +374,10 @@ class ActorSystem:
                 again = registry.get(path)
                 if again is not None:
                     return again  # type: ignore[return-value]
-                stub = above._below(path)  # type: ignore[attr-defined]
+                stub = above._below(path)
                 if stub is not None:
                     registry[path] = stub
-                return stub  # type: ignore[no-any-return]
+                return stub
 
     def registered(self, prefix: str = "/") -> list[str]:
         """Return the paths of live actors (and stubs) under ``prefix``, sorted."""
@@ -392,7 +392,7 @@ class ActorSystem:
         state: StubState,
         wake: Callable[[], None],
         like: Ref[Any] | None = None,
-    ) -> Stub[Any]:
+    ) -> Stub:
         """Register a `Stub` at ``path``: its first message calls ``wake`` (for supervisors).
 
         It replaces whatever holds the path (a live actor about to be
@@ -414,7 +414,7 @@ class ActorSystem:
             self._registry[path] = stub
         return stub
 
-    def discard_stubs(self, stub: Stub[Any], reason: str, *, only_unused: bool = False) -> None:
+    def discard_stubs(self, stub: Stub, reason: str, *, only_unused: bool = False) -> None:
         """Retire ``stub`` and the other stubs of its subtree; their buffered messages fail with ``reason``.
 
         With ``only_unused``, stubs that an actor has taken over are left
@@ -441,7 +441,7 @@ class ActorSystem:
             if toplevel:
                 self._toplevel[path] = ref
         if existing is not None and existing.__class__ is Stub:
-            existing._succeed(ref)  # type: ignore[attr-defined]  # its messages go first
+            existing._succeed(ref)  # its messages go first
 
     def _unregister(self, path: str, ref: Ref[Any]) -> None:
         with self._registry_lock:

@@ -488,6 +488,8 @@ class Agent(Actor):
             whether it will be. Called once the agent has been idle for
             ``idle_after`` seconds, while it holds its messages.
         idle_after: seconds of idleness before ``hibernate`` is called; None: never.
+        skills_nowait: the skill catalog when it is at hand without a scan,
+            else None (then ``skills`` is called in a worker thread).
     """
 
     def __init__(
@@ -504,6 +506,7 @@ class Agent(Actor):
         skills: Callable[[], str] | None = None,
         hibernate: Callable[[], Awaitable[bool]] | None = None,
         idle_after: float | None = None,
+        skills_nowait: Callable[[], str | None] | None = None,
     ) -> None:
         super().__init__()
         self._session_id = session_id
@@ -515,6 +518,7 @@ class Agent(Actor):
         self._parent_agent = parent
         self._provider_factory = provider_factory or make_provider
         self._skills = skills
+        self._skills_nowait = skills_nowait
         # The configured prompt plus the skill catalog; settled in on_start.
         self._system_prompt = config.system_prompt
         self._key = history_key(session_id, agent_id, config.depth)
@@ -554,7 +558,17 @@ class Agent(Actor):
         store = self.system.store
         # Writes a previous incarnation queued (it may have been killed) land first.
         await store.flush()
-        record = await store.aget("agents", self._key, type=AgentRecord)
+        key = self._key
+
+        def read() -> tuple[AgentRecord | None, list[tuple[str, HistoryEntry]]]:
+            # One worker-thread hop for both reads: agents start by the thousand.
+            # The history from where the last compaction's context starts: only
+            # what the next request needs.
+            stored = store.get("agents", key, type=AgentRecord)
+            start = f"{stored.context_from:08d}" if stored is not None else None
+            return stored, store.items_range("history", f"{key}/", start=start, type=HistoryEntry)
+
+        record, entries = await trio.to_thread.run_sync(read)
         recovered = record is not None and record.status == "active"
         if record is None:
             record = AgentRecord(
@@ -569,10 +583,6 @@ class Agent(Actor):
                 depth=self._config.depth,
                 created=time.time(),
             )
-        # The history from where the last compaction's context starts: only what the next request needs.
-        entries = await store.aitems_range(
-            "history", f"{self._key}/", start=f"{record.context_from:08d}", type=HistoryEntry
-        )
         self._context.load(
             [(entry.seq, entry.message, entry.compaction) for _, entry in entries], pruned_before=record.pruned_before
         )
@@ -651,7 +661,9 @@ class Agent(Actor):
         """The configured system prompt, followed by the skill catalog when ``use_skill`` is offered."""
         if self._skills is None or not any(s.name == "use_skill" for s in self._tool_specs()):
             return self._config.system_prompt
-        catalog = await trio.to_thread.run_sync(self._skills)
+        catalog = self._skills_nowait() if self._skills_nowait is not None else None
+        if catalog is None:
+            catalog = await trio.to_thread.run_sync(self._skills)
         parts = [p for p in (self._config.system_prompt, catalog) if p]
         return "\n\n".join(parts) if parts else None
 

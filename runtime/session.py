@@ -26,6 +26,8 @@ import contextlib
 import os
 import re
 import threading
+import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -159,16 +161,30 @@ class SessionRuntime(RuntimeView):
         return default_skill_dirs(self.config.working_dir)
 
     def skills_prompt(self) -> str:
-        """The skill catalog for the system prompt (names and descriptions), scanned once per session.
+        """The skill catalog for the system prompt (names and descriptions), fixed once per session.
 
-        Blocking (it reads the skill directories the first time): agents call
-        it in a worker thread when they start. Every agent of the session,
-        sub-agents and restarted agents included, gets the same text.
+        Blocking (it may read the skill directories): agents call it in a
+        worker thread when `skills_prompt_nowait` has no answer. Every agent
+        of the session, sub-agents and restarted agents included, gets the
+        same text. The scan is shared by the sessions of one working
+        directory started within `CATALOG_TTL` seconds of it.
         """
         with self._skills_lock:
             if self._skills_text is None:
-                self._skills_text = describe_skills(self.config.working_dir, dirs=self.skill_dirs)
+                self._skills_text = _shared_catalog(self.config.working_dir, self.skill_dirs)
             return self._skills_text
+
+    def skills_prompt_nowait(self) -> str | None:
+        """`skills_prompt` when it needs no scan (this session's, or a recent shared one); else None."""
+        text = self._skills_text
+        if text is None:
+            text = _fresh_catalog(self.config.working_dir, self.skill_dirs)
+            if text is not None:
+                with self._skills_lock:
+                    if self._skills_text is None:
+                        self._skills_text = text
+                    text = self._skills_text
+        return text
 
     async def hibernate(self) -> bool:
         """Hibernate this session if nothing runs in it; returns whether it did.
@@ -319,6 +335,35 @@ class SessionRuntime(RuntimeView):
         return f"sub-{self._sub_agent_seq}-{safe}"
 
 
+CATALOG_TTL = 5.0
+"""Seconds a skill catalog scan is shared by the sessions of its working directory."""
+
+_CATALOG_LIMIT = 1024  # working directories remembered
+_catalogs: OrderedDict[tuple[str, tuple[Path, ...]], tuple[str, float]] = OrderedDict()
+_catalogs_lock = threading.Lock()
+
+
+def _fresh_catalog(working_dir: str, dirs: tuple[Path, ...]) -> str | None:
+    with _catalogs_lock:
+        found = _catalogs.get((working_dir, dirs))
+    if found is not None and time.monotonic() - found[1] < CATALOG_TTL:
+        return found[0]
+    return None
+
+
+def _shared_catalog(working_dir: str, dirs: tuple[Path, ...]) -> str:
+    """The catalog of ``dirs``, scanned at most once per `CATALOG_TTL` seconds (blocking)."""
+    text = _fresh_catalog(working_dir, dirs)
+    if text is None:
+        text = describe_skills(working_dir, dirs=dirs)
+        with _catalogs_lock:
+            _catalogs[(working_dir, dirs)] = (text, time.monotonic())
+            _catalogs.move_to_end((working_dir, dirs))
+            while len(_catalogs) > _CATALOG_LIMIT:
+                _catalogs.popitem(last=False)
+    return text
+
+
 def _forward_one(event: Event, emit: Callable[[str, Mapping[str, Any]], None], call_id: str, agent: str | None) -> None:
     """Re-emit one event as the parent call's output, tagged with the parent's call id.
 
@@ -430,6 +475,7 @@ def session_spec(
                 "runner_path": f"{path}/tool_runner",
                 "provider_factory": agent_factory,
                 "skills": runtime.skills_prompt,
+                "skills_nowait": runtime.skills_prompt_nowait,
                 "hibernate": runtime.hibernate if config.hibernate_after is not None else None,
                 "idle_after": config.hibernate_after,
             },

@@ -66,7 +66,7 @@ class _Child:
     def __init__(self, spec: ChildSpec) -> None:
         self.spec = spec
         self.ref: Ref[Any] | None = None
-        self.stub: Stub[Any] | None = None
+        self.stub: Stub | None = None
         self.status: ChildStatus = "stopped"
         self.restarts = 0
         self.escalations = 0
@@ -151,11 +151,11 @@ class SupervisorBase(Actor):
         finally:
             self.system.discard_stubs(stub, "it did not come back when its subtree was started", only_unused=True)
 
-    def _sleep(self, child: _Child, state: StubState, like: Ref[Any] | None = None) -> Stub[Any]:
+    def _sleep(self, child: _Child, state: StubState, like: Ref[Any] | None = None) -> Stub:
         """Leave a stub at the child's path; its first message starts the child (`_Wake`)."""
         return self._keep_stub(child, self._install_stub(child, state, like))
 
-    def _install_stub(self, child: _Child, state: StubState, like: Ref[Any] | None) -> Stub[Any]:
+    def _install_stub(self, child: _Child, state: StubState, like: Ref[Any] | None) -> Stub:
         ref = self.actor_ref
         wake_message = _Wake(child.spec.id)
 
@@ -166,7 +166,7 @@ class SupervisorBase(Actor):
         path = f"{self._base}/{child.spec.id}"
         return self.system.install_stub(path, child.spec.actor, state=state, wake=wake, like=like)
 
-    def _keep_stub(self, child: _Child, stub: Stub[Any]) -> Stub[Any]:
+    def _keep_stub(self, child: _Child, stub: Stub) -> Stub:
         child.stub = stub
         child.status = stub.state
         self._by_ref[stub] = child.spec.id

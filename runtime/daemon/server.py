@@ -1005,11 +1005,15 @@ class Server(Actor):
             ref = registry.get(path)
             if ref is None:
                 continue
-            asleep = isinstance(ref, Stub) and ref.successor is None
+            status: str
+            if isinstance(ref, Stub) and ref.successor is None:
+                status = ref.state  # dormant or hibernated
+            else:
+                status = "running" if ref.is_alive() else "stopping"
             nodes[path] = {
                 "path": path,
                 "kind": ref.actor_class.__name__,
-                "status": ref.state if asleep else ("running" if ref.is_alive() else "stopping"),
+                "status": status,
                 "restarts": 0,
                 "mailbox": ref.mailbox_size(),
                 "children": [],

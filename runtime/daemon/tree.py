@@ -319,6 +319,9 @@ class TurnGate:
             self._hand(self._waiting.popleft())
 
 
+_START_BATCH = 256  # sessions per start_children request
+
+
 def _aborted(reason: str) -> TurnResult:
     """The result of a prompt that never ran."""
     return TurnResult(turn_id="", ok=False, text="", usage=Usage(), steps=0, error=reason, aborted=True)
@@ -386,6 +389,12 @@ class Sessions:
         self._proxy = supervisor.proxy()
         self.gate = TurnGate(system, config.limits.max_concurrent_turns)
         self._context = config.context.to_context_config()  # one frozen value for every agent
+        # Touched only on the loop thread (RPC handlers and their tasks).
+        self._starts: list[tuple[Any, Future[Ref[Any]]]] = []
+        self._starting = False
+        self._resolving: dict[str, Future[str]] = {}
+        self._models_checked: set[str] = set()
+        self._home_skills: tuple[float, bool] = (-1e9, False)
 
     # -- configuration -----------------------------------------------------------------
 
@@ -427,6 +436,10 @@ class Sessions:
         """The full configuration of a stored session, from the current daemon config."""
         agent = self.config.agent
         home_skills = Path.home() / ".weald" / "skills"
+        checked, present = self._home_skills
+        if time.monotonic() - checked > 5.0:  # one stat per 5 s, not one per session
+            present = home_skills.is_dir()
+            self._home_skills = (time.monotonic(), present)
         return SessionConfig(
             session_id=record.session_id,
             working_dir=record.working_dir,
@@ -442,7 +455,7 @@ class Sessions:
             ),
             runner=self.runner_config(),
             # Skills in ~/.weald/skills may be read by file tools too.
-            allowed_dirs=(str(home_skills),) if home_skills.is_dir() else (),
+            allowed_dirs=(str(home_skills),) if present else (),
             output_dir=str(self.spill_root / record.session_id),
             hibernate_after=self.config.limits.hibernate_after,
         )
@@ -482,7 +495,7 @@ class Sessions:
                 "digit), or leave agent_id out to have one made up"
             )
             raise InvalidRequestError("agent_id", msg)
-        resolved = await trio.to_thread.run_sync(_resolve_working_dir, working_dir)
+        resolved = await self._resolve(working_dir)
         recording = None
         if record is not None:
             recording = await trio.to_thread.run_sync(_recording_path, record, resolved)
@@ -503,26 +516,44 @@ class Sessions:
             created=time.time(),
             record=recording,
         )
+        # Started first, recorded after: a session refused (limits.max_agents) or
+        # failed leaves no record behind, and a stopped session's record is
+        # replaced only once its successor runs. The record is committed with
+        # the agent's own first writes (one flush) before the start is answered.
+        await self._launch(session, new=True)
         store = self.system.store
-        previous = await store.aget("sessions", session_id)  # a stopped session's record, reused
-        await store.aput("sessions", session_id, session)
-        try:
-            await self._launch(session, new=True)
-        except BaseException:
-            # Refused (limits.max_agents) or failed: no record of an agent that never ran.
-            with trio.CancelScope(shield=True):
-                if previous is None:
-                    await store.adelete("sessions", session_id)
-                else:
-                    await store.aput("sessions", session_id, previous)
-            raise
+        store.enqueue_nowait("sessions", session_id, session)
+        await store.flush()
         return session_id
 
+    async def _resolve(self, working_dir: str) -> str:
+        """`_resolve_working_dir` in a worker thread, one look per directory for concurrent starts."""
+        pending = self._resolving.get(working_dir)
+        if pending is None:
+            pending = self._resolving[working_dir] = Future()
+
+            async def look() -> None:
+                try:
+                    pending.set(await trio.to_thread.run_sync(_resolve_working_dir, working_dir))
+                except BaseException:
+                    pending.set_exception()
+                finally:
+                    self._resolving.pop(working_dir, None)
+
+            self.system.loop.spawn_nowait(look)
+        resolved: str = await pending
+        return resolved
+
     def _check_model(self, model: str) -> None:
+        if model in self._models_checked:
+            return
         try:
             self.provider_factory(model)
         except Exception as exc:
             raise InvalidRequestError("model", f"cannot use model {model!r}: {exc}") from exc
+        if len(self._models_checked) >= 256:
+            self._models_checked.clear()
+        self._models_checked.add(model)
 
     async def _check_recording_free(self, path: str) -> None:
         records = await trio.to_thread.run_sync(self.records)
@@ -574,17 +605,48 @@ class Sessions:
             recorder=recorder,
             on_divergence=self._divergence_reporter(record.session_id) if self._faults is not None else None,
         )
-        try:
-            ref: Ref[Any] = await self._proxy.start_child(spec)
-        except MaxChildrenError as exc:
-            limit = self.config.limits.max_agents
-            msg = (
-                f"the daemon already hosts its limit of {limit} agents (limits.max_agents counts "
-                "the top-level agents running); stop one with agent.stop or raise the limit in weald.toml"
-            )
-            raise DaemonError(msg) from exc
+        # Starts are gathered and handed to the supervisor in batches
+        # (start_children): each session's children then start together,
+        # not one session per supervisor round (see `_start_batches`).
+        result: Future[Ref[Any]] = Future()
+        self._starts.append((spec, result))
+        if not self._starting:
+            self._starting = True
+            self.system.loop.spawn_nowait(self._start_batches)
+        ref: Ref[Any] = await result
         self.roots.set_nowait(record.session_id, record.working_dir)
         return ref
+
+    async def _start_batches(self) -> None:
+        """Start the sessions queued by `_launch`, up to `_START_BATCH` per supervisor request."""
+        try:
+            await trio.lowlevel.checkpoint()  # let the other requests of this tick queue theirs
+            while self._starts:
+                batch, self._starts = self._starts[:_START_BATCH], self._starts[_START_BATCH:]
+                try:
+                    outcomes = await self._proxy.start_children([spec for spec, _ in batch])
+                except BaseException as exc:
+                    outcomes = [exc] * len(batch)
+                for (_, result), outcome in zip(batch, outcomes, strict=True):
+                    if isinstance(outcome, MaxChildrenError):
+                        limit = self.config.limits.max_agents
+                        msg = (
+                            f"the daemon already hosts its limit of {limit} agents (limits.max_agents counts "
+                            "the top-level agents running); stop one with agent.stop or raise the limit in weald.toml"
+                        )
+                        error = DaemonError(msg)
+                        error.__cause__ = outcome
+                        result.set_exception((DaemonError, error, None))
+                    elif isinstance(outcome, BaseException):
+                        result.set_exception((type(outcome), outcome, outcome.__traceback__))
+                    else:
+                        result.set(outcome)
+        finally:
+            self._starting = False
+            for _, result in self._starts:  # only if this task itself was cancelled (the loop stopped)
+                with contextlib.suppress(Exception):
+                    result.set_exception((DaemonError, DaemonError("the daemon is stopping"), None))
+            self._starts = []
 
     async def stop(self, session_id: str) -> bool:
         """Stop a session for good (it is not restored); returns whether it ran.

@@ -659,9 +659,7 @@ def test_the_built_in_tool_names_the_config_knows_are_the_registered_ones() -> N
 
 
 def test_hibernate_after_is_a_positive_number_of_seconds() -> None:
-    assert problems('[limits]\nhibernate_after = "soon"\n') == [
-        'limits.hibernate_after: expected a number, got "soon"'
-    ]
+    assert problems('[limits]\nhibernate_after = "soon"\n') == ['limits.hibernate_after: expected a number, got "soon"']
 
 
 def test_a_tool_timeout_set_in_both_places_in_one_file_is_an_error() -> None:
