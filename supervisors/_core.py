@@ -470,7 +470,10 @@ class SupervisorBase(Actor):
         return [child.info(base) for child in self._kids.values()]
 
     def count_children(self) -> dict[str, int]:
-        """Counts: ``specs`` (children known), ``active`` (running), ``supervisors``, ``workers``."""
+        """Counts: ``specs``, ``active`` (running), ``supervisors``, ``workers``, ``dormant``, ``hibernated``.
+
+        ``specs`` is every child known; ``dormant`` and ``hibernated`` children are held by stubs.
+        """
         kids = list(self._kids.values())
         supervisors = sum(1 for c in kids if issubclass(c.spec.actor, SupervisorBase))
         return {
@@ -478,6 +481,8 @@ class SupervisorBase(Actor):
             "active": sum(1 for c in kids if c.ref is not None and c.ref.is_alive()),
             "supervisors": supervisors,
             "workers": len(kids) - supervisors,
+            "dormant": sum(1 for c in kids if c.status == "dormant"),
+            "hibernated": sum(1 for c in kids if c.status == "hibernated"),
         }
 
     def snapshot(self) -> SupervisorSnapshot:

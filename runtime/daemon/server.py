@@ -1349,13 +1349,14 @@ class Server(Actor):
 
     async def _daemon_status(self, conn: Connection, p: NoParams) -> dict[str, Any]:
         sessions = self.system.whereis("/sessions")
-        count = (await sessions.proxy().count_children())["active"] if sessions is not None else 0
+        counts = await sessions.proxy().count_children() if sessions is not None else {}
         return {
             "pid": os.getpid(),
             "version": VERSION,
             "socket": str(self._socket_path) if self._socket_path else None,
             "uptime": round(time.time() - self._daemon.started_at, 3),
-            "agents": count,
+            "agents": counts.get("active", 0) + counts.get("hibernated", 0),
+            "hibernated": counts.get("hibernated", 0),
             "connections": len(self._connections),
             "faults_enabled": self._daemon.faults is not None,
             "store": str(self.system.store_path),

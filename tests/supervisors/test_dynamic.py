@@ -48,7 +48,14 @@ def test_max_children_is_enforced(system: ActorSystem) -> None:
         sup.proxy().start_child(ChildSpec(f"w{i}", Worker)).get(timeout=5)
     with pytest.raises(MaxChildrenError, match="maximum of 2"):
         sup.proxy().start_child(ChildSpec("w2", Worker)).get(timeout=5)
-    assert sup.proxy().count_children().get() == {"specs": 2, "active": 2, "supervisors": 0, "workers": 2}
+    assert sup.proxy().count_children().get() == {
+        "specs": 2,
+        "active": 2,
+        "supervisors": 0,
+        "workers": 2,
+        "dormant": 0,
+        "hibernated": 0,
+    }
 
 
 class BadInit(Actor):

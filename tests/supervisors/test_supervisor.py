@@ -395,7 +395,14 @@ def test_count_children_reports_specs_active_supervisors_and_workers(system: Act
         name="s",
     )
     sup.proxy().terminate_child("t").get(timeout=5)
-    assert sup.proxy().count_children().get() == {"specs": 3, "active": 2, "supervisors": 1, "workers": 2}
+    assert sup.proxy().count_children().get() == {
+        "specs": 3,
+        "active": 2,
+        "supervisors": 1,
+        "workers": 2,
+        "dormant": 0,
+        "hibernated": 0,
+    }
 
 
 def test_snapshot_describes_strategy_and_children(system: ActorSystem) -> None:
