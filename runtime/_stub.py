@@ -131,6 +131,12 @@ class Stub(Ref[Any]):
         buffer = self._buffer
         return len(buffer) if buffer else 0
 
+    def __bool__(self) -> bool:
+        # A stub is its own inbox (so it has a length), but as a ref it is
+        # always truthy, like every other ref: `if ref:` must not depend on
+        # how many messages it holds.
+        return True
+
     def empty(self) -> bool:
         """True when nothing is buffered."""
         return not self._buffer

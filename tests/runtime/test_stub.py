@@ -1,0 +1,97 @@
+"""Stubs: what holds a sleeping actor's path buffers its messages and hands them, in order, to its successor."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pykka
+import pytest
+from weald.runtime import Actor, ActorSystem, Stub
+from weald.runtime.testing import wait_until
+from weald.supervisors import ChildSpec, Supervisor
+
+
+class Log(Actor):
+    """Records what it handles; holds its messages on 'hold'."""
+
+    seen: list[tuple[str, Any]] = []
+
+    def on_receive(self, message: Any) -> Any:
+        if message == "hold":
+            self.hold_messages()
+            return None
+        Log.seen.append((self.path, message))
+        return message
+
+    def echo(self, value: Any) -> Any:
+        return value
+
+
+class Pair(Supervisor):
+    pass
+
+
+@pytest.fixture(autouse=True)
+def _clear() -> None:
+    Log.seen = []
+
+
+def test_messages_sent_to_a_stub_wake_its_actor_and_reach_it_in_order(system: ActorSystem) -> None:
+    top = Supervisor.start([ChildSpec("late", Log, lazy=True)])
+    stub = wait_until(lambda: system.whereis(f"{top.path}/late"))
+    assert isinstance(stub, Stub)
+    assert stub.state == "dormant"
+    assert stub.is_alive()
+    for n in range(5):
+        stub.tell(n)
+    assert stub.proxy().echo("through the proxy").get(timeout=5) == "through the proxy"
+    assert stub.ask("asked", timeout=5) == "asked"
+    assert [m for _, m in Log.seen] == [0, 1, 2, 3, 4, "asked"]
+    live = system.whereis(f"{top.path}/late")
+    assert live is stub.successor
+    assert live is not None
+    assert live.__class__ is not Stub
+    stub.tell("forwarded")  # a caller that kept the stub still reaches the actor
+    wait_until(lambda: Log.seen[-1] == (f"{top.path}/late", "forwarded"))
+    top.stop()
+
+
+def test_a_hibernated_subtree_wakes_on_a_message_to_any_of_its_paths(system: ActorSystem) -> None:
+    top = Supervisor.start([ChildSpec("pair", Pair, kwargs={"children": [ChildSpec("a", Log), ChildSpec("b", Log)]})])
+    assert top.proxy().hibernate_child("pair").get(timeout=5) is True
+    assert system.registered(f"{top.path}/") == [f"{top.path}/pair"]
+    below = system.whereis(f"{top.path}/pair/b")  # made on demand from the subtree's shape
+    assert isinstance(below, Stub)
+    assert below.state == "hibernated"
+    assert system.whereis(f"{top.path}/pair/nothing") is None
+    below.tell("to b")
+    wait_until(lambda: Log.seen == [(f"{top.path}/pair/b", "to b")])
+    assert sorted(system.registered(f"{top.path}/")) == [f"{top.path}/pair", f"{top.path}/pair/a", f"{top.path}/pair/b"]
+    infos = top.proxy().which_children().get(timeout=5)
+    assert [(i.id, i.status, i.restarts) for i in infos] == [("pair", "running", 0)]  # a wake is not a restart
+    top.stop()
+
+
+def test_what_a_holding_actor_receives_while_it_stops_is_handed_to_its_successor(system: ActorSystem) -> None:
+    top = Supervisor.start([ChildSpec("pair", Pair, kwargs={"children": [ChildSpec("a", Log)]})])
+    a = wait_until(lambda: system.whereis(f"{top.path}/pair/a"))
+    a.tell("hold")
+    futures = [a.ask(n, block=False) for n in range(3)]
+    wait_until(lambda: a.mailbox_size() == 0)  # taken from the inbox and held, not handled
+    assert Log.seen == []
+    assert top.proxy().hibernate_child("pair").get(timeout=5) is True
+    # Held while the subtree stopped, then handed to the stub, which woke it.
+    assert [f.get(timeout=5) for f in futures] == [0, 1, 2]
+    assert Log.seen == [(f"{top.path}/pair/a", n) for n in range(3)]
+    top.stop()
+
+
+def test_a_stub_discarded_with_its_supervisor_fails_what_it_buffered(system: ActorSystem) -> None:
+    top = Supervisor.start([ChildSpec("late", Log, lazy=True)])
+    stub = wait_until(lambda: system.whereis(f"{top.path}/late"))
+    top.proxy().delete_child("late").get(timeout=5)
+    assert not stub.is_alive()
+    assert system.whereis(f"{top.path}/late") is None
+    with pytest.raises(pykka.ActorDeadError):
+        stub.ask("too late", timeout=5)
+    top.stop()
