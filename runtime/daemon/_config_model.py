@@ -520,7 +520,7 @@ class LimitsConfig:
             line would go over it is told so and closed.
         hibernate_after: Seconds a top-level session may stay idle before
             it hibernates: its actors stop and a stub holds its paths until
-            the next message, which restores it from the store. None: never.
+            the next message, which restores it from the store. 0: never.
     """
 
     max_agents: int = checked(20_000, check_positive_int)
@@ -528,7 +528,7 @@ class LimitsConfig:
     max_concurrent_turns: int | None = checked(None, optional(check_positive_int))
     max_connections: int | None = checked(None, optional(check_positive_int))
     max_buffered_bytes: int = checked(64 * 1024 * 1024, check_positive_int)
-    hibernate_after: float | None = checked(600.0, optional(check_seconds))
+    hibernate_after: float = checked(600.0, check_nonnegative_seconds)
 
 
 @attrs.frozen(kw_only=True)

@@ -458,7 +458,7 @@ class Sessions:
             # Skills in ~/.weald/skills may be read by file tools too.
             allowed_dirs=(str(home_skills),) if present else (),
             output_dir=str(self.spill_root / record.session_id),
-            hibernate_after=self.config.limits.hibernate_after,
+            hibernate_after=self.config.limits.hibernate_after or None,  # 0: never
         )
 
     # -- operations ------------------------------------------------------------------------
