@@ -161,7 +161,8 @@ def measure(n: int, samples: int, work: Path, hibernate_after: float | None) -> 
         sampler.join()
         assert all(r["ok"] for r in results)
         peak_kib = max(peak[0], rss_kib(run.proc.pid))
-        latency_model = script(root, "latency", [{"text": "ok"}] * (samples + 10))
+        wakes = min(samples, 20) if hibernate_after is not None else 0
+        latency_model = script(root, "latency", [{"text": "ok"}] * (samples + 10 + wakes))
         clients[0].call("agent.start", {"working_dir": str(run.project), "model": latency_model, "agent_id": "lat"})
         for _ in range(10):
             clients[0].call("agent.prompt", {"agent_id": "lat", "text": "warm up"})
@@ -173,7 +174,7 @@ def measure(n: int, samples: int, work: Path, hibernate_after: float | None) -> 
         lat.sort()
         asleep_lat = []
         if hibernate_after is not None:
-            for _ in range(min(samples, 40)):
+            for _ in range(wakes):
                 wait_hibernated(clients[0], n + 1)
                 t = time.perf_counter()
                 clients[0].call("agent.prompt", {"agent_id": "lat", "text": "wake"})
