@@ -106,7 +106,7 @@ def spread(clients: list[Client], n: int, method: str, params_of, window: int = 
     return results
 
 
-def wait_hibernated(client: Client, n: int, timeout: float = 600) -> float:
+def wait_hibernated(client: Client, n: int, timeout: float = 1800) -> float:
     t0 = time.perf_counter()
     while client.call("daemon.status", timeout=60)["hibernated"] < n:
         if time.perf_counter() - t0 > timeout:
@@ -115,7 +115,9 @@ def wait_hibernated(client: Client, n: int, timeout: float = 600) -> float:
     return time.perf_counter() - t0
 
 
-def measure(n: int, samples: int, work: Path, hibernate_after: float | None) -> dict[str, float]:
+def measure(
+    n: int, samples: int, work: Path, hibernate_after: float | None, prompt_sample: int | None = None
+) -> dict[str, float]:
     root = Path(tempfile.mkdtemp(dir=work))
     run = DaemonRun(root, hibernate_after)
     turn_model = script(
@@ -155,8 +157,11 @@ def measure(n: int, samples: int, work: Path, hibernate_after: float | None) -> 
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()
         t0 = time.perf_counter()
-        results = spread(clients, n, "agent.prompt", lambda i: {"agent_id": f"a{i}", "text": "go"})
-        turns_s = time.perf_counter() - t0
+        # Every agent answers a prompt, or (--prompt-sample) every k-th one, k = n / sample.
+        step = max(1, n // prompt_sample) if prompt_sample else 1
+        ids = list(range(0, n, step))
+        results = spread(clients, len(ids), "agent.prompt", lambda i: {"agent_id": f"a{ids[i]}", "text": "go"})
+        turns_s = (time.perf_counter() - t0) * n / len(ids)
         sampling.set()
         sampler.join()
         assert all(r["ok"] for r in results)
@@ -253,6 +258,7 @@ def main() -> None:
     parser.add_argument("--sizes", default="100,1000,10000")
     parser.add_argument("--samples", type=int, default=300)
     parser.add_argument("--hibernate-after", type=float, default=None, help="limits.hibernate_after (default: off)")
+    parser.add_argument("--prompt-sample", type=int, default=None, help="prompt only this many of the N agents")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     console = Console(width=180)
@@ -275,7 +281,7 @@ def main() -> None:
         )
         for n in sizes:
             load = os.getloadavg()[0]
-            r = measure(n, args.samples, work, args.hibernate_after)
+            r = measure(n, args.samples, work, args.hibernate_after, args.prompt_sample)
             table.add_row(
                 f"{n:,}",
                 f"{r['start_s']:.1f}",
