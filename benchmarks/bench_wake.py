@@ -3,9 +3,11 @@
 In one process (an embedded daemon, no socket), for sessions of the
 default configuration:
 
-- memory per session, awake (idle after start) and hibernated, as traced by
+- memory per session, awake (idle after start, hibernation off) and
+  hibernated (a second daemon, ``hibernate_after = 1``), as traced by
   ``tracemalloc`` over N sessions (live Python objects only: no allocator
-  slack, no SQLite page cache), and the process's RSS growth;
+  slack, no SQLite page cache), and the process's RSS growth (tracemalloc's
+  own bookkeeping included, so RSS here is above bench_daemon's);
 - a wake-up: an ask (``snapshot``) sent to a hibernated agent's path, from
   the message to the answer (the session's three actors started, its record
   and history read back from the store), beside the same ask to an awake
@@ -78,27 +80,29 @@ def ask_ms(daemon: Daemon, agent_id: str) -> float:
 
 
 def memory(work: Path, n: int, hibernate_after: float) -> dict[str, float]:
-    project = work / "mem"
+    """Per session: traced bytes, and RSS growth; ``hibernate_after`` 0 keeps them awake."""
+    project = work / f"mem{hibernate_after}"
     project.mkdir()
     config = parse_config(
-        f'[store]\npath = "{work / "mem.db"}"\n[limits]\nmax_agents = 200000\nhibernate_after = {hibernate_after}\n'
+        f'[store]\npath = "{work / f"mem{hibernate_after}.db"}"\n'
+        f"[limits]\nmax_agents = 200000\nhibernate_after = {hibernate_after}\n"
     )
     with Daemon(config) as daemon:
         start_many(daemon, project, [f"w{i}" for i in range(50)])  # warm up
-        wait_until(lambda: all(asleep(daemon, f"w{i}") for i in range(50)), timeout=120)
+        if hibernate_after:
+            wait_until(lambda: all(asleep(daemon, f"w{i}") for i in range(50)), timeout=120)
         gc.collect()
         tracemalloc.start()
         base, base_rss = tracemalloc.get_traced_memory()[0], rss_kib()
         ids = [f"m{i}" for i in range(n)]
         start_many(daemon, project, ids)
+        if hibernate_after:
+            wait_until(lambda: all(asleep(daemon, i) for i in ids), timeout=600, interval=0.1)
         gc.collect()
-        awake = (tracemalloc.get_traced_memory()[0] - base) / n
-        awake_rss = (rss_kib() - base_rss) / n
-        wait_until(lambda: all(asleep(daemon, i) for i in ids), timeout=600, interval=0.1)
-        gc.collect()
-        hibernated = (tracemalloc.get_traced_memory()[0] - base) / n
+        traced = (tracemalloc.get_traced_memory()[0] - base) / n
+        rss = (rss_kib() - base_rss) / n
         tracemalloc.stop()
-    return {"awake": awake / 1024, "awake_rss": awake_rss, "hibernated": hibernated / 1024}
+    return {"traced": traced / 1024, "rss": rss}
 
 
 def wake(work: Path, rounds: int, history: int) -> dict[str, Any]:
@@ -134,12 +138,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="weald-wake-") as tmp:
         work = Path(tmp)
         load = os.getloadavg()[0]
-        mem = memory(work, args.sessions, hibernate_after=2.0)
+        awake = memory(work, args.sessions, hibernate_after=0)
+        hibernated = memory(work, args.sessions, hibernate_after=1.0)
         w = wake(work, args.rounds, args.history)
         table = Table("figure", "value")
-        table.add_row(f"traced per session, awake ({args.sessions:,} sessions)", f"{mem['awake']:.2f} KiB")
-        table.add_row("RSS growth per session, awake", f"{mem['awake_rss']:.1f} KiB")
-        table.add_row("traced per session, hibernated", f"{mem['hibernated']:.2f} KiB")
+        table.add_row(f"traced per session, awake ({args.sessions:,} sessions)", f"{awake['traced']:.2f} KiB")
+        table.add_row("RSS growth per session, awake", f"{awake['rss']:.1f} KiB")
+        table.add_row("traced per session, hibernated", f"{hibernated['traced']:.2f} KiB")
+        table.add_row("RSS growth per session, hibernated (woke once at start)", f"{hibernated['rss']:.1f} KiB")
         table.add_row("ask to an awake agent (1-turn history)", f"{w['awake short']:.2f} ms")
         table.add_row("ask to a hibernated agent: wake + ask (1-turn history)", f"{w['asleep short']:.2f} ms")
         table.add_row(f"ask to an awake agent ({args.history}-message history)", f"{w['awake long']:.2f} ms")
