@@ -34,6 +34,7 @@ from typing import Any
 
 import attrs
 import trio
+from pykka.messages import ProxyCall
 from weald.runtime import ActorSystem, Event, Future, Ref, Store, Stub, redact
 from weald.runtime.agent import Agent, AgentConfig, AskUser, TurnResult
 from weald.runtime.llm import Provider, Recorder, ReplayDivergence, ScriptedProvider, make_provider
@@ -202,9 +203,10 @@ class SessionRuntime(RuntimeView):
         sessions = self._system.whereis(self.session_path.rpartition("/")[0] or "/")
         if runner is None or sessions is None or runner.__class__ is Stub:
             return False
-        if not await runner.proxy().idle():
+        # What .proxy().idle() sends, without building a proxy (~40 us of introspection each).
+        if not await runner.ask(ProxyCall(("idle",), (), {}), block=False):
             return False
-        hibernated: bool = await sessions.proxy().hibernate_child(self.session_id)
+        hibernated: bool = await sessions.ask(ProxyCall(("hibernate_child",), (self.session_id,), {}), block=False)
         return hibernated
 
     async def ask_user(self, agent_path: str, question: str, choices: Sequence[str] = ()) -> str:
