@@ -24,7 +24,7 @@ _CHAOS = settings(
 
 
 @settings(_CHAOS, max_examples=60)
-@given(tree=trees(), faults=tree_faults(), seed=seeds, picks=pings)
+@given(tree=trees(lazy=False), faults=tree_faults(), seed=seeds, picks=pings)
 def test_seeded_crashes_restart_random_trees_exactly_as_otp_would_and_replay_the_same(
     tree: SupNode, faults: tuple[ActorFault, ...], seed: int, picks: list[int]
 ) -> None:

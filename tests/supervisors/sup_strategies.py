@@ -10,20 +10,21 @@ strategy_names = st.sampled_from(["one_for_one", "one_for_all", "rest_for_one"])
 
 
 @st.composite
-def trees(draw: st.DrawFn, depth: int = 2, node_id: str = "top") -> SupNode:
+def trees(draw: st.DrawFn, depth: int = 2, node_id: str = "top", *, lazy: bool = True) -> SupNode:
     """A supervisor with 1-4 children, some of them supervisors (to ``depth`` levels).
 
-    Each worker is loop-hosted or a thread actor, and lazy or not, at random.
+    Each worker is loop-hosted or a thread actor, at random, and, with
+    ``lazy``, started with its supervisor or by its first message, at random.
     """
     count = draw(st.integers(1, 4))
     children: list[WorkerNode | SupNode] = []
     for i in range(count):
         cid = f"c{i}"
         if depth > 0 and draw(st.booleans()):
-            children.append(draw(trees(depth=depth - 1, node_id=cid)))
+            children.append(draw(trees(depth=depth - 1, node_id=cid, lazy=lazy)))
         else:
             children.append(
-                WorkerNode(cid, draw(restart_types), threaded=draw(st.booleans()), lazy=draw(st.booleans()))
+                WorkerNode(cid, draw(restart_types), threaded=draw(st.booleans()), lazy=lazy and draw(st.booleans()))
             )
     return SupNode(
         id=node_id,
