@@ -57,7 +57,7 @@ def test_an_idle_session_hibernates_and_its_next_prompt_wakes_it_with_its_histor
         assert topics.count("supervisor.child_woken") == 1
 
 
-def test_debug_state_of_a_hibernated_agent_wakes_it(sleepy: DaemonProcess) -> None:
+def test_debug_state_of_a_hibernated_agent_wakes_it_and_agent_stop_stops_it_asleep(sleepy: DaemonProcess) -> None:
     model = sleepy.script("talk", [{"text": "hello"}])
     with sleepy.client() as client:
         client.call("agent.start", {"working_dir": str(sleepy.project), "model": model, "agent_id": "h2"})
@@ -67,3 +67,8 @@ def test_debug_state_of_a_hibernated_agent_wakes_it(sleepy: DaemonProcess) -> No
         assert (state["agent"], state["status"]) == ("/sessions/h2/agent", "idle")
         assert [m["content"] for m in state["messages"]] == ["hi", "hello"]
         assert session_node(client, "h2")["status"] == "running"
+        # Stopping a hibernated agent does not wake it, and it stays stopped.
+        wait_until(lambda: state_of(client, "h2") == "hibernated", timeout=20)
+        assert client.call("agent.stop", {"agent_id": "h2"}) == {"stopped": True}
+        assert state_of(client, "h2") == "stopped"
+        assert client.call("daemon.status")["agents"] == 0

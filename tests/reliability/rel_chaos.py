@@ -24,7 +24,8 @@ whatever the faults did:
 - ``acknowledged_tasks_stored``: every task a ``tasks`` tool result reported
   as added is listed by ``list_tasks``.
 - ``tree_shape``: every session is back to its spec shape (tool_runner,
-  sub_agents and agent running), and ``/sessions`` is alive.
+  sub_agents and agent running; sub_agents may still be dormant, as it is
+  until a session's first sub-agent), and ``/sessions`` is alive.
 - ``restart_limits``: a session supervisor gave up exactly when it saw more
   than its ``max_restarts`` (5) crashes, and never otherwise.
 - ``no_orphan_processes``: nothing a tool started is left: no process whose
@@ -410,7 +411,10 @@ class _Run:
                 except Exception as exc:
                     problems.append(f"{base} does not answer: {exc!r}")
                     continue
-                shape = [(i.id, i.status) for i in infos]
+                # sub_agents starts with the session's first sub-agent: dormant until then.
+                shape = [
+                    (i.id, "running" if i.id == "sub_agents" and i.status == "dormant" else i.status) for i in infos
+                ]
                 want = [("tool_runner", "running"), ("sub_agents", "running"), ("agent", "running")]
                 if shape != want:
                     problems.append(f"{base} has {shape}")
