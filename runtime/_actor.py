@@ -779,18 +779,24 @@ class Actor(pykka.Actor):
         reaches it while it stops is not lost, but handed, in order, to
         whatever holds its path once it has ended (the stub that wakes its
         successor). A stop is still handled. Call it in the actor's own context.
+
+        Raises:
+            TypeError: the actor is a `ThreadActor` (loop actors only).
         """
+        if not isinstance(self.actor_inbox, _LoopInbox):
+            msg = f"{type(self).__name__} is a thread actor; only loop actors hold messages"
+            raise TypeError(msg)
         if self._holding is None:
             self._holding = []
 
     def release_messages(self) -> None:
         """Stop holding: the held messages are handled next, before any newer one."""
         held, self._holding = self._holding, None
-        if held:
-            inbox = self.actor_inbox
-            items = inbox._items if inbox._items.__class__ is deque else inbox._made_items()  # type: ignore[attr-defined]
+        inbox = self.actor_inbox
+        if held and isinstance(inbox, _LoopInbox):
+            items = inbox._items if inbox._items.__class__ is deque else inbox._made_items()
             items.extendleft(reversed(held))
-            if isinstance(inbox, _LoopInbox) and inbox._task is not None:
+            if inbox._task is not None:
                 inbox._wake()
 
     def _hand_on_held(self) -> None:
