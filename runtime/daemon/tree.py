@@ -504,7 +504,9 @@ class Sessions:
         session_id = agent_id or "a" + uuid.uuid4().hex[:10]
         model = model or self.default_model()
         # Building the provider may read a file (a script): not on the loop.
-        await trio.to_thread.run_sync(self._check_model, model)
+        # A model checked already needs no thread hop (10,000 starts, one model).
+        if model not in self._models_checked:
+            await trio.to_thread.run_sync(self._check_model, model)
         if self.system.whereis(f"/sessions/{session_id}") is not None:
             msg = f"an agent {session_id!r} is already running; stop it first or choose another agent_id"
             raise DaemonError(msg)

@@ -53,8 +53,11 @@ def test_an_idle_session_hibernates_and_its_next_prompt_wakes_it_with_its_histor
         wait_until(lambda: state_of(client, "h1") == "hibernated", timeout=20)
         events = client.call("debug_state", {"events": 200})["recent_events"]
         topics = [e["topic"] for e in events if e["source"] == "/sessions"]
-        assert topics.count("supervisor.child_hibernated") == 2
-        assert topics.count("supervisor.child_woken") == 1
+        # Each wake follows a hibernation, and it is asleep now. (Under load it may
+        # already have slept once between its start and the first prompt.)
+        woken = topics.count("supervisor.child_woken")
+        assert woken >= 1
+        assert topics.count("supervisor.child_hibernated") == woken + 1
 
 
 def test_debug_state_of_a_hibernated_agent_wakes_it_and_agent_stop_stops_it_asleep(sleepy: DaemonProcess) -> None:
