@@ -687,6 +687,8 @@ class Agent(Actor):
     def _is_idle(self) -> bool:
         return (
             self._turn is None
+            and self._compaction is None  # a compaction's summary is not yet in the store
+            and not self._compact_waiters
             and not self._queue
             and not self._questions
             and not self._permissions
@@ -700,7 +702,12 @@ class Agent(Actor):
             return
         self._idle_timer = None
         if not self._is_idle():
-            return  # busy again: re-armed when it is idle
+            if self._turn is None:
+                # Busy between turns (a compaction, a write not yet committed,
+                # a message waiting): ask again after another idle period. A
+                # turn re-arms the clock itself once it is acknowledged.
+                self._arm_idle()
+            return
         # From here on what arrives is kept, and handed on, in order, to the
         # session when it wakes (or handled here if it does not hibernate).
         self.hold_messages()
@@ -1583,6 +1590,8 @@ class Agent(Actor):
         self._set_state("idle")
         if self._queue and self._turn is None:
             self._start_turn()
+        elif self._turn is None:
+            self._arm_idle()  # idle again: the clock starts over
 
     def _start_compaction(
         self, reason: str, then: Callable[[CompactionResult], None], waiters: list[Future[CompactionResult]]

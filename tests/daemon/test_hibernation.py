@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -75,3 +76,44 @@ def test_debug_state_of_a_hibernated_agent_wakes_it_and_agent_stop_stops_it_asle
         assert client.call("agent.stop", {"agent_id": "h2"}) == {"stopped": True}
         assert state_of(client, "h2") == "stopped"
         assert client.call("daemon.status")["agents"] == 0
+
+
+def test_a_compaction_keeps_a_session_awake_and_it_wakes_from_its_compacted_context(sleepy: DaemonProcess) -> None:
+    script = sleepy.scripts / "compact.json"
+    turns = [{"text": "first answer"}, {"text": "second answer"}, {"text": "third answer"}]
+    # The summary takes 1.5 s, five idle periods: the session must not sleep through it.
+    script.write_text(json.dumps({"turns": turns, "summary": "They said one and two.", "summary_delay": 1.5}))
+    with sleepy.client() as client:
+        client.call(
+            "agent.start", {"working_dir": str(sleepy.project), "model": f"scripted:{script}", "agent_id": "c1"}
+        )
+        client.call("agent.prompt", {"agent_id": "c1", "text": "one"})
+        client.call("agent.prompt", {"agent_id": "c1", "text": "two"})
+        done = client.call("agent.compact", {"agent_id": "c1"}, timeout=60)
+        assert (done["compacted"], done.get("detail")) == (True, None)
+        awake = client.call("debug_state", {"agent_id": "c1"})
+        assert (awake["context"]["summarized"], awake["context"]["compactions"]) == (True, 1)
+        wait_until(lambda: state_of(client, "c1") == "hibernated", timeout=20)
+        # A page of the stored history leaves it asleep.
+        page = client.call("agent.history", {"agent_id": "c1", "limit": 2})
+        assert page["messages"][0]["content"] == "second answer"
+        assert page["messages"][1]["compaction"]["reason"] == "manual"  # the summary, appended
+        assert page["next_before"] is not None
+        assert state_of(client, "c1") == "hibernated"
+        # It wakes with the context it had: the summary and what was kept after it.
+        woken = client.call("debug_state", {"agent_id": "c1"})
+        assert woken["messages"] == awake["messages"]
+        assert woken["messages"][0]["content"].endswith("They said one and two.")
+        keys = ("summarized", "compactions", "messages", "pruned_before")
+        assert {k: woken["context"][k] for k in keys} == {k: awake["context"][k] for k in keys}
+        assert client.call("agent.prompt", {"agent_id": "c1", "text": "three"})["text"] == "third answer"
+        history = client.call("agent.history", {"agent_id": "c1"})["messages"]
+        assert [m["seq"] for m in history] == list(range(len(history)))
+        assert [m["content"] for m in history if "compaction" not in m] == [
+            "one",
+            "first answer",
+            "two",
+            "second answer",
+            "three",
+            "third answer",
+        ]
