@@ -47,11 +47,12 @@ def _no_actor() -> None:
 class _Group:
     """The stubs of one sleeping subtree: one wake-up for all of them."""
 
-    __slots__ = ("shape", "stubs", "wake", "woken")
+    __slots__ = ("root", "shape", "stubs", "wake", "woken")
 
-    def __init__(self, wake: Callable[[], None], shape: Mapping[str, type[Actor]]) -> None:
+    def __init__(self, wake: Callable[[], None], shape: Mapping[str, type[Actor]], root: str) -> None:
         self.wake: Callable[[], None] | None = wake
-        self.shape = shape
+        self.shape = shape  # relative to root, the path of the subtree's top
+        self.root = root
         self.stubs: list[Stub] = []
         self.woken = False
 
@@ -200,10 +201,29 @@ class Stub(Ref[Any]):
             _fail_envelope(envelope, f"{self} ({reason})")
         self._exited.resolve(_NORMAL_OUTCOME)
 
+    def below(self) -> dict[str, type[Actor]]:
+        """The paths below this one that its sleeping subtree had, with their classes.
+
+        Each is what ``system.whereis`` answers with a stub (made then) that
+        wakes the subtree; listing them wakes nothing. Empty once it woke.
+        """
+        if self._successor is not None or self.actor_stopped.is_set():
+            return {}
+        root = self._group.root
+        prefix = self.path + "/"
+        found = {}
+        for relative, actor_class in self._group.shape.items():
+            path = f"{root}/{relative}"
+            if path.startswith(prefix):
+                found[path] = actor_class
+        return found
+
     def _below(self, path: str) -> Stub | None:
         """A stub for ``path`` under this one, made on demand from the group's shape."""
         group = self._group
-        actor_class = group.shape.get(path[len(self.path) + 1 :])
+        if not path.startswith(group.root + "/"):
+            return None
+        actor_class = group.shape.get(path[len(group.root) + 1 :])
         if actor_class is None or self.actor_stopped.is_set() or self._successor is not None:
             return None
         return Stub(path, actor_class, self.state, group)

@@ -409,7 +409,7 @@ class ActorSystem:
             like: a live actor whose subtree the stub answers for too (its
                 descendants' paths get stubs on demand).
         """
-        stub = Stub(path, actor_class, state, _Group(wake, shape_of(like)))
+        stub = Stub(path, actor_class, state, _Group(wake, shape_of(like), path.rstrip("/")))
         with self._registry_lock:
             self._registry[path] = stub
         return stub

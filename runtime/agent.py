@@ -167,6 +167,16 @@ class AgentRecord(msgspec.Struct, kw_only=True):
     pruned_before: int = 0
     compactions: int = 0
 
+    def restarts_at_load(self, run_id: str) -> int:
+        """The ``restarts`` the agent reports once it loads this record in the run ``run_id``.
+
+        The count of this run, plus one when the record was left active (its
+        agent crashed or its daemon was killed: the load is a restore). What
+        `tree` and ``agent.list`` show for a hibernated agent without waking it.
+        """
+        restarts = self.restarts if self.run_id == run_id else 0
+        return restarts + 1 if self.status == "active" else restarts
+
 
 class HistoryEntry(msgspec.Struct, kw_only=True):
     """One message of an agent's history, as stored.
@@ -628,6 +638,8 @@ class Agent(Actor):
 
         record, entries = await trio.to_thread.run_sync(read)
         recovered = record is not None and record.status == "active"
+        # `restarts` counts from the daemon's start, a restore from the store included.
+        restarts = record.restarts_at_load(self.system.run_id) if record is not None else 0
         if record is None:
             record = AgentRecord(
                 key=self._key,
@@ -647,13 +659,10 @@ class Agent(Actor):
         self._context.compactions = record.compactions
         record.next_seq = max(record.next_seq, (entries[-1][1].seq + 1) if entries else 0)
         self._record = record
-        if record.run_id != self.system.run_id:
-            # `restarts` counts from the daemon's start (a restore from the store is one, below).
-            record.run_id = self.system.run_id
-            record.restarts = 0
+        record.restarts = restarts
+        record.run_id = self.system.run_id
         interrupted = await self._recover(store) if recovered else None
         if recovered:
-            record.restarts += 1
             record.status = "active"
             self._persist_record()
             self._publish("agent.recovered", {"restarts": record.restarts, "interrupted_turn": interrupted})

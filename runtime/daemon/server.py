@@ -49,7 +49,7 @@ import msgspec
 import trio
 from weald.runtime import Actor, Event, Future, StoreError, Stub, WealdError, redact
 from weald.runtime._version import VERSION
-from weald.runtime.agent import Agent, TurnResult
+from weald.runtime.agent import Agent, AgentRecord, TurnResult, history_key
 from weald.runtime.daemon._front import (
     LIMIT_REACHED,
     Acceptor,
@@ -223,6 +223,12 @@ class McpPromptParams(_Params):
 
 
 _encoder = msgspec.json.Encoder()
+
+
+def _is_top_agent(path: str) -> bool:
+    """Whether ``path`` is a session's top-level agent (``/sessions/<id>/agent``)."""
+    parts = path.split("/")
+    return len(parts) == 4 and path == agent_path(parts[2])
 
 
 def _plain(value: Any) -> Any:
@@ -889,6 +895,7 @@ class Server(Actor):
     async def _agent_list(self, conn: Connection, p: NoParams) -> list[dict[str, Any]]:
         records = await trio.to_thread.run_sync(self._sessions.records)
         out: list[dict[str, Any]] = []
+        asleep: dict[str, dict[str, Any]] = {}
         limiter = trio.CapacityLimiter(64)
 
         async def one(record: Any, row: dict[str, Any]) -> None:
@@ -897,7 +904,8 @@ class Server(Actor):
                 row["state"] = "stopped" if record.status == "stopped" else "not running"
                 return
             if isinstance(ref, Stub) and ref.successor is None:
-                row["state"] = ref.state  # asking it would wake it
+                row["state"] = ref.state  # asking it would wake it: its stored record answers
+                asleep[record.session_id] = row
                 return
             async with limiter:
                 try:
@@ -928,7 +936,30 @@ class Server(Actor):
                     row["record"] = record.record
                 out.append(row)
                 nursery.start_soon(one, record, row)
+        for session_id, stored in (await self._asleep_records(list(asleep))).items():
+            asleep[session_id].update(restarts=stored.restarts_at_load(self.system.run_id), usage=_plain(stored.usage))
         return out
+
+    async def _asleep_records(self, session_ids: list[str]) -> dict[str, AgentRecord]:
+        """The stored records of hibernated top-level agents, read in one worker-thread hop.
+
+        Asking a hibernated agent would wake it; what it saved as it went to
+        sleep (its restarts, its usage) is in its record.
+        """
+        if not session_ids:
+            return {}
+        store = self.system.store
+        await store.flush()
+
+        def read() -> dict[str, AgentRecord]:
+            found = {}
+            for session_id in session_ids:
+                stored = store.get("agents", history_key(session_id, "", 0), type=AgentRecord)
+                if stored is not None:
+                    found[session_id] = stored
+            return found
+
+        return await trio.to_thread.run_sync(read)
 
     async def _agent_history(self, conn: Connection, p: AgentHistoryParams) -> dict[str, Any]:
         """A page of the stored history, read from the store (an agent holds only its context in memory).
@@ -937,7 +968,7 @@ class Server(Actor):
         conversation order, each with its ``seq``; ``next_before`` is the
         ``before`` of the page before it (None: this page reaches the start).
         """
-        from weald.runtime.agent import AgentRecord, HistoryEntry
+        from weald.runtime.agent import HistoryEntry
 
         store = self.system.store
         await store.flush()  # what the agent has queued is in the store before it is read
@@ -997,10 +1028,12 @@ class Server(Actor):
     async def _tree(self, conn: Connection, p: TreeParams) -> dict[str, Any]:
         base = p.path.rstrip("/") or "/"
         registry = self.system._registry
+        self.system.whereis(base)  # a path in a hibernated subtree gets its stub (nothing wakes)
         paths = [path for path in list(registry) if _under(path, base)]
         if base not in paths:
             raise RPCError(NOT_FOUND, f"no live actor at {base}")
         nodes: dict[str, dict[str, Any]] = {}
+        sleeping_agents: list[str] = []
         for path in paths:
             ref = registry.get(path)
             if ref is None:
@@ -1008,6 +1041,21 @@ class Server(Actor):
             status: str
             if isinstance(ref, Stub) and ref.successor is None:
                 status = ref.state  # dormant or hibernated
+                # Its sleeping subtree is drawn too, from the shape it had (asking would wake it).
+                for below, actor_class in ref.below().items():
+                    if below not in nodes and below not in registry and _under(below, base):
+                        nodes[below] = {
+                            "path": below,
+                            "kind": actor_class.__name__,
+                            "status": status,
+                            "restarts": 0,
+                            "mailbox": 0,
+                            "children": [],
+                        }
+                        if issubclass(actor_class, Agent):
+                            sleeping_agents.append(below)
+                if issubclass(ref.actor_class, Agent):
+                    sleeping_agents.append(path)
             else:
                 status = "running" if ref.is_alive() else "stopping"
             nodes[path] = {
@@ -1062,9 +1110,12 @@ class Server(Actor):
         async with trio.open_nursery() as nursery:
             for path, agent_node in nodes.items():
                 ref = registry.get(path)
-                # A hibernated agent is not asked either (see below for its count).
                 if ref is not None and ref.__class__ is not Stub and issubclass(ref.actor_class, Agent):
                     nursery.start_soon(agent_restarts, ref, agent_node)
+        # A hibernated top-level agent is not asked: its stored record has the count.
+        asleep = {path.split("/")[2]: nodes[path] for path in sleeping_agents if _is_top_agent(path)}
+        for session_id, stored in (await self._asleep_records(list(asleep))).items():
+            asleep[session_id]["restarts"] = stored.restarts_at_load(self.system.run_id)
         mcp = registry.get("/mcp")
         if mcp is not None and "/mcp" in nodes and hasattr(mcp.actor_class, "servers"):
             with contextlib.suppress(Exception):  # stopping: the tree is drawn without the detail

@@ -45,6 +45,12 @@ def test_an_idle_session_hibernates_and_its_next_prompt_wakes_it_with_its_histor
         wait_until(lambda: state_of(client, "h1") == "hibernated", timeout=20)
         node = session_node(client, "h1")
         assert (node["status"], node["kind"]) == ("hibernated", "Supervisor")
+        # Its children are drawn asleep too, as they were.
+        children = {child["path"]: (child["kind"], child["status"]) for child in node["children"]}
+        assert children == {
+            "/sessions/h1/tool_runner": ("ToolRunner", "hibernated"),
+            "/sessions/h1/agent": ("Agent", "hibernated"),
+        }
         assert state_of(client, "h1") == "hibernated"
         result = client.call("agent.prompt", {"agent_id": "h1", "text": "two"})
         assert (result["ok"], result["text"]) == (True, "second answer")
@@ -117,3 +123,39 @@ def test_a_compaction_keeps_a_session_awake_and_it_wakes_from_its_compacted_cont
             "three",
             "third answer",
         ]
+
+
+def test_a_hibernated_agent_reports_its_restarts_without_waking(tmp_path: Path) -> None:
+    """tree and agent.list read a sleeping agent's restarts from its record; waking is not a restart."""
+    config = "[limits]\nhibernate_after = 0.3\n\n[faults]\nenabled = true\n"
+    proc = DaemonProcess(tmp_path, extra_config=config)
+    proc.start()
+    try:
+        model = proc.script(
+            "reader",
+            [
+                {"text": "Reading.", "tool_calls": [{"name": "read_file", "arguments": {"path": "notes.txt"}}]},
+                {"text": "done"},
+            ],
+        )
+        with proc.client() as client:
+            client.call("agent.start", {"working_dir": str(proc.project), "model": model, "agent_id": "r1"})
+            fault = {"target": "actor", "kind": "crash", "path": "/sessions/r1/tool_runner", "message": "RunTools"}
+            client.call("fault.inject", {"fault": {**fault, "count": 1}})
+            result = client.call("agent.prompt", {"agent_id": "r1", "text": "read it"}, timeout=60)
+            assert result["interrupted"] is True
+            wait_until(lambda: state_of(client, "r1") == "hibernated", timeout=20)
+            (row,) = [r for r in client.call("agent.list") if r["agent_id"] == "r1"]
+            assert (row["state"], row["restarts"]) == ("hibernated", 1)
+            agent = client.call("tree", {"path": "/sessions/r1/agent"})
+            assert (agent["status"], agent["restarts"]) == ("hibernated", 1)
+            session = client.call("tree", {"path": "/sessions/r1"})
+            assert [(c["path"], c["restarts"]) for c in session["children"] if c["kind"] == "Agent"] == [
+                ("/sessions/r1/agent", 1)
+            ]
+            assert state_of(client, "r1") == "hibernated"
+            # Waking is not a restart.
+            assert client.call("debug_state", {"agent_id": "r1"})["restarts"] == 1
+        assert proc.terminate() == 0, proc.log.read_text()
+    finally:
+        proc.close()
