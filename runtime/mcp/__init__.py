@@ -18,11 +18,12 @@ Example::
         result = await session.call_tool("get_current_time", {"timezone": "UTC"})
 """
 
+import importlib
 import logging
+from typing import TYPE_CHECKING, Any
 
 from ._actor import MCPConnection, MCPConnectionSnapshot, MCPSupervisor, mcp_supervisor_spec
 from ._config import OAuthConfig, ServerConfig
-from ._elicitation import MCPElicitation, MCPElicitationResult, answer_with_defaults
 from ._exceptions import (
     MCPClosedError,
     MCPConfigError,
@@ -37,21 +38,66 @@ from ._exceptions import (
     MCPToolError,
 )
 from ._names import sanitize_tool_name
-from ._session import MCPSession, open_connection
-from ._values import (
-    MCPCapabilities,
-    MCPLogMessage,
-    MCPPrompt,
-    MCPPromptArgument,
-    MCPPromptMessage,
-    MCPPromptResult,
-    MCPResource,
-    MCPResourceContent,
-    MCPServerInfo,
-    MCPSessionStatistics,
-    MCPTool,
-    MCPToolResult,
-)
+
+if TYPE_CHECKING:
+    from ._elicitation import MCPElicitation, MCPElicitationResult, answer_with_defaults
+    from ._session import MCPSession, open_connection
+    from ._values import (
+        MCPCapabilities,
+        MCPLogMessage,
+        MCPPrompt,
+        MCPPromptArgument,
+        MCPPromptMessage,
+        MCPPromptResult,
+        MCPResource,
+        MCPResourceContent,
+        MCPServerInfo,
+        MCPSessionStatistics,
+        MCPTool,
+        MCPToolResult,
+    )
+
+# What needs the MCP SDK (or jsonschema) is imported on first use: a daemon
+# with no MCP server configured never loads them.
+_LAZY = {
+    "MCPElicitation": "._elicitation",
+    "MCPElicitationResult": "._elicitation",
+    "answer_with_defaults": "._elicitation",
+    "MCPSession": "._session",
+    "open_connection": "._session",
+    **dict.fromkeys(
+        (
+            "MCPCapabilities",
+            "MCPLogMessage",
+            "MCPPrompt",
+            "MCPPromptArgument",
+            "MCPPromptMessage",
+            "MCPPromptResult",
+            "MCPResource",
+            "MCPResourceContent",
+            "MCPServerInfo",
+            "MCPSessionStatistics",
+            "MCPTool",
+            "MCPToolResult",
+        ),
+        "._values",
+    ),
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        msg = f"module {__name__!r} has no attribute {name!r}"
+        raise AttributeError(msg)
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
 
 __all__ = [
     "MCPCapabilities",

@@ -85,7 +85,6 @@ from weald.runtime import (
 from weald.supervisors import Backoff, ChildSpec, Supervisor
 from weald.tools import Permission, ToolRegistry
 
-from ._auth import StoreTokenStorage
 from ._config import ServerConfig
 from ._exceptions import (
     MCPClosedError,
@@ -96,30 +95,25 @@ from ._exceptions import (
     MCPTimeout,
 )
 from ._names import sanitize_tool_name
-from ._registry import (
-    CallTool,
-    CancelCall,
-    NotConnected,
-    ToolRoute,
-    build_tool,
-    settle,
-    settle_error,
-)
-from ._resource_tools import resource_tools
-from ._session import MCPSession, open_connection
-from ._values import (
-    MCPLogMessage,
-    MCPPrompt,
-    MCPPromptResult,
-    MCPResource,
-    MCPResourceContent,
-    MCPServerInfo,
-    MCPSessionStatistics,
-    MCPTool,
-)
 
+# The MCP SDK (and jsonschema) load with the first connection, not with this
+# module: a daemon with no MCP server configured runs an empty MCPSupervisor
+# and never imports them (about 40 MiB).
 if TYPE_CHECKING:
     from types import TracebackType
+
+    from ._registry import CallTool, ToolRoute
+    from ._session import MCPSession
+    from ._values import (
+        MCPLogMessage,
+        MCPPrompt,
+        MCPPromptResult,
+        MCPResource,
+        MCPResourceContent,
+        MCPServerInfo,
+        MCPSessionStatistics,
+        MCPTool,
+    )
 
 __all__ = ["ConnectionStatus", "MCPConnection", "MCPConnectionSnapshot", "MCPSupervisor", "mcp_supervisor_spec"]
 
@@ -596,6 +590,8 @@ class MCPConnection(Actor):
         # in-flight reply gets this actor's account of the end. The hooks
         # cancel the io tasks themselves rather than rely on when the
         # runtime does: the server must be gone before the supervisor hears.
+        from ._registry import settle_error
+
         for entry in self._inflight.values():
             settle_error(entry.reply, pending)
             if entry.handle is not None:
@@ -651,6 +647,9 @@ class MCPConnection(Actor):
 
     async def _connection_main(self) -> NoReturn:
         """Hold the connection open until the server is lost or the actor ends (then close it)."""
+        from ._auth import StoreTokenStorage
+        from ._session import open_connection
+
         assert self._closed is not None
         config = self._config
         storage = StoreTokenStorage(self.system.store, config.url) if config.auth and config.url else None
@@ -756,6 +755,8 @@ class MCPConnection(Actor):
 
     def on_receive(self, message: Any) -> None:
         """Handle the actor's own messages; an unknown message is logged and dropped."""
+        from ._registry import CallTool, CancelCall
+
         if isinstance(message, CallTool):
             self._start_call(message)
         elif isinstance(message, _Finished):
@@ -779,6 +780,8 @@ class MCPConnection(Actor):
             logger.warning("%s dropped an unexpected message: %r", self, message)
 
     def _start_call(self, call: CallTool) -> None:
+        from ._registry import NotConnected, settle_error
+
         session = self._session
         if session is None:
             settle_error(call.reply, NotConnected(self._record.unavailable(), server=self.server))
@@ -813,6 +816,8 @@ class MCPConnection(Actor):
     def _io_finished(self, request_id: int, entry: _InFlight, result: outcome.Outcome[Any]) -> _Finished:
         # Runs on the loop thread as the io task ends, even if the actor has
         # ended meanwhile (killed, say): so the reply is always completed.
+        from ._registry import settle, settle_error
+
         if isinstance(result, outcome.Value):
             settle(entry.reply, result.value)
             return _Finished(request_id, None)
@@ -860,6 +865,8 @@ class MCPConnection(Actor):
         )
 
     def _sync_tools(self, tools: Iterable[MCPTool]) -> None:
+        from ._registry import ToolRoute, build_tool
+
         wanted: dict[str, MCPTool] = {}
         for tool in tools:
             wanted[self._name_for(tool)] = tool
@@ -904,6 +911,8 @@ class MCPConnection(Actor):
         return alternative
 
     def _owns(self, fn: object) -> bool:
+        from ._registry import ToolRoute
+
         return isinstance(fn, ToolRoute) and fn.path == self.path and fn.server == self.server
 
     def _sweep_stale_tools(self) -> None:
@@ -995,6 +1004,8 @@ class MCPConnection(Actor):
         return self._request(f"prompts/get {name!r}", lambda session: session.get_prompt(name, args))
 
     def _request(self, what: str, run: Callable[[MCPSession], Awaitable[T]]) -> Future[T]:
+        from ._registry import NotConnected, settle_error
+
         reply: Future[T] = Future()
         if self._session is None:
             settle_error(reply, NotConnected(self._record.unavailable(), server=self.server))
@@ -1141,6 +1152,8 @@ class MCPSupervisor(Supervisor):
     def on_start(self) -> Any:
         """Register the resource tools, then start every connection (each returns at once)."""
         if self._records:
+            from ._resource_tools import resource_tools
+
             for tool in resource_tools(self.system, self.path):
                 self._registry.register(tool, replace=True)
                 self._resource_tools.append(tool.name)
@@ -1205,6 +1218,18 @@ class MCPSupervisor(Supervisor):
         )
 
 
+def load_connection_modules() -> None:
+    """Import what a connection needs (the MCP SDK, jsonschema), if not yet done.
+
+    Importing reads files: `mcp_supervisor_spec` calls this, where the
+    daemon builds its tree, so that no connection imports on the loop.
+    """
+    import importlib
+
+    for module in ("._auth", "._registry", "._resource_tools", "._session"):
+        importlib.import_module(module, __package__)
+
+
 def mcp_supervisor_spec(
     configs: Iterable[ServerConfig],
     registry: ToolRegistry,
@@ -1221,6 +1246,9 @@ def mcp_supervisor_spec(
 
         system.root.proxy().start_child(mcp_supervisor_spec(configs, registry)).get()
 
+    With an enabled server among ``configs`` it imports the MCP SDK
+    (`load_connection_modules`); with none, nothing of it is loaded.
+
     Its shutdown allows every connection its own `CONNECTION_SHUTDOWN`,
     since they stop one after the other (last started first). The arguments
     after ``registry`` are `MCPSupervisor`'s; ``child_id`` is the subtree's
@@ -1228,6 +1256,8 @@ def mcp_supervisor_spec(
     """
     configs = list(configs)
     enabled = sum(1 for config in configs if config.enabled)
+    if enabled:
+        load_connection_modules()
     return ChildSpec(
         child_id,
         MCPSupervisor,
