@@ -21,7 +21,7 @@ import tempfile
 import threading
 import uuid
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, TypeVar
 
@@ -392,6 +392,7 @@ class ActorSystem:
         state: StubState,
         wake: Callable[[], None],
         like: Ref[Any] | None = None,
+        shape: Mapping[str, type[Actor]] | None = None,
     ) -> Stub:
         """Register a `Stub` at ``path``: its first message calls ``wake`` (for supervisors).
 
@@ -408,8 +409,11 @@ class ActorSystem:
             wake: asks for the actor to be started.
             like: a live actor whose subtree the stub answers for too (its
                 descendants' paths get stubs on demand).
+            shape: without ``like``, the subtree to answer for: the classes
+                of the actors below ``path``, by path relative to it.
         """
-        stub = Stub(path, actor_class, state, _Group(wake, shape_of(like), path.rstrip("/")))
+        below = shape_of(like) if like is not None or shape is None else shape
+        stub = Stub(path, actor_class, state, _Group(wake, below, path.rstrip("/")))
         with self._registry_lock:
             self._registry[path] = stub
         return stub

@@ -30,12 +30,13 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import attrs
 import trio
 from pykka.messages import ProxyCall
-from weald.runtime import ActorSystem, Event, Future, Ref, Store, Stub, redact
+from weald.runtime import Actor, ActorSystem, Event, Future, Ref, Store, Stub, redact
 from weald.runtime.agent import Agent, AgentConfig, AskUser, TurnResult
 from weald.runtime.llm import Provider, Recorder, ReplayDivergence, ScriptedProvider, make_provider
 from weald.runtime.tool_runner import RunnerConfig, ToolRunner
@@ -49,6 +50,7 @@ __all__ = [
     "SessionRuntime",
     "agent_path",
     "session_dir",
+    "session_shape",
     "session_spec",
     "valid_session_id",
 ]
@@ -491,6 +493,18 @@ def session_spec(
         restart="transient",
         shutdown=30.0,
     )
+
+
+def session_shape() -> Mapping[str, type[Actor]]:
+    """The actors a session's subtree starts, by path relative to the session's.
+
+    Before any tool call or sub-agent: what a session added asleep answers
+    for (``DynamicSupervisor.add_hibernated``), as a hibernated one does.
+    """
+    return _SESSION_SHAPE
+
+
+_SESSION_SHAPE: Mapping[str, type[Actor]] = MappingProxyType({"tool_runner": ToolRunner, "agent": Agent})
 
 
 def agent_path(session_id: str, sessions_path: str = "/sessions") -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any
 
@@ -155,7 +155,9 @@ class SupervisorBase(Actor):
         """Leave a stub at the child's path; its first message starts the child (`_Wake`)."""
         return self._keep_stub(child, self._install_stub(child, state, like))
 
-    def _install_stub(self, child: _Child, state: StubState, like: Ref[Any] | None) -> Stub:
+    def _install_stub(
+        self, child: _Child, state: StubState, like: Ref[Any] | None, shape: Mapping[str, type[Actor]] | None = None
+    ) -> Stub:
         ref = self.actor_ref
         wake_message = _Wake(child.spec.id)
 
@@ -164,7 +166,7 @@ class SupervisorBase(Actor):
                 ref.tell(wake_message)
 
         path = f"{self._base}/{child.spec.id}"
-        return self.system.install_stub(path, child.spec.actor, state=state, wake=wake, like=like)
+        return self.system.install_stub(path, child.spec.actor, state=state, wake=wake, like=like, shape=shape)
 
     def _keep_stub(self, child: _Child, stub: Stub) -> Stub:
         child.stub = stub

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Self
 
-from weald.runtime import ActorSystem, Ref, StartError
+from weald.runtime import Actor, ActorSystem, Ref, StartError, Stub
 from weald.supervisors._core import SupervisorBase, _Child
 from weald.supervisors._errors import ChildNotFoundError, MaxChildrenError, SupervisorError
 from weald.supervisors._spec import ChildSpec
@@ -74,6 +74,32 @@ class DynamicSupervisor(SupervisorBase):
         except BaseException:
             self._kids.pop(spec.id, None)
             raise
+
+    def add_hibernated(
+        self, specs: Sequence[ChildSpec], shape: Mapping[str, type[Actor]]
+    ) -> list[Stub | SupervisorError]:
+        """Add children as if each had run and hibernated: none is started until its first message.
+
+        For children whose state is stored and that need not run now (a
+        daemon restoring its sessions). Each gets a `weald.runtime.Stub` in
+        state ``hibernated`` at its path, answering for the paths of
+        ``shape`` below it as well (the classes of the actors its subtree
+        starts, by path relative to the child's); the first message to any
+        of them starts the child from its spec, as a hibernated child wakes.
+
+        Returns:
+            For each spec, in order: its stub, or why it was not added
+            (`MaxChildrenError`, `ChildExistsError`).
+        """
+        out: list[Stub | SupervisorError] = []
+        for spec in specs:
+            try:
+                child = self._admit(spec)
+            except SupervisorError as exc:
+                out.append(exc)
+                continue
+            out.append(self._keep_stub(child, self._install_stub(child, "hibernated", None, shape)))
+        return out
 
     def _admit(self, spec: ChildSpec) -> _Child:
         if self._max_children is not None and len(self._kids) >= self._max_children:

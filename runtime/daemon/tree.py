@@ -80,12 +80,12 @@ from weald.runtime import (
     register_secret,
     restore_environ,
 )
-from weald.runtime.agent import AgentConfig, TurnResult
+from weald.runtime.agent import AgentConfig, AgentRecord, TurnResult
 from weald.runtime.daemon._hygiene import SandboxReport, prepare_process, stop_leftovers
 from weald.runtime.daemon.config import CONFIG_ENV, Config
 from weald.runtime.daemon.server import SHUTDOWN_REASON, Server, prepare_socket
 from weald.runtime.llm import Provider, Recorder, RecordingError, ReplayDivergence, Usage, make_provider
-from weald.runtime.session import SessionConfig, agent_path, session_spec, valid_session_id
+from weald.runtime.session import SessionConfig, agent_path, session_shape, session_spec, valid_session_id
 from weald.runtime.tool_runner import RunnerConfig
 from weald.supervisors import ChildSpec, DynamicSupervisor, MaxChildrenError
 from weald.tools import ToolRegistry, default_registry, remove_spill_dir, sweep_spill_dirs
@@ -598,9 +598,9 @@ class Sessions:
 
         return report
 
-    async def _launch(self, record: SessionRecord, *, new: bool = False) -> Ref[Any]:
-        recorder = await self._recorder(record, new=new) if record.record is not None else None
-        spec = session_spec(
+    def _spec(self, record: SessionRecord, recorder: Recorder | None = None) -> ChildSpec:
+        """The session's `ChildSpec` under ``/sessions``."""
+        return session_spec(
             self.session_config(record),
             system=self.system,
             registry=self.registry,
@@ -608,6 +608,10 @@ class Sessions:
             recorder=recorder,
             on_divergence=self._divergence_reporter(record.session_id) if self._faults is not None else None,
         )
+
+    async def _launch(self, record: SessionRecord, *, new: bool = False) -> Ref[Any]:
+        recorder = await self._recorder(record, new=new) if record.record is not None else None
+        spec = self._spec(record, recorder)
         # Starts are gathered and handed to the supervisor in batches
         # (start_children): each session's children then start together,
         # not one session per supervisor round (see `_start_batches`).
@@ -714,9 +718,34 @@ class Sessions:
         return [record for _, record in good]
 
     async def restore(self, on_progress: Callable[[int, int], None] | None = None) -> int:
-        """Start every stored active session that is not running; returns how many started."""
+        """Restore every stored active session that is not running; returns how many were.
+
+        With hibernation on (``limits.hibernate_after``), a session whose
+        agent was stopped cleanly (the daemon shut down with it idle or its
+        turn aborted) comes back hibernated: a stub, started by its first
+        message, as if it had gone to sleep. One the daemon left without
+        stopping it (a ``kill -9``, a crash) may have a turn to mark
+        interrupted and tool calls to answer: it starts at once, as does one
+        that records its model calls.
+        """
         records = [r for r in await trio.to_thread.run_sync(self.records) if r.status == "active"]
         todo = [r for r in records if self.system.whereis(f"/sessions/{r.session_id}") is None]
+        asleep: list[SessionRecord] = []
+        if self.config.limits.hibernate_after and todo:
+            store = self.system.store
+
+            def stopped_cleanly() -> set[str]:
+                found = set()
+                for record in todo:
+                    agent = store.get("agents", record.session_id, type=AgentRecord)
+                    if agent is not None and agent.status == "stopped":
+                        found.add(record.session_id)
+                return found
+
+            clean = await trio.to_thread.run_sync(stopped_cleanly)
+            asleep = [r for r in todo if r.session_id in clean and r.record is None]
+            todo = [r for r in todo if r.session_id not in clean or r.record is not None]
+        hibernated = await self._restore_asleep(asleep)
         started = 0
         limiter = trio.CapacityLimiter(64)
 
@@ -737,8 +766,26 @@ class Sessions:
         async with trio.open_nursery() as nursery:
             for record in todo:
                 nursery.start_soon(one, record)
-        self.system.events.publish("daemon.restored", "/sessions", {"sessions": started, "of": len(todo)})
-        return started
+        restored = started + hibernated
+        data = {"sessions": restored, "of": len(todo) + len(asleep), "hibernated": hibernated}
+        self.system.events.publish("daemon.restored", "/sessions", data)
+        return restored
+
+    async def _restore_asleep(self, records: list[SessionRecord]) -> int:
+        """Add ``records``' sessions hibernated (started by their first message); returns how many were."""
+        added = 0
+        for first in range(0, len(records), _START_BATCH):
+            batch = records[first : first + _START_BATCH]
+            specs = [self._spec(record) for record in batch]
+            outcomes = await self._proxy.add_hibernated(specs, session_shape())
+            for record, outcome in zip(batch, outcomes, strict=True):
+                if isinstance(outcome, Exception):
+                    data = {"session_id": record.session_id, "error": str(outcome)}
+                    self.system.events.publish("daemon.restore_failed", "/sessions", data)
+                    continue
+                added += 1
+                self.roots.set_nowait(record.session_id, record.working_dir)
+        return added
 
     def prompt_nowait(self, agent_id: str, text: str) -> Future[TurnResult]:
         """Prompt a running top-level agent through the turn gate; returns the turn's future.

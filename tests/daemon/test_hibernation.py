@@ -159,3 +159,46 @@ def test_a_hibernated_agent_reports_its_restarts_without_waking(tmp_path: Path) 
         assert proc.terminate() == 0, proc.log.read_text()
     finally:
         proc.close()
+
+
+def test_a_restart_restores_cleanly_stopped_sessions_asleep_and_killed_ones_awake(sleepy: DaemonProcess) -> None:
+    model = sleepy.script("talk", [{"text": "first"}, {"text": "second"}, {"text": "third"}])
+    with sleepy.client() as client:
+        for agent_id in ("r1", "r2"):
+            client.call("agent.start", {"working_dir": str(sleepy.project), "model": model, "agent_id": agent_id})
+        assert client.call("agent.prompt", {"agent_id": "r1", "text": "one"})["text"] == "first"
+    assert sleepy.terminate() == 0, sleepy.log.read_text()
+    # A clean stop: both come back hibernated, and nothing of them runs until asked.
+    sleepy.start()
+    with sleepy.client() as client:
+        assert {row["agent_id"]: row["state"] for row in client.call("agent.list")} == {
+            "r1": "hibernated",
+            "r2": "hibernated",
+        }
+        status = client.call("daemon.status")
+        assert (status["agents"], status["hibernated"]) == (2, 2)
+        restored = [
+            e for e in client.call("debug_state", {"events": 500})["recent_events"] if e["topic"] == "daemon.restored"
+        ]
+        assert [e["data"] for e in restored] == [{"sessions": 2, "of": 2, "hibernated": 2}]
+        # The first prompt wakes r1 with its history (a wake, not a restart).
+        result = client.call("agent.prompt", {"agent_id": "r1", "text": "two"})
+        assert (result["ok"], result["text"]) == (True, "second")
+        messages = client.call("agent.history", {"agent_id": "r1"})["messages"]
+        assert [m["content"] for m in messages] == ["one", "first", "two", "second"]
+        assert client.call("debug_state", {"agent_id": "r1"})["restarts"] == 0
+        wait_until(lambda: state_of(client, "r1") == "hibernated", timeout=20)
+        # r2 wakes for a turn (acknowledged once committed: its record says it runs) and is killed awake.
+        assert client.call("agent.prompt", {"agent_id": "r2", "text": "three"})["text"] == "first"  # its own script
+    # kill -9: r2 may have a turn to mark interrupted, so it is restored at once; r1 slept.
+    sleepy.kill9()
+    sleepy.start()
+    with sleepy.client() as client:
+        events = client.call("debug_state", {"events": 500})["recent_events"]
+        restored = [e["data"] for e in events if e["topic"] == "daemon.restored"]
+        assert restored == [{"sessions": 2, "of": 2, "hibernated": 1}]
+        recovered = [e["source"] for e in events if e["topic"] == "agent.recovered"]
+        assert recovered == ["/sessions/r2/agent"]
+        rows = {row["agent_id"]: row for row in client.call("agent.list")}
+        assert (rows["r1"]["state"], rows["r1"]["restarts"]) == ("hibernated", 0)
+        assert rows["r2"]["restarts"] == 1  # the restore from the store after the kill counts

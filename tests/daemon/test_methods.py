@@ -39,10 +39,10 @@ def test_agent_stop_over_the_socket_stops_the_agent_for_good(tmp_path: Path) -> 
             assert [s["path"] for s in c.call("tree", {"path": "/sessions"})["children"]] == ["/sessions/stays"]
             assert len(c.call("agent.history", {"agent_id": "gone"})["messages"]) == 2
         assert d.terminate() == 0
-        d.start()  # a stopped agent is not restored
+        d.start()  # a stopped agent is not restored; one stopped with the daemon comes back asleep
         with d.client() as c:
             listed = {a["agent_id"]: (a["status"], a["state"]) for a in c.call("agent.list")}
-            assert listed == {"gone": ("stopped", "stopped"), "stays": ("active", "idle")}
+            assert listed == {"gone": ("stopped", "stopped"), "stays": ("active", "hibernated")}
             with pytest.raises(RPCCallError, match="no running agent 'gone'"):
                 c.call("agent.prompt", {"agent_id": "gone", "text": "back?"})
         assert d.terminate() == 0

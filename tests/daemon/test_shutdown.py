@@ -45,10 +45,10 @@ def test_a_signal_mid_turn_answers_the_pending_prompt_stores_the_aborted_turn_an
         assert [t.status for t in turns] == ["aborted"]
         assert [m["role"] for m in history] == ["user", "assistant", "tool"]
         assert history[2]["content"] == "[aborted]"
-        # The next start restores the agent, idle, with that history.
+        # The next start restores the agent (asleep: it was stopped cleanly) with that history.
         d.start()
         with d.client() as c:
-            assert [(a["agent_id"], a["state"]) for a in c.call("agent.list")] == [("busy", "idle")]
+            assert [(a["agent_id"], a["state"]) for a in c.call("agent.list")] == [("busy", "hibernated")]
             assert len(c.call("agent.history", {"agent_id": "busy"})["messages"]) == 3
         assert d.terminate() == 0
     finally:

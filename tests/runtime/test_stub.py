@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
 import pykka
 import pytest
 from weald.runtime import Actor, ActorSystem, Stub
 from weald.runtime.testing import wait_until
-from weald.supervisors import ChildSpec, Supervisor
+from weald.supervisors import ChildSpec, DynamicSupervisor, MaxChildrenError, Supervisor
 
 
 class Log(Actor):
@@ -94,4 +95,30 @@ def test_a_stub_discarded_with_its_supervisor_fails_what_it_buffered(system: Act
     assert system.whereis(f"{top.path}/late") is None
     with pytest.raises(pykka.ActorDeadError):
         stub.ask("too late", timeout=5)
+    top.stop()
+
+
+def test_children_added_hibernated_start_on_their_first_message_and_count_toward_max_children(
+    system: ActorSystem,
+) -> None:
+    top = DynamicSupervisor.start(max_children=2)
+    pair = ChildSpec("pair", Pair, kwargs={"children": [ChildSpec("a", Log), ChildSpec("b", Log)]})
+    other = attrs.evolve(pair, id="other")
+    outcomes = top.proxy().add_hibernated([pair, other, attrs.evolve(pair, id="third")], {"a": Log, "b": Log})
+    first, second, third = outcomes.get(timeout=5)
+    assert isinstance(first, Stub)
+    assert (first.state, first.path) == ("hibernated", f"{top.path}/pair")
+    assert isinstance(second, Stub)
+    assert isinstance(third, MaxChildrenError)
+    assert Log.seen == []  # nothing started
+    counts = top.proxy().count_children().get(timeout=5)
+    assert (counts["active"], counts["hibernated"]) == (0, 2)
+    # A path of its shape answers, and its first message starts the whole child.
+    below = system.whereis(f"{top.path}/pair/b")
+    assert isinstance(below, Stub)
+    assert below.ask("to b", timeout=5) == "to b"
+    assert system.whereis(f"{top.path}/pair/a").__class__ is not Stub
+    assert system.whereis(f"{top.path}/other").state == "hibernated"  # the other one sleeps on
+    infos = {i.id: (i.status, i.restarts) for i in top.proxy().which_children().get(timeout=5)}
+    assert infos == {"pair": ("running", 0), "other": ("hibernated", 0)}
     top.stop()
