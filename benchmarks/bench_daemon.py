@@ -15,10 +15,14 @@ For N = 100, 1,000 and 10,000 agents (``--sizes`` to change), against a real
   by a bare trio server on a Unix socket in the same run, and the ratio;
 - with hibernation on, the same prompt to an agent that hibernated just
   before (``p50 asleep``): the difference is the wake-up cost through the
-  socket (restoring the session's three actors and its history from the store).
+  socket (restoring the session's three actors and its history from the store);
+- with ``--restart`` (and hibernation on), the daemon is then stopped cleanly
+  and a new one started on the same store: its RSS once the N sessions are
+  restored asleep (they are never woken on the way), and the first prompt of
+  100 of them, each waking one restored session.
 
 Run: ``python benchmarks/bench_daemon.py [--sizes 100,1000,10000] [--samples 300]
-[--hibernate-after 1]``. ``PYTHONPATH`` pointing at another checkout's
+[--hibernate-after 1] [--restart]``. ``PYTHONPATH`` pointing at another checkout's
 ``pkg/`` measures that one (see README.md), for side-by-side figures.
 """
 
@@ -88,9 +92,9 @@ class DaemonRun:
             self.proc.wait(300)
 
 
-def script(root: Path, name: str, turns: list[dict]) -> str:
+def script(root: Path, name: str, turns: list[dict], *, repeat: bool = False) -> str:
     path = root / f"{name}.json"
-    path.write_text(json.dumps({"turns": turns}))
+    path.write_text(json.dumps({"turns": turns, "repeat": repeat}))
     return f"scripted:{path}"
 
 
@@ -116,7 +120,12 @@ def wait_hibernated(client: Client, n: int, timeout: float = 1800) -> float:
 
 
 def measure(
-    n: int, samples: int, work: Path, hibernate_after: float | None, prompt_sample: int | None = None
+    n: int,
+    samples: int,
+    work: Path,
+    hibernate_after: float | None,
+    prompt_sample: int | None = None,
+    restart: bool = False,
 ) -> dict[str, float]:
     root = Path(tempfile.mkdtemp(dir=work))
     run = DaemonRun(root, hibernate_after)
@@ -127,6 +136,7 @@ def measure(
             {"tool_calls": [{"name": "read_file", "arguments": {"path": "note.txt"}}]},
             {"text": "done"},
         ],
+        repeat=True,  # (a restart's sample prompts them again)
     )
     run.start()
     try:
@@ -186,6 +196,21 @@ def measure(
                 asleep_lat.append(time.perf_counter() - t)
         for c in clients:
             c.close()
+        restored_kib = restored_p50 = float("nan")
+        if restart:
+            # A clean stop and a new daemon on the same store: the sessions come back asleep.
+            run.stop()
+            run.start()
+            with Client.connect(run.socket) as client:
+                wait_hibernated(client, n + 1)
+                time.sleep(0.5)
+                restored_kib = (rss_kib(run.proc.pid) - base) / n
+                woken = []
+                for i in range(0, n, max(1, n // 100)):
+                    t = time.perf_counter()
+                    assert client.call("agent.prompt", {"agent_id": f"a{i}", "text": "again"}, timeout=120)["ok"]
+                    woken.append(time.perf_counter() - t)
+                restored_p50 = statistics.median(woken) * 1e3
         return {
             "n": n,
             "start_s": start_s,
@@ -198,6 +223,9 @@ def measure(
             "turns_per_s": n / turns_s,
             "p50_ms": statistics.median(lat) * 1e3,
             "p99_ms": lat[int(len(lat) * 0.99) - 1] * 1e3,
+            "restored_per_agent_kib": restored_kib,
+            "restored_rss_mib": base / 1024 + restored_kib * n / 1024,
+            "restored_p50_ms": restored_p50,
         }
     finally:
         run.stop()
@@ -259,6 +287,12 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=300)
     parser.add_argument("--hibernate-after", type=float, default=None, help="limits.hibernate_after (default: off)")
     parser.add_argument("--prompt-sample", type=int, default=None, help="prompt only this many of the N agents")
+    parser.add_argument(
+        "--restart",
+        action="store_true",
+        help="then stop the daemon cleanly, start a new one on the store (its sessions restored asleep; "
+        "needs --hibernate-after) and measure it, 100 of them prompted",
+    )
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     console = Console(width=180)
@@ -281,7 +315,7 @@ def main() -> None:
         )
         for n in sizes:
             load = os.getloadavg()[0]
-            r = measure(n, args.samples, work, args.hibernate_after, args.prompt_sample)
+            r = measure(n, args.samples, work, args.hibernate_after, args.prompt_sample, args.restart)
             table.add_row(
                 f"{n:,}",
                 f"{r['start_s']:.1f}",
@@ -297,6 +331,12 @@ def main() -> None:
                 f"{r['asleep_p50_ms']:.2f}" if args.hibernate_after is not None else "-",
             )
             console.print(f"done N={n} (load {load:.1f} -> {os.getloadavg()[0]:.1f})")
+            if args.restart:
+                console.print(
+                    f"  after a restart, {n:,} restored asleep: RSS {r['restored_rss_mib']:.0f} MiB "
+                    f"({r['restored_per_agent_kib']:.1f} KiB each over the base), "
+                    f"a restored agent's first prompt p50 {r['restored_p50_ms']:.2f} ms"
+                )
         console.print(table)
         console.print(f"raw socket floor (bare trio JSON-line echo, same client): p50 {floor:.3f} ms")
         console.print(
