@@ -141,7 +141,8 @@ def run_trees(count: int, seed: int, tally: Tally) -> dict[str, Any]:
 
     @hypothesis_seed(seed)
     @settings(max_examples=count, deadline=None, database=None, suppress_health_check=list(HealthCheck))
-    @given(tree=trees(), faults=tree_faults(), fault_seed=seeds, picks=pings)
+    # Without lazy workers: the workload pings running workers only (as tests/reliability/test_chaos.py).
+    @given(tree=trees(lazy=False), faults=tree_faults(), fault_seed=seeds, picks=pings)
     def one(tree: Any, faults: Any, fault_seed: int, picks: list[int]) -> None:
         report = run_tree_chaos(tree, faults, fault_seed, picks)
         tally.add("trees", report.checks, f"tree {tree!r}, faults {faults!r}, seed {fault_seed}")
