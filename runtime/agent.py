@@ -57,7 +57,6 @@ id>`` for a sub-agent.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import itertools
 import time
@@ -459,41 +458,52 @@ class _IdleClock:
     """One timer for every agent's idle deadline on a system, instead of a sleeping task each.
 
     Every agent waits the same ``idle_after``, so deadlines come in the
-    order they are armed: a FIFO, and one task that sleeps until the first
-    and then tells each agent whose deadline passed `_IdleFor` (stale
-    tokens are ignored by the agent). Saves an I/O task and its cancel scope
-    per idle agent (about 2 KB), and a cancellation per expiry.
-    Touched only on the loop thread.
+    order they are armed: one entry per agent in arming order (an agent
+    armed again moves to the end, its older deadline dropped, so a busy
+    agent holds one entry, not one per turn), and one task that sleeps
+    until the first and then tells each agent whose deadline passed
+    `_IdleFor` (stale tokens are ignored by the agent). Saves an I/O task
+    and its cancel scope per idle agent (about 2 KB), and a cancellation
+    per expiry. Touched only on the loop thread.
     """
 
     def __init__(self, system: Any) -> None:
         self._system = system
-        self._due: collections.deque[tuple[float, Ref[Any], int]] = collections.deque()
+        # agent -> (deadline, token), in deadline order (dicts keep insertion order).
+        self._due: dict[Ref[Any], tuple[float, int]] = {}
         self._running = False
         self._wake: trio.Event | None = None
 
+    def __len__(self) -> int:
+        return len(self._due)
+
     def arm(self, ref: Ref[Any], token: int, after: float) -> None:
         due = trio.current_time() + after
-        if self._due and due < self._due[-1][0]:
-            # A shorter idle_after than the others': keep the queue in order.
-            self._due = collections.deque(sorted((*self._due, (due, ref, token)), key=lambda e: e[0]))
+        self._due.pop(ref, None)
+        if self._due and due < next(reversed(self._due.values()))[0]:
+            # A shorter idle_after than the others': keep the deadlines in order.
+            entries = sorted((*self._due.items(), (ref, (due, token))), key=lambda e: e[1][0])
+            self._due = dict(entries)
         else:
-            self._due.append((due, ref, token))
+            self._due[ref] = (due, token)
         if not self._running:
             self._running = True
             self._system.loop.spawn_nowait(self._run)
-        elif self._wake is not None and self._due[0][2] == token and self._due[0][1] is ref:
+        elif self._wake is not None and next(iter(self._due)) is ref:
             self._wake.set()
 
     async def _run(self) -> None:
         try:
             while self._due:
                 self._wake = trio.Event()
-                with trio.move_on_at(self._due[0][0]):
+                with trio.move_on_at(next(iter(self._due.values()))[0]):
                     await self._wake.wait()
                 now = trio.current_time()
-                while self._due and self._due[0][0] <= now:
-                    _, ref, token = self._due.popleft()
+                while self._due:
+                    ref, (due, token) = next(iter(self._due.items()))
+                    if due > now:
+                        break
+                    del self._due[ref]
                     with contextlib.suppress(ActorDeadError):
                         ref.tell(_IdleFor(token))
         finally:

@@ -8,6 +8,7 @@ import attrs
 import pykka
 import pytest
 from weald.runtime import Actor, ActorSystem, Stub
+from weald.runtime.agent import _idle_clock, _IdleFor
 from weald.runtime.testing import wait_until
 from weald.supervisors import ChildSpec, DynamicSupervisor, MaxChildrenError, Supervisor
 
@@ -122,3 +123,18 @@ def test_children_added_hibernated_start_on_their_first_message_and_count_toward
     infos = {i.id: (i.status, i.restarts) for i in top.proxy().which_children().get(timeout=5)}
     assert infos == {"pair": ("running", 0), "other": ("hibernated", 0)}
     top.stop()
+
+
+def test_an_agent_armed_on_every_turn_holds_one_idle_deadline_not_one_per_turn(system: ActorSystem) -> None:
+    # Each turn's end arms the agent's idle deadline again; the clock kept every
+    # older one until it expired (hibernate_after, 600 s by default): a daemon
+    # answering 1,000 prompts a second grew by tens of MB a minute.
+    clock = _idle_clock(system)
+    ref = system.spawn(Log, name="idle")
+    for token in range(1000):
+        system.loop.call_soon(clock.arm, ref, token, 600.0)
+    wait_until(lambda: len(clock) == 1)
+    system.loop.call_soon(clock.arm, ref, 1000, 0.01)  # shorter than the rest: still in order
+    wait_until(lambda: ("/idle", _IdleFor(1000)) in Log.seen)
+    assert [m for _, m in Log.seen] == [_IdleFor(1000)]
+    assert len(clock) == 0
