@@ -205,13 +205,8 @@ def _connect(args: argparse.Namespace, *, embedded: bool = False, faults: Any = 
     """
     config = _load_config(args)
     if faults is not None:
-        with _embedded_daemon(config, faults=faults) as socket_path:
-            client = Client.connect(socket_path)
-            client.embedded = True
-            try:
-                yield client
-            finally:
-                client.close()
+        with _embedded_client(config, faults=faults) as client:
+            yield client
         return
     path = _socket_path(args, config)
     try:
@@ -219,18 +214,25 @@ def _connect(args: argparse.Namespace, *, embedded: bool = False, faults: Any = 
     except DaemonUnavailableError:
         if not embedded:
             raise
-        with _embedded_daemon(config) as socket_path:
-            client = Client.connect(socket_path)
-            client.embedded = True
-            try:
-                yield client
-            finally:
-                client.close()
-            return
+        with _embedded_client(config) as client:
+            yield client
+        return
     try:
         yield client
     finally:
         client.close()
+
+
+@contextlib.contextmanager
+def _embedded_client(config: Any, *, faults: Any = None) -> Iterator[Client]:
+    """A client of a daemon started in this process for the command (see `_embedded_daemon`)."""
+    with _embedded_daemon(config, faults=faults) as socket_path:
+        client = Client.connect(socket_path)
+        client.embedded = True
+        try:
+            yield client
+        finally:
+            client.close()
 
 
 @contextlib.contextmanager

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -13,8 +14,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from weald.runtime import scan_proc
 from weald.runtime.daemon.client import Client, DaemonUnavailableError
-from weald.runtime.testing import wait_until
+from weald.runtime.testing import process_alive, wait_until
 
 
 class DaemonProcess:
@@ -153,3 +155,21 @@ def collect_until(client: Client, predicate: Any, timeout: float = 20) -> list[t
         if note is not None:
             notes.append(note)
     return notes
+
+
+def sleep_tag() -> str:
+    """A unique ``sleep`` duration, findable on the host whatever the process's environment."""
+    return f"9{secrets.randbelow(10**6):06d}.{secrets.randbelow(10**6):06d}"
+
+
+def sleeping(tag: str) -> list[int]:
+    """Live host processes running exactly ``sleep <tag>``."""
+    argv = f"sleep\0{tag}\0".encode()
+    return [pid for pid in scan_proc("cmdline", lambda cmdline: cmdline == argv) or [] if process_alive(pid)]
+
+
+def recent_events(daemon: DaemonProcess, topic: str) -> list[dict[str, Any]]:
+    """The daemon's recent events of ``topic`` (``debug_state``'s ring)."""
+    with daemon.client() as client:
+        recent = client.call("debug_state", {"events": 500})["recent_events"]
+    return [event for event in recent if event["topic"] == topic]

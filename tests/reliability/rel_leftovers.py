@@ -31,15 +31,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import secrets
 import signal
 from pathlib import Path
-from typing import Any
 
-from daemon_harness import DaemonProcess
+from daemon_harness import DaemonProcess, recent_events, sleep_tag, sleeping
 from rel_store import ResourceReport
-from weald.runtime import scan_proc
-from weald.runtime.testing import process_alive, wait_until
+from weald.runtime.testing import wait_until
 
 LEFTOVER_INVARIANTS = (
     "sandboxed_die_with_the_daemon",
@@ -49,24 +46,8 @@ LEFTOVER_INVARIANTS = (
 )
 
 
-def _tag() -> str:
-    """A unique ``sleep`` duration, findable on the host whatever the process's environment."""
-    return f"9{secrets.randbelow(10**6):06d}.{secrets.randbelow(10**6):06d}"
-
-
-def _sleeping(tag: str) -> list[int]:
-    argv = f"sleep\0{tag}\0".encode()
-    return [pid for pid in scan_proc("cmdline", lambda cmdline: cmdline == argv) or [] if process_alive(pid)]
-
-
 def _alive(tags: list[str]) -> dict[str, list[int]]:
-    return {tag: pids for tag in tags if (pids := _sleeping(tag))}
-
-
-def _events(daemon: DaemonProcess, topic: str) -> list[dict[str, Any]]:
-    with daemon.client() as client:
-        recent = client.call("debug_state", {"events": 500})["recent_events"]
-    return [event for event in recent if event["topic"] == topic]
+    return {tag: pids for tag in tags if (pids := sleeping(tag))}
 
 
 def _one_cycle(root: Path, sandbox: str, agents: int, report: ResourceReport) -> None:
@@ -78,7 +59,7 @@ def _one_cycle(root: Path, sandbox: str, agents: int, report: ResourceReport) ->
         daemon.start()
         with daemon.client() as client:
             for i in range(agents):
-                job, call, own = _tag(), _tag(), _tag()
+                job, call, own = sleep_tag(), sleep_tag(), sleep_tag()
                 tags += [job, call, own]
                 # Only a PID namespace contains a process that empties its environment (`env -i`
                 # drops the mark the next start looks for): the sandbox-off cycles keep it.
@@ -127,7 +108,7 @@ def _one_cycle(root: Path, sandbox: str, agents: int, report: ResourceReport) ->
             if not survived:
                 problems.append("nothing survived the kill: the cycle proved nothing about the next start")
             report.check("next_start_stops_the_rest", problems)
-        events = _events(daemon, "daemon.leftovers_stopped")
+        events = recent_events(daemon, "daemon.leftovers_stopped")
         stopped = {entry["pid"] for event in events for entry in event["data"]["processes"] if entry["stopped"]}
         unreported = sorted(expected - stopped)
         problems = [f"pids {unreported} stopped but not reported"] if unreported else []

@@ -35,7 +35,7 @@ from typing import Any
 
 import attrs
 import pytest
-from daemon_harness import DaemonProcess
+from daemon_harness import DaemonProcess, recent_events, sleep_tag, sleeping
 from sec_user import User, ordinary_user
 from weald.runtime import scan_proc
 from weald.runtime.daemon.client import Client
@@ -84,17 +84,6 @@ HOME_SECRETS = {
     ".docker/config.json": _secret("docker-file"),
     ".weald/weald.toml": _secret("home-config"),
 }
-
-
-def sleep_tag() -> str:
-    """A unique ``sleep`` duration, findable on the host whatever the process's environment."""
-    return f"9{secrets.randbelow(10**6):06d}.{secrets.randbelow(10**6):06d}"
-
-
-def sleeping(tag: str) -> list[int]:
-    """Live host processes running exactly ``sleep <tag>``."""
-    argv = f"sleep\0{tag}\0".encode()
-    return [pid for pid in scan_proc("cmdline", lambda cmdline: cmdline == argv) or [] if process_alive(pid)]
 
 
 def leaked(text: str) -> list[str]:
@@ -400,12 +389,6 @@ def test_a_process_that_left_the_session_with_an_empty_environment_ends_with_the
 # -- processes never outlive their owner -------------------------------------------------------
 
 
-def _events(daemon: DaemonProcess, topic: str) -> list[dict[str, Any]]:
-    with daemon.client() as client:
-        recent = client.call("debug_state", {"events": 500})["recent_events"]
-    return [event for event in recent if event["topic"] == topic]
-
-
 def _start_job(daemon: AttackDaemon, agent: str, command: str) -> None:
     model = daemon.script(
         agent,
@@ -453,7 +436,7 @@ def test_a_killed_daemon_takes_its_sandboxed_commands_with_it(daemon: AttackDaem
     # Without waiting for a restart: bwrap's parent-death signal ends each sandbox.
     wait_until(lambda: not sleeping(job) and not sleeping(call), timeout=10, message="the sandboxes to end")
     daemon.start()
-    assert _events(daemon, "daemon.leftovers_stopped") == []
+    assert recent_events(daemon, "daemon.leftovers_stopped") == []
 
 
 def test_what_a_killed_daemon_left_unsandboxed_is_stopped_and_reported_by_the_next_start(
@@ -490,7 +473,7 @@ def test_what_a_killed_daemon_left_unsandboxed_is_stopped_and_reported_by_the_ne
         daemon.start()
         assert sleeping(call) == []
         assert [p for p in orphans if process_alive(p)] == []
-        (event,) = _events(daemon, "daemon.leftovers_stopped")
+        (event,) = recent_events(daemon, "daemon.leftovers_stopped")
         stopped = {entry["pid"] for entry in event["data"]["processes"] if entry["stopped"]}
         assert set(orphans) <= stopped
         assert event["data"]["survivors"] == []
