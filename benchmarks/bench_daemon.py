@@ -21,8 +21,18 @@ For N = 100, 1,000 and 10,000 agents (``--sizes`` to change), against a real
   restored asleep (they are never woken on the way), and the first prompt of
   100 of them, each waking one restored session.
 
+With ``--starts`` (``--starts awake,asleep,batch``), only the start path, one
+fresh daemon per way, side by side in one run: N ``agent.start`` pipelined
+over 8 connections with ``"asleep": false`` (every session's actors built),
+then with ``"asleep": true`` (the session added hibernated, built by its
+first message), then ``agents.start`` requests of 1,000 asleep starts each
+(all sent at once); each way's time, its ratio to the first, RSS, and a
+sample of the sessions each prompted once (a one-turn script): sequential
+prompts give the first prompt's latency (for asleep sessions: the wake plus
+the turn), then pipelined ones the turns per second.
+
 Run: ``python benchmarks/bench_daemon.py [--sizes 100,1000,10000] [--samples 300]
-[--hibernate-after 1] [--restart]``. ``PYTHONPATH`` pointing at another checkout's
+[--hibernate-after 1] [--restart] [--starts awake,asleep,batch]``. ``PYTHONPATH`` pointing at another checkout's
 ``pkg/`` measures that one (see README.md), for side-by-side figures.
 """
 
@@ -232,6 +242,121 @@ def measure(
         shutil.rmtree(root, ignore_errors=True)
 
 
+def measure_starts(n: int, way: str, work: Path, samples: int) -> dict[str, float]:
+    """Start ``n`` agents one way (awake, asleep, batch), then prompt a sample of them once."""
+    root = Path(tempfile.mkdtemp(dir=work))
+    run = DaemonRun(root, None)
+    model = script(root, "once", [{"text": "ok"}], repeat=True)
+    run.start()
+    try:
+        assert run.proc is not None
+        clients = [Client.connect(run.socket) for _ in range(8)]
+        time.sleep(0.5)
+        base = rss_kib(run.proc.pid)
+        cpu0 = proc_cpu_s(run.proc.pid)
+        load = os.getloadavg()[0]
+        t0 = time.perf_counter()
+        if way == "batch":
+            starts = [
+                {"working_dir": str(run.project), "model": model, "agent_id": f"a{i}", "asleep": True} for i in range(n)
+            ]
+            size = min(1000, -(-n // len(clients)))  # at most 1,000 a request, spread over the connections
+            futures = [
+                clients[k % len(clients)].request("agents.start", {"agents": starts[first : first + size]})
+                for k, first in enumerate(range(0, n, size))
+            ]
+            results = [entry for f in futures for entry in f.get(timeout=1800)["results"]]
+            assert all("result" in entry for entry in results), [e for e in results if "error" in e][:3]
+        else:
+            asleep = way == "asleep"
+            spread(
+                clients,
+                n,
+                "agent.start",
+                lambda i: {"working_dir": str(run.project), "model": model, "agent_id": f"a{i}", "asleep": asleep},
+            )
+        start_s = time.perf_counter() - t0
+        cpu_s = proc_cpu_s(run.proc.pid) - cpu0
+        after = rss_kib(run.proc.pid)
+        status = clients[0].call("daemon.status")
+        # A sample, every k-th agent: each one's first prompt alone (a wake for an asleep one), then pipelined.
+        step = max(1, n // samples)
+        first = []
+        for i in range(0, n, step * 2):
+            t = time.perf_counter()
+            assert clients[0].call("agent.prompt", {"agent_id": f"a{i}", "text": "go"})["ok"]
+            first.append(time.perf_counter() - t)
+        ids = list(range(step, n, step * 2))
+        t0 = time.perf_counter()
+        results = spread(clients, len(ids), "agent.prompt", lambda i: {"agent_id": f"a{ids[i]}", "text": "go"})
+        turns_s = len(ids) / (time.perf_counter() - t0)
+        assert all(r["ok"] for r in results)
+        for c in clients:
+            c.close()
+        return {
+            "start_s": start_s,
+            "cpu_s": cpu_s,
+            "rss_base_mib": base / 1024,
+            "rss_after_mib": after / 1024,
+            "hibernated": status["hibernated"],
+            "first_p50_ms": statistics.median(first) * 1e3,
+            "first_n": len(first),
+            "turns_per_s": turns_s,
+            "load": load,
+        }
+    finally:
+        run.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def proc_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def compare_starts(sizes: list[int], ways: list[str], samples: int, console: Console) -> None:
+    """The start ways side by side (``--starts``), one fresh daemon each, ratios to the first way."""
+    work = Path(tempfile.mkdtemp(prefix="weald-bench-"))
+    try:
+        table = Table(
+            "agents",
+            "way",
+            "start N (s)",
+            "per agent (ms)",
+            "vs first",
+            "daemon CPU (s)",
+            "RSS base→after (MiB)",
+            "asleep",
+            "first prompt p50 (ms)",
+            "turns/s (sample)",
+            "load",
+        )
+        for n in sizes:
+            first = None
+            for way in ways:
+                r = measure_starts(n, way, work, samples)
+                first = first or r["start_s"]
+                table.add_row(
+                    f"{n:,}",
+                    way,
+                    f"{r['start_s']:.2f}",
+                    f"{r['start_s'] / n * 1e3:.3f}",
+                    f"{first / r['start_s']:.2f}x",
+                    f"{r['cpu_s']:.1f}",
+                    f"{r['rss_base_mib']:.0f}→{r['rss_after_mib']:.0f}",
+                    f"{r['hibernated']:,}",
+                    f"{r['first_p50_ms']:.2f} ({r['first_n']})",
+                    f"{r['turns_per_s']:.0f}",
+                    f"{r['load']:.1f}",
+                )
+                console.print(f"done N={n} {way}: {r['start_s']:.2f} s (load {os.getloadavg()[0]:.1f})")
+        console.print(table)
+        console.print("target: 10,000 agents started in < 5 s through the socket")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def raw_socket_floor(samples: int, work: Path) -> float:
     """Median round trip of one JSON line through a bare trio server on a Unix socket."""
     path = work / "raw.sock"
@@ -293,9 +418,17 @@ def main() -> None:
         help="then stop the daemon cleanly, start a new one on the store (its sessions restored asleep; "
         "needs --hibernate-after) and measure it, 100 of them prompted",
     )
+    parser.add_argument(
+        "--starts",
+        default=None,
+        help="compare only the ways to start N agents, side by side: awake, asleep, batch (comma-separated)",
+    )
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     console = Console(width=180)
+    if args.starts:
+        compare_starts(sizes, args.starts.split(","), min(args.samples, 1000), console)
+        return
     work = Path(tempfile.mkdtemp(prefix="weald-bench-"))
     try:
         floor = raw_socket_floor(args.samples, work)

@@ -150,6 +150,38 @@ class Client:
         """Call a method and wait for its result."""
         return self.request(method, params).get(timeout=timeout)
 
+    def start_agents(
+        self, starts: list[dict[str, Any]], *, batch: int = 1000, timeout: float | None = None
+    ) -> list[str | RPCCallError]:
+        """Start many agents through ``agents.start``, ``batch`` per request, all requests sent at once.
+
+        Args:
+            starts: each an ``agent.start``'s params.
+            batch: starts per request (the daemon takes at most 1,000).
+            timeout: seconds to wait for each request's reply.
+
+        Returns:
+            For each start, in order: its agent id, or the `RPCCallError` its
+            entry was answered with.
+
+        Raises:
+            RPCCallError: a whole request was refused (the daemon is stopping, say).
+        """
+        requests = [
+            self.request("agents.start", {"agents": starts[first : first + batch]})
+            for first in range(0, len(starts), batch)
+        ]
+        out: list[str | RPCCallError] = []
+        for request in requests:
+            for entry in request.get(timeout=timeout)["results"]:
+                if "error" in entry:
+                    err = entry["error"]
+                    code, message = err.get("code", 0), err.get("message", "")
+                    out.append(RPCCallError("agents.start", code, message, err.get("data")))
+                else:
+                    out.append(entry["result"]["agent_id"])
+        return out
+
     def next_notification(self, timeout: float | None = None) -> tuple[str, Any] | None:
         """The next notification (method, params), or None after ``timeout``."""
         try:

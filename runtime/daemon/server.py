@@ -75,6 +75,8 @@ __all__ = [
 
 SHUTDOWN_REASON = "the daemon is shutting down"
 """Why turns and waiting prompts end when the daemon stops."""
+START_ASLEEP = False
+"""What ``agent.start`` does when its ``asleep`` param is left out."""
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 """The default of ``limits.max_message_bytes``."""
 _MAX_CONCURRENT_REQUESTS = 256
@@ -134,6 +136,16 @@ class AgentStartParams(_Params):
     system_prompt: str | None = None
     agent_id: str | None = None
     record: Annotated[str, msgspec.Meta(min_length=1, max_length=4096)] | None = None
+    asleep: bool | None = None  # None: the daemon's default (see `Server._agent_start`)
+
+
+MAX_BATCH_STARTS = 1000
+"""The most starts one ``agents.start`` request may carry."""
+
+
+class AgentsStartParams(_Params):
+    # Each entry is checked on its own, as an agent.start's params: one bad entry fails alone.
+    agents: list[Any]
 
 
 class AgentParams(_Params):
@@ -441,6 +453,7 @@ class Server(Actor):
         self._local = Connection(self, _NoStream(), "local")
         self._methods: dict[str, tuple[type[_Params], Handler]] = {
             "agent.start": (AgentStartParams, self._agent_start),
+            "agents.start": (AgentsStartParams, self._agents_start),
             "agent.prompt": (AgentPromptParams, self._agent_prompt),
             "agent.abort": (AgentParams, self._agent_abort),
             "agent.stop": (AgentParams, self._agent_stop),
@@ -783,18 +796,22 @@ class Server(Actor):
             return _failure(INVALID_PARAMS, f"invalid params for {method}: {_describe(exc)}")
         try:
             result = await handler(conn, params)
-        except RPCError as exc:
+        except Exception as exc:
+            return self._failed(method, exc)
+        return {"result": _plain(result)}
+
+    def _failed(self, method: str, exc: Exception) -> dict[str, Any]:
+        """The ``error`` part of the reply to ``method`` that raised ``exc``."""
+        if isinstance(exc, RPCError):
             return _failure(exc.code, exc.message, exc.data)
-        except (WealdError, ValueError, KeyError) as exc:
+        if isinstance(exc, WealdError | ValueError | KeyError):
             if getattr(exc, "rpc_code", None) == INVALID_PARAMS:  # the daemon's InvalidRequestError
                 return _failure(INVALID_PARAMS, f"invalid params for {method}: {exc}", {"field": exc.field})  # type: ignore[union-attr]
             return _failure(APP_ERROR, str(exc))
-        except Exception as exc:
-            if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE):
-                return _failure(APP_ERROR, _out_of_fds(method))
-            self.system.events.publish("server.error", self.path, {"method": method, "error": repr(exc)})
-            return _failure(INTERNAL_ERROR, f"internal error in {method}: {exc!r}")
-        return {"result": _plain(result)}
+        if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE):
+            return _failure(APP_ERROR, _out_of_fds(method))
+        self.system.events.publish("server.error", self.path, {"method": method, "error": repr(exc)})
+        return _failure(INTERNAL_ERROR, f"internal error in {method}: {exc!r}")
 
     def call_nowait(self, method: str, params: dict[str, Any] | None = None) -> Future[dict[str, Any]]:
         """Run one of the methods for an in-process caller (the HTTP observer); returns a future of its outcome.
@@ -853,8 +870,53 @@ class Server(Actor):
             system_prompt=p.system_prompt,
             agent_id=p.agent_id,
             record=p.record,
+            asleep=START_ASLEEP if p.asleep is None else p.asleep,
         )
         return {"agent_id": agent_id}
+
+    async def _agents_start(self, conn: Connection, p: AgentsStartParams) -> dict[str, Any]:
+        """Start every entry as ``agent.start`` would, together; each answered in its place.
+
+        ``results[i]`` is ``{"result": {"agent_id": ...}}`` or ``{"error":
+        {code, message, data?}}`` for ``agents[i]``, as the reply to that
+        ``agent.start`` would carry; one entry's failure leaves the others be.
+        """
+        self._refuse_when_stopping("agents.start")
+        count = len(p.agents)
+        if not 1 <= count <= MAX_BATCH_STARTS:
+            msg = (
+                f"agents: give 1 to {MAX_BATCH_STARTS:,} starts per agents.start request, got {count:,}; "
+                "split them into several requests"
+            )
+            raise RPCError(INVALID_PARAMS, f"invalid params for agents.start: {msg}", {"field": "agents"})
+        results: list[dict[str, Any]] = [{} for _ in range(count)]
+
+        async def one(index: int, raw: Any) -> None:
+            where = f"agents[{index}]"
+            method = f"agents.start ({where})"
+            if not isinstance(raw, dict):
+                message = f"invalid params for {method}: expected an object of agent.start params"
+                results[index] = _failure(INVALID_PARAMS, message, {"field": where})
+                return
+            try:
+                params = msgspec.convert(raw, type=AgentStartParams)
+            except msgspec.ValidationError as exc:
+                message = f"invalid params for {method}: {_describe(exc)}"
+                results[index] = _failure(INVALID_PARAMS, message, {"field": where})
+                return
+            try:
+                results[index] = {"result": await self._agent_start(conn, params)}
+            except Exception as exc:
+                failed = self._failed(method, exc)
+                data = failed["error"].get("data")
+                if isinstance(data, dict) and "field" in data:  # the param, within the entry
+                    data["field"] = f"{where}.{data['field']}"
+                results[index] = failed
+
+        async with trio.open_nursery() as nursery:
+            for index, raw in enumerate(p.agents):
+                nursery.start_soon(one, index, raw)
+        return {"results": results}
 
     async def _agent_prompt(self, conn: Connection, p: AgentPromptParams) -> Any:
         """Run a turn through the daemon's turn gate; answered with its `TurnResult` when it ends."""

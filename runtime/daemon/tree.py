@@ -87,7 +87,7 @@ from weald.runtime.daemon.server import SHUTDOWN_REASON, Server, prepare_socket
 from weald.runtime.llm import Provider, Recorder, RecordingError, ReplayDivergence, Usage, make_provider
 from weald.runtime.session import SessionConfig, agent_path, session_shape, session_spec, valid_session_id
 from weald.runtime.tool_runner import RunnerConfig
-from weald.supervisors import ChildSpec, DynamicSupervisor, MaxChildrenError
+from weald.supervisors import ChildExistsError, ChildSpec, DynamicSupervisor, MaxChildrenError
 from weald.tools import ToolRegistry, default_registry, remove_spill_dir, sweep_spill_dirs
 
 __all__ = [
@@ -321,6 +321,7 @@ class TurnGate:
 
 
 _START_BATCH = 256  # sessions per start_children request
+_ASLEEP_BATCH = 1024  # sessions per add_hibernated request and store commit
 
 
 def _aborted(reason: str) -> TurnResult:
@@ -339,20 +340,34 @@ class Roots:
     def __init__(self, system: ActorSystem) -> None:
         self._system = system
         self._dirs: dict[str, str] = {}  # session id -> working dir
+        # Invariant: how many sessions of _dirs run in each directory (none at 0: the key goes).
+        self._counts: dict[str, int] = {}
 
     def paths(self) -> list[str]:
         """The directories, sorted, each once."""
-        return sorted(set(self._dirs.values()))
+        return sorted(self._counts)
 
     def set_nowait(self, session_id: str, working_dir: str | None) -> None:
-        """Note that a session runs in ``working_dir`` (None: it stopped)."""
-        before = self.paths()
-        if working_dir is None:
-            self._dirs.pop(session_id, None)
-        else:
+        """Note that a session runs in ``working_dir`` (None: it stopped); O(1), 10,000 sessions or one."""
+        old = self._dirs.pop(session_id, None)
+        if working_dir is not None:
             self._dirs[session_id] = working_dir
-        mcp = self._system.whereis("/mcp")
-        if self.paths() != before and mcp is not None:
+        if old == working_dir:
+            return
+        changed = False
+        if old is not None:
+            left = self._counts[old] - 1
+            if left:
+                self._counts[old] = left
+            else:
+                del self._counts[old]
+                changed = True
+        if working_dir is not None:
+            count = self._counts.get(working_dir, 0)
+            self._counts[working_dir] = count + 1
+            changed = changed or count == 0
+        mcp = self._system.whereis("/mcp") if changed else None
+        if mcp is not None:
             with contextlib.suppress(ActorDeadError):
                 mcp.proxy().roots_changed()
 
@@ -393,6 +408,8 @@ class Sessions:
         # Touched only on the loop thread (RPC handlers and their tasks).
         self._starts: list[tuple[Any, Future[Ref[Any]]]] = []
         self._starting = False
+        self._sleepers: list[tuple[SessionRecord, AgentRecord, ChildSpec, Future[None]]] = []
+        self._adding = False
         self._resolving: dict[str, Future[str]] = {}
         self._models_checked: set[str] = set()
         self._home_skills: tuple[float, bool] = (-1e9, False)
@@ -472,8 +489,16 @@ class Sessions:
         system_prompt: str | None = None,
         agent_id: str | None = None,
         record: str | None = None,
+        asleep: bool = False,
     ) -> str:
         """Store and start a new session; returns its agent id.
+
+        Asleep (``asleep``), the session is added as a hibernated one would
+        be: every check below is made and its record committed before the
+        answer, but no actor is built; the first message to any of its
+        paths (a prompt, ``debug_state``) starts it, as it wakes a
+        hibernated session. A session that records its model calls
+        (``record``) always starts at once: its recording begins now.
 
         Args:
             working_dir: the project directory (absolute).
@@ -483,6 +508,7 @@ class Sessions:
             agent_id: the id; default: a new one.
             record: a file to record the agent's model calls into (relative:
                 to ``working_dir``); it is replaced by the new recording.
+            asleep: add the session hibernated, its actors built by its first message.
 
         Raises:
             InvalidRequestError: a relative working dir, a malformed or empty id, a model that cannot be used.
@@ -519,6 +545,9 @@ class Sessions:
             created=time.time(),
             record=recording,
         )
+        if asleep and recording is None:
+            await self._add_asleep(session)
+            return session_id
         # Started first, recorded after: a session refused (limits.max_agents) or
         # failed leaves no record behind, and a stopped session's record is
         # replaced only once its successor runs. The record is committed with
@@ -598,10 +627,12 @@ class Sessions:
 
         return report
 
-    def _spec(self, record: SessionRecord, recorder: Recorder | None = None) -> ChildSpec:
-        """The session's `ChildSpec` under ``/sessions``."""
+    def _spec(
+        self, record: SessionRecord, recorder: Recorder | None = None, config: SessionConfig | None = None
+    ) -> ChildSpec:
+        """The session's `ChildSpec` under ``/sessions`` (``config``: its `session_config`, made already)."""
         return session_spec(
-            self.session_config(record),
+            config if config is not None else self.session_config(record),
             system=self.system,
             registry=self.registry,
             provider_factory=self.provider_factory,
@@ -645,18 +676,10 @@ class Sessions:
                 finally:
                     if paused:
                         gc.enable()
-                for (_, result), outcome in zip(batch, outcomes, strict=True):
-                    if isinstance(outcome, MaxChildrenError):
-                        limit = self.config.limits.max_agents
-                        msg = (
-                            f"the daemon already hosts its limit of {limit} agents (limits.max_agents counts "
-                            "the top-level agents running); stop one with agent.stop or raise the limit in weald.toml"
-                        )
-                        error = DaemonError(msg)
-                        error.__cause__ = outcome
-                        result.set_exception((DaemonError, error, None))
-                    elif isinstance(outcome, BaseException):
-                        result.set_exception((type(outcome), outcome, outcome.__traceback__))
+                for (spec, result), outcome in zip(batch, outcomes, strict=True):
+                    if isinstance(outcome, BaseException):
+                        error = self._refusal(outcome, spec.id)
+                        result.set_exception((type(error), error, error.__traceback__))
                     else:
                         result.set(outcome)
         finally:
@@ -665,6 +688,113 @@ class Sessions:
                 with contextlib.suppress(Exception):
                     result.set_exception((DaemonError, DaemonError("the daemon is stopping"), None))
             self._starts = []
+
+    async def _add_asleep(self, record: SessionRecord) -> None:
+        """Add a new session hibernated, its records committed; returns once they are (see `start`).
+
+        Adds are gathered like starts (`_add_batches`): one supervisor
+        request and one store commit for all the sessions of a batch.
+
+        Raises:
+            DaemonError: the id is in use, ``limits.max_agents`` is reached,
+                the records could not be committed, or the daemon is stopping.
+        """
+        config = self.session_config(record)
+        agent = config.agent
+        # What the agent would write at its first start, as a cleanly stopped
+        # agent leaves it: a restore (clean stop or kill -9) adds the session
+        # asleep again, and tree and agent.list read its restarts from it.
+        stored = AgentRecord(
+            key=record.session_id,
+            session_id=record.session_id,
+            agent_id=record.session_id,
+            working_dir=record.working_dir,
+            model=record.model,
+            system_prompt=agent.system_prompt,
+            tool_filter=list(agent.tool_filter) if agent.tool_filter is not None else None,
+            max_steps=agent.max_steps,
+            created=record.created,
+            status="stopped",
+            run_id=self.system.run_id,
+        )
+        result: Future[None] = Future()
+        self._sleepers.append((record, stored, self._spec(record, config=config), result))
+        if not self._adding:
+            self._adding = True
+            self.system.loop.spawn_nowait(self._add_batches)
+        await result
+
+    async def _add_batches(self) -> None:
+        """Add the sessions queued by `_add_asleep`: each batch one supervisor request, one commit.
+
+        A batch takes whatever was queued meanwhile (up to `_ASLEEP_BATCH`):
+        while one batch's commit is awaited, the next gathers.
+        """
+        try:
+            await trio.lowlevel.checkpoint()  # let the other requests of this tick queue theirs
+            while self._sleepers:
+                batch, self._sleepers = self._sleepers[:_ASLEEP_BATCH], self._sleepers[_ASLEEP_BATCH:]
+                await self._add_batch(batch)
+        finally:
+            self._adding = False
+            for *_, result in self._sleepers:  # only if this task itself was cancelled (the loop stopped)
+                with contextlib.suppress(Exception):
+                    result.set_exception((DaemonError, DaemonError("the daemon is stopping"), None))
+            self._sleepers = []
+
+    async def _add_batch(self, batch: list[tuple[SessionRecord, AgentRecord, ChildSpec, Future[None]]]) -> None:
+        try:
+            outcomes: list[Any] = await self._proxy.add_hibernated([spec for *_, spec, _ in batch], session_shape())
+        except BaseException as exc:
+            outcomes = [exc] * len(batch)
+        store = self.system.store
+        added: list[Future[None]] = []
+        for (record, stored, _, result), outcome in zip(batch, outcomes, strict=True):
+            if isinstance(outcome, BaseException):
+                error = self._refusal(outcome, record.session_id)
+                result.set_exception((type(error), error, error.__traceback__))
+                continue
+            try:
+                store.enqueue_nowait("sessions", record.session_id, record)
+                store.enqueue_nowait("agents", record.session_id, stored)
+            except Exception:
+                # Not recorded: not kept either (a later restore would not know it).
+                result.set_exception()
+                with contextlib.suppress(Exception):
+                    await self._proxy.terminate_child(outcome)
+                continue
+            self.roots.set_nowait(record.session_id, record.working_dir)
+            added.append(result)
+        if not added:
+            return
+        try:
+            await store.flush()
+        except Exception:  # not committed (a full disk): each start says so; the store keeps them to retry
+            for result in added:
+                result.set_exception()
+            return
+        except BaseException:  # cancelled: the loop stops
+            for result in added:
+                result.set_exception((DaemonError, DaemonError("the daemon is stopping"), None))
+            raise
+        for result in added:
+            result.set(None)
+
+    def _refusal(self, outcome: BaseException, session_id: str) -> BaseException:
+        """What a start answers for the supervisor's refusal ``outcome``."""
+        if isinstance(outcome, MaxChildrenError):
+            limit = self.config.limits.max_agents
+            msg = (
+                f"the daemon already hosts its limit of {limit} agents (limits.max_agents counts "
+                "the top-level agents running); stop one with agent.stop or raise the limit in weald.toml"
+            )
+        elif isinstance(outcome, ChildExistsError):
+            msg = f"an agent {session_id!r} is already running; stop it first or choose another agent_id"
+        else:
+            return outcome
+        error = DaemonError(msg)
+        error.__cause__ = outcome
+        return error
 
     async def stop(self, session_id: str) -> bool:
         """Stop a session for good (it is not restored); returns whether it ran.
