@@ -75,12 +75,11 @@ __all__ = [
 
 SHUTDOWN_REASON = "the daemon is shutting down"
 """Why turns and waiting prompts end when the daemon stops."""
-START_ASLEEP = False
-"""What ``agent.start`` does when its ``asleep`` param is left out."""
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 """The default of ``limits.max_message_bytes``."""
 _MAX_CONCURRENT_REQUESTS = 256
 _OUTBOX = 4096
+_COALESCE_BYTES = 64 * 1024  # queued messages joined into one write, up to about this much
 
 PARSE_ERROR = -32700
 INVALID_REQUEST = -32600
@@ -136,7 +135,7 @@ class AgentStartParams(_Params):
     system_prompt: str | None = None
     agent_id: str | None = None
     record: Annotated[str, msgspec.Meta(min_length=1, max_length=4096)] | None = None
-    asleep: bool | None = None  # None: the daemon's default (see `Server._agent_start`)
+    asleep: bool | None = None  # None: asleep when hibernation is on (`Sessions.start_asleep`)
 
 
 MAX_BATCH_STARTS = 1000
@@ -326,9 +325,19 @@ class Connection:
 
     async def writer(self) -> None:
         try:
-            async for data in self._out_recv:
-                await self._stream.send_all(data)
-                self.written += 1
+            async for first in self._out_recv:
+                # What else is queued goes in the same write (pipelined replies: one send, not one each).
+                parts = [first]
+                size = len(first)
+                while size < _COALESCE_BYTES:
+                    try:
+                        more = self._out_recv.receive_nowait()
+                    except (trio.WouldBlock, trio.EndOfChannel):
+                        break
+                    parts.append(more)
+                    size += len(more)
+                await self._stream.send_all(first if len(parts) == 1 else b"".join(parts))
+                self.written += len(parts)
                 self._sent.unpark_all()
         finally:
             self.ended = True
@@ -870,7 +879,7 @@ class Server(Actor):
             system_prompt=p.system_prompt,
             agent_id=p.agent_id,
             record=p.record,
-            asleep=START_ASLEEP if p.asleep is None else p.asleep,
+            asleep=self._sessions.start_asleep if p.asleep is None else p.asleep,
         )
         return {"agent_id": agent_id}
 
@@ -890,32 +899,35 @@ class Server(Actor):
             )
             raise RPCError(INVALID_PARAMS, f"invalid params for agents.start: {msg}", {"field": "agents"})
         results: list[dict[str, Any]] = [{} for _ in range(count)]
-
-        async def one(index: int, raw: Any) -> None:
+        starts: list[dict[str, Any]] = []
+        places: list[int] = []
+        for index, raw in enumerate(p.agents):
             where = f"agents[{index}]"
-            method = f"agents.start ({where})"
             if not isinstance(raw, dict):
-                message = f"invalid params for {method}: expected an object of agent.start params"
+                message = f"invalid params for agents.start ({where}): expected an object of agent.start params"
                 results[index] = _failure(INVALID_PARAMS, message, {"field": where})
-                return
+                continue
             try:
                 params = msgspec.convert(raw, type=AgentStartParams)
             except msgspec.ValidationError as exc:
-                message = f"invalid params for {method}: {_describe(exc)}"
+                message = f"invalid params for agents.start ({where}): {_describe(exc)}"
                 results[index] = _failure(INVALID_PARAMS, message, {"field": where})
-                return
-            try:
-                results[index] = {"result": await self._agent_start(conn, params)}
-            except Exception as exc:
-                failed = self._failed(method, exc)
-                data = failed["error"].get("data")
-                if isinstance(data, dict) and "field" in data:  # the param, within the entry
-                    data["field"] = f"{where}.{data['field']}"
-                results[index] = failed
-
-        async with trio.open_nursery() as nursery:
-            for index, raw in enumerate(p.agents):
-                nursery.start_soon(one, index, raw)
+                continue
+            options = msgspec.structs.asdict(params)
+            options["asleep"] = self._sessions.start_asleep if params.asleep is None else params.asleep
+            starts.append(options)
+            places.append(index)
+        outcomes = await self._sessions.start_all(starts)
+        for index, outcome in zip(places, outcomes, strict=True):
+            if not isinstance(outcome, Exception):
+                results[index] = {"result": {"agent_id": outcome}}
+                continue
+            where = f"agents[{index}]"
+            failed = self._failed(f"agents.start ({where})", outcome)
+            data = failed["error"].get("data")
+            if isinstance(data, dict) and "field" in data:  # the param, within the entry
+                data["field"] = f"{where}.{data['field']}"
+            results[index] = failed
         return {"results": results}
 
     async def _agent_prompt(self, conn: Connection, p: AgentPromptParams) -> Any:
@@ -1011,7 +1023,9 @@ class Server(Actor):
         if not session_ids:
             return {}
         store = self.system.store
-        await store.flush()
+        # What is committed answers when a commit fails (a full disk): a listing must not fail with it.
+        with contextlib.suppress(StoreError):
+            await store.flush()
 
         def read() -> dict[str, AgentRecord]:
             found = {}

@@ -189,7 +189,7 @@ def test_a_batch_of_requests_gets_a_batch_of_replies(daemon: DaemonProcess) -> N
 
 def test_the_tree_shows_every_node_with_kind_status_restarts_and_mailbox(daemon: DaemonProcess) -> None:
     with daemon.client() as c:
-        c.call("agent.start", {"working_dir": str(daemon.project), "agent_id": "t1"})
+        c.call("agent.start", {"working_dir": str(daemon.project), "agent_id": "t1", "asleep": False})
         root = c.call("tree")
     assert (root["path"], root["kind"]) == ("/", "Supervisor")
     assert [n["path"] for n in root["children"]] == ["/store", "/events", "/io", "/mcp", "/sessions", "/server"]

@@ -39,7 +39,8 @@ def session_node(client: Client, agent_id: str) -> dict[str, Any]:
 def test_an_idle_session_hibernates_and_its_next_prompt_wakes_it_with_its_history(sleepy: DaemonProcess) -> None:
     model = sleepy.script("talk", [{"text": "first answer"}, {"text": "second answer"}])
     with sleepy.client() as client:
-        client.call("agent.start", {"working_dir": str(sleepy.project), "model": model, "agent_id": "h1"})
+        start = {"working_dir": str(sleepy.project), "model": model, "agent_id": "h1", "asleep": False}
+        client.call("agent.start", start)
         assert client.call("agent.prompt", {"agent_id": "h1", "text": "one"})["text"] == "first answer"
         # Asking agent.list and tree does not wake it: they show it hibernated.
         wait_until(lambda: state_of(client, "h1") == "hibernated", timeout=20)

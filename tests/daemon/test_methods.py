@@ -31,7 +31,8 @@ def test_agent_stop_over_the_socket_stops_the_agent_for_good(tmp_path: Path) -> 
             assert c.call("agent.prompt", {"agent_id": "gone", "text": "hi"}, timeout=30)["text"] == "before the stop"
             assert c.call("agent.stop", {"agent_id": "gone"}) == {"stopped": True}
             listed = {a["agent_id"]: (a["status"], a["state"]) for a in c.call("agent.list")}
-            assert listed == {"gone": ("stopped", "stopped"), "stays": ("active", "idle")}
+            # "stays" was never prompted: it started asleep (hibernation is on by default).
+            assert listed == {"gone": ("stopped", "stopped"), "stays": ("active", "hibernated")}
             with pytest.raises(RPCCallError, match="no running agent 'gone'") as refused:
                 c.call("agent.prompt", {"agent_id": "gone", "text": "are you there?"})
             assert refused.value.code == -32001
