@@ -568,22 +568,31 @@ class Sessions:
                 nursery.start_soon(check, index, options)
         out: list[str | Exception] = [DaemonError("not started")] * len(starts)
 
-        async def wait(index: int, session: SessionRecord, added: Future[None] | None) -> None:
+        async def awake(index: int, session: SessionRecord) -> None:
             try:
-                await (self._start_awake(session) if added is None else added)
+                await self._start_awake(session)
             except Exception as exc:
                 out[index] = exc
             else:
                 out[index] = session.session_id
 
+        added: list[tuple[int, str, Future[None]]] = []
         async with trio.open_nursery() as nursery:
             for index, (options, session) in enumerate(zip(starts, checked, strict=True)):
                 if isinstance(session, Exception):
                     out[index] = session
-                    continue
-                # Queued here, in order (no checkpoint between two): admitted in this order.
-                added = self._queue_asleep(session) if options.get("asleep") and session.record is None else None
-                nursery.start_soon(wait, index, session, added)
+                elif options.get("asleep") and session.record is None:
+                    # Queued here, in order (no checkpoint between two): admitted in this order.
+                    added.append((index, session.session_id, self._queue_asleep(session)))
+                else:
+                    nursery.start_soon(awake, index, session)
+            for index, session_id, future in added:  # one batch: they are answered together
+                try:
+                    await future
+                except Exception as exc:
+                    out[index] = exc
+                else:
+                    out[index] = session_id
         return out
 
     async def _checked(
