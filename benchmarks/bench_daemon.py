@@ -3,7 +3,8 @@
 For N = 100, 1,000 and 10,000 agents (``--sizes`` to change), against a real
 ``weald serve`` process on a Unix socket:
 
-- time to start N agents (``agent.start`` pipelined over 8 connections);
+- time to start N agents (``agent.start`` pipelined over 8 connections,
+  ``"asleep": false``: each session built at once);
 - RSS per agent: the daemon's VmRSS growth divided by N, right after the
   starts (sessions awake) and, with ``--hibernate-after S``, once every
   session has hibernated (``daemon.status`` counts them);
@@ -159,7 +160,8 @@ def measure(
             clients,
             n,
             "agent.start",
-            lambda i: {"working_dir": str(run.project), "model": turn_model, "agent_id": f"a{i}"},
+            # Built at once, as before starts were asleep by default: --starts compares the ways.
+            lambda i: {"working_dir": str(run.project), "model": turn_model, "agent_id": f"a{i}", "asleep": False},
         )
         start_s = time.perf_counter() - t0
         after = rss_kib(run.proc.pid)
