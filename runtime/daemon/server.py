@@ -47,7 +47,7 @@ from typing import Annotated, Any, Literal
 import attrs
 import msgspec
 import trio
-from weald.runtime import Actor, Event, Future, StoreError, Stub, WealdError, redact
+from weald.runtime import Actor, ActorDeadError, Event, Future, StoreError, Stub, WealdError, redact
 from weald.runtime._version import VERSION
 from weald.runtime.agent import Agent, AgentRecord, TurnResult, history_key
 from weald.runtime.daemon._front import (
@@ -937,11 +937,15 @@ class Server(Actor):
         conn.watch(p.agent_id)
         self._replay_open_prompts(conn, p.agent_id)
         try:
+            since = self.system.events.published  # a start failure after this is this prompt's
             future = self._sessions.prompt_nowait(p.agent_id, p.text)
-            if p.timeout is None:
-                return self._explained(await future)
-            with trio.move_on_after(p.timeout):
-                return self._explained(await future)
+            try:
+                if p.timeout is None:
+                    return self._explained(await future)
+                with trio.move_on_after(p.timeout):
+                    return self._explained(await future)
+            except ActorDeadError as exc:
+                raise await self._not_run(p.agent_id, exc, since) from exc
             waiting = " (or is still waiting for a turn slot, limits.max_concurrent_turns)"
             limited = self._daemon.config.limits.max_concurrent_turns is not None
             raise RPCError(
@@ -951,6 +955,25 @@ class Server(Actor):
             )
         finally:
             conn.unwatch(p.agent_id)
+
+    async def _not_run(self, agent_id: str, exc: ActorDeadError, since: int) -> RPCError:
+        """Why a prompt found its agent gone: a session that could not be started (woken) says why."""
+        with trio.move_on_after(5):  # its supervisor has published the failure once it answers this
+            await self._sessions.wait_settled()
+        failed = self.system.events.recent(
+            1,
+            topic="supervisor.child_start_failed",
+            source="/sessions",
+            where=lambda event: event.seq > since and event.data.get("id") == agent_id,
+        )
+        if failed:
+            cause = failed[-1].data.get("error", "")
+            return RPCError(
+                APP_ERROR,
+                f"agent {agent_id!r} could not be started to take the prompt: {cause}; fix that and start it "
+                "again (agent.stop, then agent.start)",
+            )
+        return RPCError(APP_ERROR, f"agent {agent_id!r} stopped before it took the prompt ({exc}); agent.list shows it")
 
     def _explained(self, result: TurnResult) -> TurnResult:
         """A turn the shutdown aborted says so (the agent only knows it was aborted)."""

@@ -886,6 +886,11 @@ class Sessions:
         error.__cause__ = outcome
         return error
 
+    async def wait_settled(self) -> None:
+        """Wait until the ``/sessions`` supervisor has handled what was sent to it before (a wake, say)."""
+        with contextlib.suppress(ActorDeadError):
+            await self._proxy.which_children()
+
     async def stop(self, session_id: str) -> bool:
         """Stop a session for good (it is not restored); returns whether it ran.
 

@@ -201,3 +201,17 @@ def test_with_hibernation_off_a_start_is_awake_unless_asked_asleep_and_stays_awa
         assert proc.terminate() == 0, proc.log.read_text()
     finally:
         proc.close()
+
+
+def test_a_prompt_that_wakes_a_session_which_cannot_start_is_told_why(proc: DaemonProcess) -> None:
+    model = proc.script("gone", [{"text": "never said"}])
+    with proc.client() as client:
+        client.call("agent.start", {"working_dir": str(proc.project), "model": model, "agent_id": "g1"})
+        # Its script goes before its first prompt: it was checked at the start, it is read at the wake.
+        Path(model.removeprefix("scripted:")).unlink()
+        with pytest.raises(RPCCallError) as caught:
+            client.call("agent.prompt", {"agent_id": "g1", "text": "hello"}, timeout=30)
+        assert caught.value.code == -32000
+        assert caught.value.message.startswith("agent 'g1' could not be started to take the prompt: ")
+        assert "cannot read script" in caught.value.message
+        assert "agent.stop, then agent.start" in caught.value.message
