@@ -491,8 +491,8 @@ class Sessions:
 
         A new session is as idle as one can be; with ``limits.hibernate_after``
         set it would go to sleep anyway, so it starts there (measured: a start
-        costs 0.33 ms instead of 1.38 and 6 KiB instead of 29; its first
-        prompt 0.85 ms more, the wake). With hibernation off (0) nothing
+        costs 0.24-0.33 ms instead of 0.64-1.38 and 6 KiB instead of 29; its
+        first prompt 0.6-0.9 ms more, the wake). With hibernation off (0) nothing
         sleeps, and a start builds the session at once.
         """
         return bool(self.config.limits.hibernate_after)
