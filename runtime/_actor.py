@@ -808,6 +808,10 @@ class Actor(pykka.Actor):
         inbox = self.actor_inbox
         if isinstance(inbox, _LoopInbox):
             held.extend(inbox.take_nowait())
+        if not held:
+            # Nothing to hand on: no lookup, which below a hibernated parent
+            # would make (and register) a stub for this path that nobody asked for.
+            return
         target = self._system.whereis(self._path)
         for envelope in held:
             if target is None or target is self._actor_ref:

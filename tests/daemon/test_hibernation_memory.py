@@ -1,0 +1,61 @@
+"""What a session keeps once it hibernated after a turn: its stub, nothing of its running self.
+
+In one process (an embedded daemon), so the objects left can be counted:
+a woken-then-hibernated session must cost what a session restored asleep
+costs, not more (benchmarks/README.md, round 4: the leaks found).
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from weald.runtime import Stub
+from weald.runtime.daemon.config import parse_config
+from weald.runtime.daemon.tree import Daemon
+from weald.runtime.testing import wait_until
+
+SESSIONS = 20
+
+
+@pytest.fixture
+def daemon(tmp_path: Path) -> Iterator[Daemon]:
+    config = parse_config(f'[store]\npath = "{tmp_path / "store.db"}"\n[limits]\nhibernate_after = 0.2\n')
+    with Daemon(config) as running:
+        yield running
+
+
+def asleep(daemon: Daemon, agent_id: str) -> bool:
+    ref = daemon.system.whereis(f"/sessions/{agent_id}")
+    return isinstance(ref, Stub) and ref.successor is None
+
+
+def live(kind: type) -> int:
+    gc.collect()
+    return sum(1 for o in gc.get_objects() if type(o) is kind)
+
+
+def test_a_session_hibernated_after_a_turn_leaves_one_stub_and_no_registry_entry_below_it(
+    daemon: Daemon, tmp_path: Path
+) -> None:
+    sessions = daemon.sessions
+    assert sessions is not None
+    project = tmp_path / "project"
+    project.mkdir()
+    ids = [f"s{i}" for i in range(SESSIONS)]
+
+    async def start_and_prompt() -> None:
+        for agent_id in ids:
+            await sessions.start(str(project), agent_id=agent_id)
+            result = await sessions.prompt_nowait(agent_id, "hello")
+            assert result.ok, result
+
+    daemon.system.loop.run(start_and_prompt)
+    wait_until(lambda: all(asleep(daemon, i) for i in ids), timeout=60)
+    # Only the sessions' own paths: the agent's end looked its path up (to hand
+    # on what it held, which was nothing) and left a stub registered there, for
+    # good, one per session.
+    assert daemon.system.registered("/sessions/") == sorted(f"/sessions/{i}" for i in ids)
+    assert live(Stub) == SESSIONS
