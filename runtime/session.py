@@ -421,6 +421,7 @@ def session_spec(
     sessions_path: str = "/sessions",
     recorder: Recorder | None = None,
     on_divergence: Callable[[ReplayDivergence], None] | None = None,
+    rebuild: Callable[[], ChildSpec] | None = None,
 ) -> ChildSpec:
     """The ChildSpec of one session's subtree, for the ``sessions`` DynamicSupervisor.
 
@@ -437,6 +438,10 @@ def session_spec(
             (``scripted:FILE``): None stops a turn whose request differs
             from the recorded one with `ReplayDivergence`; a callable is
             told, and the replay goes on (see `ScriptedProvider`).
+        rebuild: makes this spec again (``ChildSpec.rebuild``): the
+            sessions supervisor then lets the spec, and with it the
+            session's configuration and runtime objects, go while the
+            session sleeps, and calls it at the wake.
 
     Raises:
         ValueError: the session id cannot name a path.
@@ -492,6 +497,7 @@ def session_spec(
         kwargs={"children": children, "strategy": "rest_for_one", "max_restarts": 5, "max_seconds": 30.0},
         restart="transient",
         shutdown=30.0,
+        rebuild=rebuild,
     )
 
 

@@ -24,7 +24,7 @@ from weald.supervisors._errors import (
     ChildRunningError,
     RestartIntensityError,
 )
-from weald.supervisors._spec import ChildInfo, ChildSpec, ChildStatus
+from weald.supervisors._spec import ChildInfo, ChildSpec, ChildStatus, Restart
 
 __all__ = ["SupervisorBase", "SupervisorSnapshot"]
 
@@ -58,13 +58,34 @@ class _Child:
     """A supervisor's record of one child (mutable; only the supervisor touches it).
 
     Invariant: ``stub`` is set exactly while ``status`` is ``dormant`` or
-    ``hibernated``, and then ``ref`` is None.
+    ``hibernated``, and then ``ref`` is None. While it is, a spec with a
+    ``rebuild`` is let go (``_spec`` is None, ``_rebuild`` set) and `spec`
+    makes it again when asked; ``id``, ``actor`` and ``restart`` are always
+    there, for the questions asked of a sleeping child.
     """
 
-    __slots__ = ("attempt", "escalations", "generation", "ref", "restarts", "spec", "started_at", "status", "stub")
+    __slots__ = (
+        "_rebuild",
+        "_spec",
+        "actor",
+        "attempt",
+        "escalations",
+        "generation",
+        "id",
+        "ref",
+        "restart",
+        "restarts",
+        "started_at",
+        "status",
+        "stub",
+    )
 
     def __init__(self, spec: ChildSpec) -> None:
-        self.spec = spec
+        self._spec: ChildSpec | None = spec
+        self._rebuild: Callable[[], ChildSpec] | None = None
+        self.id = spec.id
+        self.actor = spec.actor
+        self.restart: Restart = spec.restart
         self.ref: Ref[Any] | None = None
         self.stub: Stub | None = None
         self.status: ChildStatus = "stopped"
@@ -74,15 +95,39 @@ class _Child:
         self.attempt = 0
         self.generation = 0
 
+    @property
+    def spec(self) -> ChildSpec:
+        """The child's spec, made again by its ``rebuild`` if it was let go while the child slept.
+
+        Raises:
+            Exception: whatever ``rebuild`` raised; ValueError if it made a spec of another id or actor.
+        """
+        spec = self._spec
+        if spec is None:
+            rebuild = self._rebuild
+            assert rebuild is not None  # let go only with a rebuild
+            spec = rebuild()
+            if not isinstance(spec, ChildSpec) or spec.id != self.id or spec.actor is not self.actor:
+                msg = f"its rebuild made {spec!r}, not a spec of id {self.id!r} and actor {self.actor.__name__}"
+                raise ValueError(msg)
+            self._spec, self._rebuild = spec, None
+        return spec
+
+    def let_go(self) -> None:
+        """Asleep: keep only the spec's ``rebuild`` (when it has one), not the spec."""
+        spec = self._spec
+        if spec is not None and spec.rebuild is not None:
+            self._spec, self._rebuild = None, spec.rebuild
+
     def info(self, base: str) -> ChildInfo:
         return ChildInfo(
-            id=self.spec.id,
+            id=self.id,
             ref=self.ref if self.stub is None else self.stub,
             status=self.status,
             restarts=self.restarts,
-            path=f"{base}/{self.spec.id}",
-            kind=self.spec.actor.__name__,
-            restart=self.spec.restart,
+            path=f"{base}/{self.id}",
+            kind=self.actor.__name__,
+            restart=self.restart,
             escalations=self.escalations,
         )
 
@@ -159,19 +204,20 @@ class SupervisorBase(Actor):
         self, child: _Child, state: StubState, like: Ref[Any] | None, shape: Mapping[str, type[Actor]] | None = None
     ) -> Stub:
         ref = self.actor_ref
-        wake_message = _Wake(child.spec.id)
+        wake_message = _Wake(child.id)
 
         def wake() -> None:
             with contextlib.suppress(ActorDeadError):  # the supervisor ended: so did its stubs
                 ref.tell(wake_message)
 
-        path = f"{self._base}/{child.spec.id}"
-        return self.system.install_stub(path, child.spec.actor, state=state, wake=wake, like=like, shape=shape)
+        path = f"{self._base}/{child.id}"
+        return self.system.install_stub(path, child.actor, state=state, wake=wake, like=like, shape=shape)
 
     def _keep_stub(self, child: _Child, stub: Stub) -> Stub:
         child.stub = stub
         child.status = stub.state
-        self._by_ref[stub] = child.spec.id
+        self._by_ref[stub] = child.id
+        child.let_go()
         return stub
 
     def _forget_stub(self, child: _Child, reason: str) -> None:
@@ -183,14 +229,14 @@ class SupervisorBase(Actor):
 
     def _launch_child(self, child: _Child) -> Ref[Any]:
         """Spawn the child's actor; its ``on_start`` runs in its own task, next."""
-        spec = child.spec
         try:
+            spec = child.spec  # made again here if it was let go while the child slept
             ref = self.spawn_child(spec.actor, spec.args, dict(spec.kwargs), name=spec.id)
         except Exception as exc:
             child.status = "stopped"
-            msg = f"cannot start child {spec.id!r} of {self.path}: {exc!r}"
+            msg = f"cannot start child {child.id!r} of {self.path}: {exc!r}"
             raise StartError(msg) from exc
-        self._by_ref[ref] = spec.id
+        self._by_ref[ref] = child.id
         return ref
 
     async def _confirm_start(self, child: _Child, ref: Ref[Any]) -> Ref[Any]:
@@ -295,7 +341,7 @@ class SupervisorBase(Actor):
         except StartError:
             return  # _confirm_start published child_start_failed; the stubs' messages failed with it
         if child.spec.progress:
-            self._publish("child_woken", id=child.spec.id, path=ref.path, was=state)
+            self._publish("child_woken", id=child.id, path=ref.path, was=state)
 
     async def hibernate_child(self, child_id: str) -> bool:
         """Stop a running child and leave a `weald.runtime.Stub` in its place; its next message restarts it.
@@ -396,7 +442,7 @@ class SupervisorBase(Actor):
         # Temporary children stopped for a group restart are not restarted (OTP).
         # Dormant and hibernated ones are left as they are: nothing of them ran.
         asleep = {i for i in full if self._kids[i].stub is not None}
-        group = [i for i in full if i == child_id or (i not in asleep and self._kids[i].spec.restart != "temporary")]
+        group = [i for i in full if i == child_id or (i not in asleep and self._kids[i].restart != "temporary")]
         for i in full:
             if i not in group and i not in asleep:
                 del self._kids[i]
@@ -477,7 +523,7 @@ class SupervisorBase(Actor):
         ``specs`` is every child known; ``dormant`` and ``hibernated`` children are held by stubs.
         """
         kids = list(self._kids.values())
-        supervisors = sum(1 for c in kids if issubclass(c.spec.actor, SupervisorBase))
+        supervisors = sum(1 for c in kids if issubclass(c.actor, SupervisorBase))
         return {
             "specs": len(kids),
             "active": sum(1 for c in kids if c.ref is not None and c.ref.is_alive()),
@@ -502,7 +548,7 @@ class SupervisorBase(Actor):
 
     def _require_stopped(self, child: _Child, action: str) -> None:
         if child.ref is not None or child.status == "restarting":
-            msg = f"cannot {action} child {child.spec.id!r} of {self.path}: it is {child.status}"
+            msg = f"cannot {action} child {child.id!r} of {self.path}: it is {child.status}"
             raise ChildRunningError(msg)
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 from typing import Any, Literal
 
@@ -40,6 +40,12 @@ def _check_shutdown(_: object, __: attrs.Attribute[float], value: float) -> None
     if not value >= 0:
         msg = f"shutdown is a number of seconds >= 0, got {value!r}"
         raise ValueError(msg)
+
+
+def _check_rebuild(_: object, __: attrs.Attribute[object], value: object) -> None:
+    if value is not None and not callable(value):
+        msg = f"rebuild is None or a function returning the spec again, got {value!r}"
+        raise TypeError(msg)
 
 
 def _as_tuple(values: Iterable[Any]) -> tuple[Any, ...]:
@@ -96,6 +102,17 @@ class ChildSpec:
             then handled by it. A dormant child is left as it is by restarts
             of its siblings (nothing of it runs); once started it is an
             ordinary child.
+        rebuild: a function that returns this spec again (same id and
+            actor, same arguments as far as the child can tell). With it, a
+            supervisor lets the spec go while the child is ``dormant`` or
+            ``hibernated``, keeping only the child's id, class and restart
+            type and this function, and calls it when the child starts: a
+            sleeping child then costs what the function holds rather than
+            what its spec holds (a session's configuration objects and
+            closures). It runs in the supervisor's task, so it must not
+            block; an exception from it, or a spec of another id or actor,
+            is a failed start (`weald.runtime.StartError`). Not compared by
+            ``==``.
     """
 
     id: str = attrs.field(validator=_check_id)
@@ -107,6 +124,7 @@ class ChildSpec:
     backoff: Backoff | None = None
     progress: bool = True
     lazy: bool = False
+    rebuild: Callable[[], ChildSpec] | None = attrs.field(default=None, eq=False, validator=_check_rebuild)
 
 
 @attrs.frozen

@@ -125,7 +125,7 @@ class Supervisor(SupervisorBase):
         """Stop a child (its spec stays, status ``stopped``, unless it is temporary)."""
         child = self._get(child_id)
         await self._terminate(child)
-        if child.spec.restart == "temporary":
+        if child.restart == "temporary":
             self._kids.pop(child_id, None)
 
     async def restart_child(self, child_id: str) -> Ref[Any]:

@@ -720,7 +720,12 @@ class Sessions:
     def _spec(
         self, record: SessionRecord, recorder: Recorder | None = None, config: SessionConfig | None = None
     ) -> ChildSpec:
-        """The session's `ChildSpec` under ``/sessions`` (``config``: its `session_config`, made already)."""
+        """The session's `ChildSpec` under ``/sessions`` (``config``: its `session_config`, made already).
+
+        It can be made again from ``record`` (``ChildSpec.rebuild``): while
+        the session sleeps, the supervisor keeps the record (and the
+        recorder), not the spec with the configuration objects it holds.
+        """
         return session_spec(
             config if config is not None else self.session_config(record),
             system=self.system,
@@ -728,6 +733,7 @@ class Sessions:
             provider_factory=self.provider_factory,
             recorder=recorder,
             on_divergence=self._divergence_reporter(record.session_id) if self._faults is not None else None,
+            rebuild=functools.partial(self._spec, record, recorder),
         )
 
     async def _launch(self, record: SessionRecord, *, new: bool = False) -> Ref[Any]:
