@@ -42,7 +42,9 @@ def _check_shutdown(_: object, __: attrs.Attribute[float], value: float) -> None
         raise ValueError(msg)
 
 
-def _check_rebuild(_: object, __: attrs.Attribute[object], value: object) -> None:
+def _check_rebuild(
+    _: object, __: attrs.Attribute[Callable[[], ChildSpec] | None], value: Callable[[], ChildSpec] | None
+) -> None:
     if value is not None and not callable(value):
         msg = f"rebuild is None or a function returning the spec again, got {value!r}"
         raise TypeError(msg)

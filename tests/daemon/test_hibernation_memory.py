@@ -10,12 +10,16 @@ from __future__ import annotations
 import gc
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from weald.runtime import Stub
+from weald.runtime.agent import AgentConfig, TurnResult
 from weald.runtime.daemon.config import parse_config
 from weald.runtime.daemon.tree import Daemon
+from weald.runtime.session import SessionConfig, SessionRuntime, agent_path
 from weald.runtime.testing import wait_until
+from weald.supervisors import ChildSpec
 
 SESSIONS = 20
 
@@ -59,3 +63,38 @@ def test_a_session_hibernated_after_a_turn_leaves_one_stub_and_no_registry_entry
     # good, one per session.
     assert daemon.system.registered("/sessions/") == sorted(f"/sessions/{i}" for i in ids)
     assert live(Stub) == SESSIONS
+
+
+def test_a_sleeping_session_keeps_its_record_not_its_spec_and_configuration(daemon: Daemon, tmp_path: Path) -> None:
+    sessions = daemon.sessions
+    assert sessions is not None
+    project = tmp_path / "project"
+    project.mkdir()
+    ids = [f"s{i}" for i in range(SESSIONS)]
+    daemons_own = live(ChildSpec)  # the tree's (/mcp, /sessions)
+
+    async def start_and_prompt() -> None:
+        for agent_id in ids:
+            await sessions.start(str(project), agent_id=agent_id)
+            assert (await sessions.prompt_nowait(agent_id, "hello")).ok
+
+    daemon.system.loop.run(start_and_prompt)
+    wait_until(lambda: all(asleep(daemon, i) for i in ids), timeout=60)
+    # Its spec, the configuration objects and the runtime in it are made
+    # again at the wake (ChildSpec.rebuild); asleep, none is held.
+    assert (live(ChildSpec) - daemons_own, live(SessionConfig), live(SessionRuntime), live(AgentConfig)) == (0, 0, 0, 0)
+
+    async def prompt_again() -> TurnResult:
+        return await sessions.prompt_nowait("s3", "again")
+
+    assert daemon.system.loop.run(prompt_again).ok
+    # Awake again: one session's spec (and its three children's), configuration and runtime.
+    assert (live(ChildSpec) - daemons_own, live(SessionConfig), live(SessionRuntime), live(AgentConfig)) == (4, 1, 1, 1)
+
+    async def snapshot() -> Any:
+        agent = daemon.system.whereis(agent_path("s3"))
+        assert agent is not None
+        return await agent.proxy().snapshot(10)
+
+    history = daemon.system.loop.run(snapshot)
+    assert [m.content for m in history.messages if m.role == "user"] == ["hello", "again"]

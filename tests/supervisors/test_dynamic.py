@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import gc
+
+import pykka
 import pytest
 from sup_workers import JOURNAL, ThreadWorker, Worker
 from weald.runtime import Actor, ActorSystem, StartError
@@ -176,3 +179,77 @@ def test_start_children_reports_each_childs_failure_and_starts_the_rest(system: 
     assert "maximum of 5" in str(out[5])
     assert [c.id for c in proxy.which_children().get()] == ["taken", "a", "b", "c"]
     assert all(r.ask("ping") == "ping" for r in (out[0], out[3], out[4]))
+
+
+class Holding(Worker):
+    """A worker whose spec carries a value, to see whether the supervisor still holds it."""
+
+    def __init__(self, payload: object = None) -> None:
+        super().__init__()
+        self.payload = payload
+
+    def tag(self) -> str:
+        return getattr(self.payload, "tag", "")
+
+
+class Payload:
+    def __init__(self, tag: str) -> None:
+        self.tag = tag
+
+
+def test_a_hibernated_child_with_a_rebuild_keeps_no_spec_and_wakes_from_the_rebuilt_one(system: ActorSystem) -> None:
+    made: list[str] = []
+
+    def spec(tag: str) -> ChildSpec:
+        made.append(tag)
+        return ChildSpec("h", Holding, kwargs={"payload": Payload(tag)}, rebuild=lambda: spec(f"{tag}+"))
+
+    sup = DynamicSupervisor.start()
+    ref = sup.proxy().start_child(spec("first")).get(timeout=5)
+    assert ref.proxy().tag().get(timeout=5) == "first"
+    assert sup.proxy().hibernate_child("h").get(timeout=5) is True
+    # Asleep, the supervisor holds the rebuild, not the spec and what its kwargs hold.
+    gc.collect()
+    assert [o.tag for o in gc.get_objects() if type(o) is Payload] == []
+    info = sup.proxy().which_children().get(timeout=5)[0]
+    assert (info.id, info.kind, info.status, info.restart) == ("h", "Holding", "hibernated", "permanent")
+    assert sup.proxy().count_children().get(timeout=5)["workers"] == 1
+    assert made == ["first"]  # asking about it made nothing
+    stub = system.whereis(f"{sup.path}/h")
+    assert stub.proxy().tag().get(timeout=5) == "first+"
+    assert made == ["first", "first+"]
+    # Running, it is restarted from the spec it has (no rebuild needed).
+    woken = system.whereis(f"{sup.path}/h")
+    woken.tell("crash")
+    wait_until(lambda: (r := system.whereis(f"{sup.path}/h")) not in (None, woken) and r.is_alive())
+    assert system.whereis(f"{sup.path}/h").proxy().tag().get(timeout=5) == "first+"
+    assert made == ["first", "first+"]
+
+
+def test_a_rebuild_that_fails_or_makes_another_child_is_a_failed_start(system: ActorSystem) -> None:
+    def broken() -> ChildSpec:
+        raise OSError("the record is gone")
+
+    sup = DynamicSupervisor.start()
+    outcomes = (
+        sup.proxy()
+        .add_hibernated(
+            [
+                ChildSpec("a", Worker, rebuild=broken),
+                ChildSpec("b", Worker, rebuild=lambda: ChildSpec("other", Worker)),
+                ChildSpec("c", Worker, rebuild=lambda: ChildSpec("c", Worker)),
+            ],
+            {},
+        )
+        .get(timeout=5)
+    )
+    a, b, c = outcomes
+    with pytest.raises(pykka.ActorDeadError, match="did not come back"):
+        a.ask("hello", timeout=5)
+    with pytest.raises(pykka.ActorDeadError, match="did not come back"):
+        b.ask("hello", timeout=5)
+    assert c.ask("hello", timeout=5) == "hello"
+    statuses = {i.id: i.status for i in sup.proxy().which_children().get(timeout=5)}
+    assert statuses == {"a": "stopped", "b": "stopped", "c": "running"}
+    with pytest.raises(TypeError, match="rebuild is None or a function"):
+        ChildSpec("d", Worker, rebuild="not callable")  # type: ignore[arg-type]

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
 from sup_model import Model, SupNode, WorkerNode
 from sup_strategies import operations, trees
 from sup_workers import FakeClock, ThreadWorker, Worker
@@ -14,23 +16,34 @@ from weald.runtime.testing import WaitTimeout, wait_until
 from weald.supervisors import ChildSpec, RestartIntensityError, Supervisor, SupervisorBase
 
 
-def spec_of(node: WorkerNode | SupNode) -> ChildSpec:
+def spec_of(node: WorkerNode | SupNode, path: str = "", rebuilt: Counter[str] | None = None) -> ChildSpec:
+    """The spec of ``node``; with ``rebuilt``, one that can be made again (counted there, by path)."""
+    path = f"{path}/{node.id}"
+    rebuild = None
+    if rebuilt is not None:
+
+        def rebuild() -> ChildSpec:
+            rebuilt[path] += 1
+            return spec_of(node, path.rpartition("/")[0], rebuilt)
+
     if isinstance(node, WorkerNode):
         return ChildSpec(
             node.id,
             ThreadWorker if node.threaded else Worker,
             restart=node.restart,  # type: ignore[arg-type]
             lazy=node.lazy,
+            rebuild=rebuild,
         )
     return ChildSpec(
         node.id,
         Supervisor,
         kwargs={
-            "children": [spec_of(c) for c in node.children],
+            "children": [spec_of(c, path, rebuilt) for c in node.children],
             "strategy": node.strategy,
             "max_restarts": node.max_restarts,
         },
         restart=node.restart,  # type: ignore[arg-type]
+        rebuild=rebuild,
     )
 
 
@@ -55,14 +68,16 @@ def observe(ref: Ref[Any], base: str) -> dict[str, tuple[str, Any]]:
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
-@given(tree=trees(), ops=operations)
+@given(tree=trees(), ops=operations, rebuilds=st.booleans())
 def test_random_trees_return_to_their_spec_shape_or_escalate_exactly_as_otp_would(
-    system: ActorSystem, monkeypatch: pytest.MonkeyPatch, tree: SupNode, ops: list[tuple[str, int]]
+    system: ActorSystem, monkeypatch: pytest.MonkeyPatch, tree: SupNode, ops: list[tuple[str, int]], rebuilds: bool
 ) -> None:
+    """With ``rebuilds``, every spec has a ``rebuild``: a sleeping child keeps none, and wakes from a new one."""
     monkeypatch.setattr(SupervisorBase, "_clock", FakeClock())  # every restart within the window
     model = Model(tree)
+    rebuilt: Counter[str] | None = Counter() if rebuilds else None
     top = Supervisor.start(
-        [spec_of(c) for c in tree.children],
+        [spec_of(c, "/top", rebuilt) for c in tree.children],
         strategy=tree.strategy,
         max_restarts=tree.max_restarts,  # type: ignore[arg-type]
     )
@@ -111,10 +126,13 @@ def test_random_trees_return_to_their_spec_shape_or_escalate_exactly_as_otp_woul
                 else:
                     stub = real[path][1]
                     assert isinstance(stub, Stub)
+                    before = rebuilt[path] if rebuilt is not None else 0
                     stub.tell("wake up")  # any message: workers echo it, supervisors ignore it
                     model.wake(path)
                 event(kind)
                 wait_until(settled, timeout=10, message=f"the tree after {kind} of {path}")
+                if kind == "wake" and rebuilt is not None:
+                    assert rebuilt[path] == before + 1, f"{path} woke without its spec made again"
                 record()
                 continue
             workers = model.running_workers()
