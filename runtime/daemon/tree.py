@@ -733,7 +733,7 @@ class Sessions:
             provider_factory=self.provider_factory,
             recorder=recorder,
             on_divergence=self._divergence_reporter(record.session_id) if self._faults is not None else None,
-            rebuild=functools.partial(self._spec, record, recorder),
+            rebuild=functools.partial(Sessions._spec, self, record, recorder),  # no bound method kept
         )
 
     async def _launch(self, record: SessionRecord, *, new: bool = False) -> Ref[Any]:
