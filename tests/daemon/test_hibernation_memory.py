@@ -84,12 +84,16 @@ def test_a_sleeping_session_keeps_its_record_not_its_spec_and_configuration(daem
     # again at the wake (ChildSpec.rebuild); asleep, none is held.
     assert (live(ChildSpec) - daemons_own, live(SessionConfig), live(SessionRuntime), live(AgentConfig)) == (0, 0, 0, 0)
 
-    async def prompt_again() -> TurnResult:
-        return await sessions.prompt_nowait("s3", "again")
+    async def prompt_again() -> tuple[TurnResult, tuple[int, ...]]:
+        result = await sessions.prompt_nowait("s3", "again")
+        # Counted on the loop before it runs anything else: the session cannot
+        # start hibernating again (0.2 s idle) between its answer and the count.
+        return result, (live(ChildSpec) - daemons_own, live(SessionConfig), live(SessionRuntime), live(AgentConfig))
 
-    assert daemon.system.loop.run(prompt_again).ok
+    result, counts = daemon.system.loop.run(prompt_again)
+    assert result.ok
     # Awake again: one session's spec (and its three children's), configuration and runtime.
-    assert (live(ChildSpec) - daemons_own, live(SessionConfig), live(SessionRuntime), live(AgentConfig)) == (4, 1, 1, 1)
+    assert counts == (4, 1, 1, 1)
 
     async def snapshot() -> Any:
         agent = daemon.system.whereis(agent_path("s3"))
