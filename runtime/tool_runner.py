@@ -26,6 +26,7 @@ import contextlib
 import fnmatch
 import functools
 import itertools
+import math
 import re
 import shutil
 import time
@@ -39,7 +40,7 @@ import trio
 from outcome import Outcome
 from pykka.messages import ProxyCall, _ActorStop
 from weald.runtime import Actor, ActorDeadError, Exit, Future, Ref, redact
-from weald.runtime._actor import _envelope
+from weald.runtime._actor import NORMAL, _envelope
 from weald.supervisors import ChildSpec, DynamicSupervisor
 from weald.tools import (
     AbortSignal,
@@ -338,10 +339,9 @@ class _OutputLimit:
 class ToolExecution(Actor):
     """Runs one tool call; a temporary child of the runner's ``calls`` supervisor.
 
-    The call is the actor's first message and its stop the second, both
-    queued by ``on_start``: the supervisor's start completes at once, the
-    call then runs in the actor's own task, and the actor ends as soon as it
-    is done, without another round of the loop. The outcome completes
+    The call runs in the actor's own task once it has started (the
+    supervisor's start completes at once), and the actor ends as soon as it
+    is done, without a message or another round of the loop. The outcome completes
     ``result``. Killing the actor cancels the call (async tools are
     cancelled where they wait; thread tools see ``ctx.abort``).
 
@@ -371,33 +371,67 @@ class ToolExecution(Actor):
         self._result = result
         self._limit = limit
 
-    def on_start(self) -> None:
-        """Queue the call, then the stop, so the start completes at once and the call runs next."""
-        inbox = self.actor_inbox
-        inbox.put(_envelope(_RUN_CALL))
-        inbox.put(_envelope(_ActorStop()))
+    async def _loop_serve(self) -> Exit:
+        """Run the call, then end normally: neither the call nor the end is a message.
+
+        The supervisor's start has completed by now (``on_start`` is done),
+        so the call runs in the actor's own task, next, and the actor ends as
+        soon as it is done. What is sent to it meanwhile is answered as at
+        any actor's end (a stop with False). Under fault injection, which
+        decides the fate of every message, the call and the stop go through
+        the inbox as messages instead.
+        """
+        if self._system._faults is not None:
+            inbox = self.actor_inbox
+            inbox.put(_envelope(_RUN_CALL))
+            inbox.put(_envelope(_ActorStop()))
+            return await super()._loop_serve()
+        try:
+            await self._call()
+        except Exception as exc:  # as a handler's error: the execution crashed
+            return Exit("crashed", exc)
+        return NORMAL
 
     async def on_receive(self, message: Any) -> None:
-        """Run the call (the queued `_RUN_CALL`); anything else sent here is ignored."""
-        if message is not _RUN_CALL:
-            return
+        """Run the call (the queued `_RUN_CALL`, under fault injection); anything else sent here is ignored."""
+        if message is _RUN_CALL:
+            await self._call()
+
+    async def _call(self) -> None:
         tool = self._tool
-        scope = trio.CancelScope(deadline=trio.current_time() + self._deadline)
+        # The deadline is set on the actor's own cancel scope (the one a kill
+        # cancels) rather than on a scope of its own: one deadline
+        # registration instead of a scope entered and left per call. A
+        # Cancelled is the deadline's only if the deadline has passed.
+        scope = self._scope
+        assert scope is not None
+        deadline = scope.deadline = trio.current_time() + self._deadline
         try:
-            with scope:
-                value = await invoke(tool, self._ctx, self._arguments)
+            value = await invoke(tool, self._ctx, self._arguments)
         except trio.Cancelled:
-            self._ctx.abort.set("stopped")  # killed: a thread tool still running sees it
-            raise
+            if trio.current_time() < deadline:
+                self._ctx.abort.set("stopped")  # killed: a thread tool still running sees it
+                raise
+            # The deadline's: the scope stays cancelled, so nothing below may wait.
+            value = self._timeout_result()
+            self._result.set(value)
+            return
         except BaseException as exc:  # a tool's BaseException is still only an error result
             value = ToolResult.error(
                 f"{tool.name} crashed with {type(exc).__name__}: {exc}. "
                 "The tool is fine to call again; change the arguments or try another approach."
             )
-        if scope.cancelled_caught:
-            value = self._timeout_result()
-        if self._limit is not None and self._limit.needed(value):
-            value = await trio.to_thread.run_sync(self._limit, value)
+        limit = self._limit
+        needs_limit = limit is not None and limit.needed(value)
+        if scope.cancel_called:
+            # The tool returned although its deadline passed (it kept the
+            # Cancelled to itself): nothing may wait now, so a result too long
+            # to hand over as it is counts as the timeout.
+            self._result.set(self._timeout_result() if needs_limit else value)
+            return
+        if limit is not None and needs_limit:
+            scope.deadline = math.inf  # saving it is not part of the call's time
+            value = await trio.to_thread.run_sync(limit, value)
         self._result.set(value)
 
     def _timeout_result(self) -> ToolResult:
