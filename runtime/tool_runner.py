@@ -31,6 +31,7 @@ import re
 import shutil
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, cast
@@ -246,12 +247,19 @@ def decide_permission(
 # -- messages the runner sends itself ------------------------------------------------------
 
 
-@attrs.frozen
 class _CallDone:
-    batch_id: str
-    index: int
-    result: ToolResult
-    duration: float
+    """A call's result, kept for the runner until it takes its finished calls (`_CALLS_DONE`)."""
+
+    __slots__ = ("batch_id", "index", "result")
+
+    def __init__(self, batch_id: str, index: int, result: ToolResult) -> None:
+        self.batch_id = batch_id
+        self.index = index
+        self.result = result
+
+
+# Told to the runner when its first finished call is kept: take them all.
+_CALLS_DONE = object()
 
 
 @attrs.frozen
@@ -501,6 +509,12 @@ class ToolRunner(Actor):
         self._ids = itertools.count(1)
         self._started_calls = 0
         self._finished_calls = 0
+        # Calls that ended, kept by their continuations (on the loop thread)
+        # until the runner takes them: one message for the calls that end
+        # together rather than one each. Invariant: while it is not empty,
+        # `_CALLS_DONE` is in the runner's inbox or being handled.
+        self._done: deque[_CallDone] = deque()
+        self._done_told = False
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -626,10 +640,8 @@ class ToolRunner(Actor):
 
     def on_receive(self, message: Any) -> None:
         """Handle `RunTools`, and the runner's own completion and timeout messages."""
-        if isinstance(message, _CallDone):
-            batch = self._batches.get(message.batch_id)
-            if batch is not None and message.index in batch.pending:
-                self._complete(batch, message.index, message.result)
+        if message is _CALLS_DONE:
+            self._take_done()
         elif isinstance(message, RunTools):
             self._run(message)
         elif isinstance(message, _PermissionTimeout):
@@ -823,15 +835,18 @@ class ToolRunner(Actor):
         # task awaiting them: a task per call cost a spawn, a cancel scope and
         # two more wake-ups of the loop. The continuations run on the loop
         # thread, in the supervisor's and the child's tasks, and only record
-        # the child and turn its end into the runner's `_CallDone` message.
+        # the child and keep its end for the runner (`_CallDone`, `_take_done`).
         def report(value: ToolResult | BaseException) -> None:
             if isinstance(value, BaseException):
                 value = ToolResult.error(
                     "[aborted]" if pending.abort.is_set() else f"the {tool.name} call could not run: {value}"
                 )
             if self._exit is None:  # a runner that ended takes no more messages
-                with contextlib.suppress(ActorDeadError):
-                    runner.tell(_CallDone(batch_id, index, value, time.monotonic() - pending.started))
+                self._done.append(_CallDone(batch_id, index, value))
+                if not self._done_told:
+                    self._done_told = True
+                    with contextlib.suppress(ActorDeadError):
+                        runner.tell(_CALLS_DONE)
 
         def ended(exited: Future[Exit]) -> None:
             try:
@@ -939,6 +954,17 @@ class ToolRunner(Actor):
         )
 
     # -- completion ----------------------------------------------------------------------------
+
+    def _take_done(self) -> None:
+        """Complete the calls that ended since the runner last looked."""
+        # Reset before taking: a call that ends meanwhile tells again.
+        self._done_told = False
+        done = self._done
+        while done:
+            call = done.popleft()
+            batch = self._batches.get(call.batch_id)
+            if batch is not None and call.index in batch.pending:
+                self._complete(batch, call.index, call.result)
 
     def _complete(self, batch: _Batch, index: int, result: ToolResult) -> None:
         pending = batch.pending.pop(index, None)

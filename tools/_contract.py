@@ -549,7 +549,7 @@ def validate_arguments(tool_: Tool, arguments: Any) -> str | None:
         None when valid, else an error message naming each bad field and
         what was expected, for the model to correct its call.
     """
-    if not isinstance(arguments, Mapping):
+    if arguments.__class__ is not dict and not isinstance(arguments, Mapping):  # an ABC check costs ~0.5 us
         return f"arguments to {tool_.name} must be a JSON object, got {_short(arguments)}"
     validator = tool_._validator
     if validator is None:

@@ -77,6 +77,11 @@ def _unprintable(value: Any) -> bool:
 
 def printable_result(result: ToolResult) -> ToolResult:
     """``result`` with nothing in it that UTF-8 cannot encode (output, hints, data, spool path)."""
+    if result.data is None and not result.hints and result.full_output_path is None:
+        # The common result, text alone: one check of the text.
+        output = result.output
+        if output.__class__ is str and show(output) is output:
+            return result
     if not _unprintable((result.output, result.hints, result.data, result.full_output_path)):
         return result
     return attrs.evolve(
