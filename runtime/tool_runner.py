@@ -430,16 +430,13 @@ class ToolExecution(Actor):
                 "The tool is fine to call again; change the arguments or try another approach."
             )
         limit = self._limit
-        needs_limit = limit is not None and limit.needed(value)
-        if scope.cancel_called:
-            # The tool returned although its deadline passed (it kept the
-            # Cancelled to itself): nothing may wait now, so a result too long
-            # to hand over as it is counts as the timeout.
-            self._result.set(self._timeout_result() if needs_limit else value)
-            return
-        if limit is not None and needs_limit:
+        if limit is not None and limit.needed(value):
             scope.deadline = math.inf  # saving it is not part of the call's time
-            value = await trio.to_thread.run_sync(limit, value)
+            # Shielded only if the tool returned although its deadline passed
+            # (it kept the Cancelled to itself): the scope stays cancelled then,
+            # and the save is bounded by the spill limits.
+            with trio.CancelScope(shield=scope.cancel_called):
+                value = await trio.to_thread.run_sync(limit, value)
         self._result.set(value)
 
     def _timeout_result(self) -> ToolResult:

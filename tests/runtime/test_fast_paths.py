@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import uuid
@@ -33,6 +34,26 @@ async def noop(ctx: ToolContext) -> str:
 async def slow(ctx: ToolContext) -> str:
     await trio.sleep(10)
     return "unreachable"
+
+
+@tool(name="stubborn", description="keeps the Cancelled of its deadline", parameters=EMPTY, registry=REG, timeout=0.05)
+async def stubborn(ctx: ToolContext) -> str:
+    with contextlib.suppress(trio.Cancelled):
+        await trio.sleep(10)
+    return "kept after the deadline"
+
+
+@tool(
+    name="stubborn_long",
+    description="keeps the Cancelled, returns too much",
+    parameters=EMPTY,
+    registry=REG,
+    timeout=0.05,
+)
+async def stubborn_long(ctx: ToolContext) -> str:
+    with contextlib.suppress(trio.Cancelled):
+        await trio.sleep(10)
+    return "line\n" * 100_000
 
 
 class Echo(Actor):
@@ -88,6 +109,41 @@ def test_an_execution_child_that_ends_itself_exits_normally_and_quietly(
     assert calls.proxy().count_children().get()["specs"] == 0  # temporary children, all removed
     assert system.events.recent(200, topic="supervisor.child_crashed") == []  # every one ended normally
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_a_tool_that_keeps_its_deadlines_cancelled_to_itself_keeps_its_result(
+    system: ActorSystem, tmp_path: Path
+) -> None:
+    # The deadline is the execution's own task scope's, which stays
+    # cancelled: a result that needs cutting (in a worker thread) is still
+    # cut and saved, not lost to the deadline.
+    runner = system.spawn(ToolRunner, args=("s", str(tmp_path)), kwargs={"registry": REG}, name="runner")
+    agent = system.spawn(ResultCollector, name="agent")
+    calls = (ToolCallRequest("k", "stubborn", {}), ToolCallRequest("l", "stubborn_long", {}))
+    runner.tell(RunTools("b1", calls, None, agent))
+    outcomes = wait_until(lambda: agent.proxy().received().get())[0].outcomes
+    assert outcomes[0].result.output == "kept after the deadline"
+    cut = outcomes[1].result
+    assert cut.ok
+    assert cut.full_output_path is not None
+    assert Path(cut.full_output_path).read_text() == "line\n" * 100_000
+
+
+def test_calls_that_end_together_reach_the_runner_as_one_message(system: ActorSystem, tmp_path: Path) -> None:
+    runner = system.spawn(ToolRunner, args=("s", str(tmp_path)), kwargs={"registry": REG}, name="runner")
+    agent = system.spawn(ResultCollector, name="agent")
+    runner.tell(RunTools("warm", (ToolCallRequest("w", "noop", {}),), None, agent))
+    wait_until(lambda: agent.proxy().received().get())
+    actor = runner._actor_weakref()
+    assert actor is not None
+    before = actor._handled
+    calls = tuple(ToolCallRequest(f"c{i}", "noop", {}) for i in range(10))
+    runner.tell(RunTools("b1", calls, None, agent))
+    results = wait_until(lambda: agent.proxy().received().get()[1:])
+    assert [o.result.output for o in results[0].outcomes] == ["ok"] * 10
+    # RunTools, then the ten ends: they end in one round of the loop, so
+    # one message brings them all (one each made it 11 messages).
+    assert actor._handled - before == 2
 
 
 KEYS = st.sampled_from(["call_id", "tool", "api_key", "Authorization", "token", "password", "data", "x_token", 3])
