@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from types import TracebackType
 from typing import Any
 
@@ -323,13 +323,19 @@ class SupervisorBase(Actor):
 
     # -- watching -------------------------------------------------------------------------
 
-    async def on_receive(self, message: Any) -> None:
-        if isinstance(message, Down):
-            await self._on_down(message)
-        elif isinstance(message, _Wake):
-            await self._on_wake(message)
-        elif isinstance(message, _RestartDue):
-            await self._on_restart_due(message)
+    def on_receive(self, message: Any) -> Coroutine[Any, Any, None] | None:
+        """A child's `Down`, a stub's `_Wake`, a backoff's `_RestartDue`; returns the work to await, if any.
+
+        Not ``async``: the commonest message, a child's end that needs no
+        restart (every tool call's), is handled without making a coroutine.
+        """
+        if message.__class__ is Down:
+            return self._on_down(message)
+        if isinstance(message, _Wake):
+            return self._on_wake(message)
+        if isinstance(message, _RestartDue):
+            return self._on_restart_due(message)
+        return None
 
     async def _on_wake(self, wake: _Wake) -> None:
         child = self._kids.get(wake.child_id)
@@ -375,10 +381,11 @@ class SupervisorBase(Actor):
         self._publish("child_hibernated", id=child_id, path=ref.path)
         return True
 
-    async def _on_down(self, down: Down) -> None:
+    def _on_down(self, down: Down) -> Coroutine[Any, Any, None] | None:
+        """Record a child's end; returns the restart to await, if it is to be restarted."""
         child_id = self._by_ref.pop(down.ref, None)
         if child_id is None:
-            return  # a child we stopped ourselves, or one that failed to start
+            return None  # a child we stopped ourselves, or one that failed to start
         child = self._kids[child_id]
         child.ref = None
         exit_ = down.exit
@@ -399,8 +406,8 @@ class SupervisorBase(Actor):
                 del self._kids[child_id]
             else:
                 child.status = "stopped"
-            return
-        await self._restart(child_id)
+            return None
+        return self._restart(child_id)
 
     def _restart_group(self, child_id: str) -> list[str]:
         ids = list(self._kids)
