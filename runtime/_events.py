@@ -140,9 +140,12 @@ class Subscription:
 
     def matches(self, event: Event) -> bool:
         """Return True if ``event`` is one this subscription wants."""
-        if self.source is not None and not event.source.startswith(self.source):
+        return self._wants(event.topic, event.source)
+
+    def _wants(self, topic: str, source: str) -> bool:
+        if self.source is not None and not source.startswith(self.source):
             return False
-        return self._match(event.topic) is not None
+        return self._match(topic) is not None
 
     def _push(self, event: Event) -> None:
         with self._cond:
@@ -230,6 +233,34 @@ class Subscription:
             raise StopAsyncIteration from None
 
 
+class _Unbuilt:
+    """An event `EventBus.emit` kept unbuilt in the ring: built (and redacted) when `recent` reads it.
+
+    ``data`` is the payload as the publisher handed it over (see `emit`);
+    the built `Event` is kept, so every reader gets the same one.
+    """
+
+    __slots__ = ("data", "event", "seq", "source", "time", "topic")
+
+    def __init__(self, seq: int, time_: float, topic: str, source: str, data: Mapping[str, Any] | None) -> None:
+        self.seq = seq
+        self.time = time_
+        self.topic = topic
+        self.source = source
+        self.data = data
+        self.event: Event | None = None
+
+    def built(self) -> Event:
+        event = self.event
+        if event is None:
+            data = self.data
+            payload = _redact_payload(data) if data else {}
+            # Two readers may build it at once: equal events; one is kept.
+            event = self.event = Event(seq=self.seq, time=self.time, topic=self.topic, source=self.source, data=payload)
+            self.data = None
+        return event
+
+
 def _wake(waiter: tuple[trio.lowlevel.Task, trio.lowlevel.TrioToken, int]) -> None:
     task, token, thread = waiter
     if threading.get_ident() == thread:
@@ -248,7 +279,7 @@ class EventBus:
     """
 
     def __init__(self, ring_size: int = 2048, default_buffer: int = 1024) -> None:
-        self._ring: deque[Event] = deque(maxlen=ring_size)
+        self._ring: deque[Event | _Unbuilt] = deque(maxlen=ring_size)
         self._subs: list[Subscription] = []
         self._lock = threading.Lock()
         self._seq = itertools.count(1)
@@ -273,6 +304,32 @@ class EventBus:
             if sub.matches(event):
                 sub._push(event)
         return event
+
+    def emit(self, topic: str, source: str = "", data: Mapping[str, Any] | None = None) -> None:
+        """`publish`, building the event only when something wants it; for publishers on hot paths.
+
+        With no subscription for the topic and source, the event is kept
+        unbuilt (not redacted, no `Event` made) and built when `recent`
+        reads it; it takes its place in the bus's order and its time now,
+        as a published one does. With a subscription that wants it, it is
+        published as `publish` does.
+
+        ``data`` is handed over: the caller must not change it, or anything
+        in it, afterwards (build it for the call).
+        """
+        with self._lock:
+            subs = self._subs
+            wanted = False
+            for sub in subs:
+                if sub._wants(topic, source):
+                    wanted = True
+                    break
+            if not wanted:
+                self._ring.append(_Unbuilt(next(self._seq), time.time(), topic, source, data))
+                self.published += 1
+                self._topic_counts[topic] = self._topic_counts.get(topic, 0) + 1
+                return
+        self.publish(topic, source, data)
 
     def subscribe(
         self,
@@ -311,13 +368,12 @@ class EventBus:
         with self._lock:
             events = list(self._ring)
         match = re.compile(fnmatch.translate(topic)).match if topic else None
-        picked = [
-            e
+        built = (
+            e if isinstance(e, Event) else e.built()
             for e in events
-            if (match is None or match(e.topic))
-            and (source is None or e.source.startswith(source))
-            and (where is None or where(e))
-        ]
+            if (match is None or match(e.topic)) and (source is None or e.source.startswith(source))
+        )
+        picked = [e for e in built if where is None or where(e)]
         return picked[-limit:] if limit else []
 
     def statistics(self) -> dict[str, Any]:

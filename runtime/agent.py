@@ -1795,10 +1795,10 @@ class Agent(Actor):
             self._publish("agent.state", {"from": previous, "to": state})
 
     def _publish(self, topic: str, data: Mapping[str, Any]) -> None:
-        # The bus redacts secrets from every event.
-        self.system.events.publish(
-            topic, self.path, {"session_id": self._session_id, "agent_id": self._agent_id, **data}
-        )
+        # The bus redacts secrets from every event, when the event is built:
+        # `emit` builds it only once something wants it. Every payload is
+        # made for its call and changed by no one afterwards, as `emit` needs.
+        self.system.events.emit(topic, self.path, {"session_id": self._session_id, "agent_id": self._agent_id, **data})
 
 
 def _unsaved_error(exc: BaseException) -> str:

@@ -657,7 +657,11 @@ class ToolRunner(Actor):
             batch.pending[index] = pending
             # The bus redacts every payload (nested mappings included) before
             # anything can see it; redacting the arguments here too did it twice.
-            self._publish("tool.started", batch, call, {"arguments": dict(call.arguments or {})})
+            # Arguments are not the runner's to hand over (`EventBus.emit`): a
+            # call with some is published, built now.
+            self._publish(
+                "tool.started", batch, call, {"arguments": dict(call.arguments or {})}, built=bool(call.arguments)
+            )
             problem = self._refuse(call, tool, allowed)
             if problem is not None:
                 self._complete(batch, index, problem)
@@ -1006,11 +1010,17 @@ class ToolRunner(Actor):
     def _abort_all(self, reason: str) -> int:
         return sum(self._abort_batch(b, reason) for b in list(self._batches.values()))
 
-    def _publish(self, topic: str, batch: _Batch, call: ToolCallRequest, data: dict[str, Any]) -> None:
+    def _publish(
+        self, topic: str, batch: _Batch, call: ToolCallRequest, data: dict[str, Any], *, built: bool = False
+    ) -> None:
         msg = batch.msg
         payload = {"call_id": call.id, "tool": call.name, "agent": msg.agent_path, "batch_id": msg.batch_id}
         payload.update(data)
-        self._system.events.publish(topic, self._path, payload)
+        events = self._system.events
+        if built:
+            events.publish(topic, self._path, payload)
+        else:  # built when something reads it; the payload is made here, for the bus to keep
+            events.emit(topic, self._path, payload)
 
 
 _NONE_ALLOWED: frozenset[tuple[str, str | None]] = frozenset()

@@ -176,7 +176,7 @@ class SupervisorBase(Actor):
     # -- events -------------------------------------------------------------------------
 
     def _publish(self, topic: str, **data: Any) -> None:
-        self.system.events.publish(f"supervisor.{topic}", self.path, data)
+        self.system.events.emit(f"supervisor.{topic}", self.path, data)  # ``data`` is made for the call
 
     @property
     def _base(self) -> str:

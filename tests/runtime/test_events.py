@@ -118,3 +118,37 @@ def test_statistics_count_per_topic_and_drops() -> None:
     sub.close()
     assert bus.statistics()["subscribers"] == 0
     assert os.environ is not None
+
+
+def test_emitted_events_nobody_wants_are_built_when_read_in_the_bus_order() -> None:
+    bus = EventBus()
+    bus.emit("tool.started", "/s/tool_runner", {"call_id": "c1", "api_key": "k-123"})
+    bus.publish("agent.state", "/s/agent", {"to": "executing_tools"})
+    bus.emit("tool.finished", "/s/tool_runner", {"call_id": "c1", "nested": {"api_key": "t-1", "n": [1, 2]}})
+    events = bus.recent(10)
+    assert [(e.seq, e.topic) for e in events] == [(1, "tool.started"), (2, "agent.state"), (3, "tool.finished")]
+    assert events[0].data == {"call_id": "c1", "api_key": REDACTED}
+    assert events[2].data == {"call_id": "c1", "nested": {"api_key": REDACTED, "n": [1, 2]}}
+    assert events[0].time <= events[1].time <= events[2].time
+    assert bus.recent(10)[0] is events[0]  # built once, the same event for every reader
+    assert [e.topic for e in bus.recent(10, topic="tool.*", source="/s/tool")] == ["tool.started", "tool.finished"]
+    assert bus.statistics()["topics"] == {"tool.started": 1, "agent.state": 1, "tool.finished": 1}
+
+
+def test_an_emitted_event_reaches_a_subscriber_that_came_before_it_not_one_that_came_after() -> None:
+    bus = EventBus()
+    bus.emit("tool.started", "/s/tool_runner", {"i": 0})  # nobody wants it: kept unbuilt
+    tools = bus.subscribe("tool.*", source="/s")
+    others = bus.subscribe("agent.*")
+    bus.emit("tool.started", "/s/tool_runner", {"i": 1, "password": "p"})
+    bus.emit("tool.started", "/elsewhere/tool_runner", {"i": 2})
+    assert [e.data for e in tools.drain_nowait()] == [{"i": 1, "password": REDACTED}]
+    assert others.drain_nowait() == []
+    assert [e.data["i"] for e in bus.recent(10)] == [0, 1, 2]
+
+
+def test_a_secret_known_by_the_time_an_emitted_event_is_read_never_reaches_it() -> None:
+    bus = EventBus()
+    bus.emit("tool.finished", "/x", {"output": "the value is sk-emit-0123456789abcdef"})
+    register_secret("sk-emit-0123456789abcdef")
+    assert "sk-emit" not in repr(bus.recent(1))
