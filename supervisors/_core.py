@@ -323,19 +323,16 @@ class SupervisorBase(Actor):
 
     # -- watching -------------------------------------------------------------------------
 
-    def on_receive(self, message: Any) -> Coroutine[Any, Any, None] | None:
-        """A child's `Down`, a stub's `_Wake`, a backoff's `_RestartDue`; returns the work to await, if any.
-
-        Not ``async``: the commonest message, a child's end that needs no
-        restart (every tool call's), is handled without making a coroutine.
-        """
-        if message.__class__ is Down:
-            return self._on_down(message)
-        if isinstance(message, _Wake):
-            return self._on_wake(message)
-        if isinstance(message, _RestartDue):
-            return self._on_restart_due(message)
-        return None
+    async def on_receive(self, message: Any) -> None:
+        if isinstance(message, Down):
+            # A child's end that needs no restart (every tool call's) makes no coroutine of its own.
+            restart = self._on_down(message)
+            if restart is not None:
+                await restart
+        elif isinstance(message, _Wake):
+            await self._on_wake(message)
+        elif isinstance(message, _RestartDue):
+            await self._on_restart_due(message)
 
     async def _on_wake(self, wake: _Wake) -> None:
         child = self._kids.get(wake.child_id)
