@@ -741,6 +741,15 @@ class Store:
                 self._woken = True
                 # Put under the lock: once the committer has stopped, it answers every flush it left on the queue.
                 self._queue.put(("flush", future))
+                # This loop's timer has nothing left to hand over: the committer takes it all. Left
+                # armed, it would fire in a later burst (a later turn) and wake the committer for it.
+                handover = self._handovers.get(threading.get_ident())
+                if handover is not None and handover.armed:
+                    handover.armed = False
+                    if handover.scope is not None:
+                        handover.scope.deadline = math.inf
+                    else:
+                        handover.deadline = math.inf
         if settled:
             future.set(None)  # nothing to commit: no round trip
         elif stopped:

@@ -249,3 +249,28 @@ def test_the_store_ends_as_the_writes_were_made_in_order(
         assert dict(reopened.items("kv")) == model  # and all of it is in the file
     finally:
         reopened.close()
+
+
+def test_a_flush_disarms_its_loops_timer_so_a_later_turn_gets_no_extra_round(tmp_path: Path, loop: Loop) -> None:
+    # Turns write, keep writing a while (a turn's tool calls), then flush,
+    # back to back. The timer armed by an earlier turn's first write must not
+    # fire inside a later turn (the flush took the writes it was armed for):
+    # it would commit that turn's first writes in a round of their own.
+    store = Store(tmp_path / "s.db", handover_delay=0.1)
+    try:
+        store.flush().get(timeout=10)
+        rounds = store.statistics()["rounds"]
+
+        async def turns() -> None:
+            for turn in range(15):  # 15 turns of ~20 ms span the delay 3 times
+                store.enqueue_nowait("history", f"t{turn}/0", {"n": 0})
+                await trio.sleep(0.018)
+                store.enqueue_nowait("history", f"t{turn}/1", {"n": 1})
+                await trio.sleep(0.002)
+                await store.flush()
+
+        trio.from_thread.run(turns, trio_token=loop.token)
+        assert store.count("history") == 30
+        assert store.statistics()["rounds"] == rounds + 15  # one round per flush, none from the timer
+    finally:
+        store.close()
