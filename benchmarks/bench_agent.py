@@ -122,6 +122,19 @@ class PykkaAgent(pykka.ThreadingActor):
 # -- measurement ------------------------------------------------------------------------------------
 
 
+def start_session(system: ActorSystem, sessions: Any, working_dir: str, sid: str) -> Any:
+    """Start session ``sid`` under ``sessions`` with the scripted model; returns its agent's ref."""
+    config = SessionConfig(sid, working_dir, AgentConfig(model="scripted:bench"), RunnerConfig())
+    spec = session_spec(
+        config,
+        system=system,
+        registry=REG,
+        provider_factory=lambda _model: ScriptedProvider.from_dict(script(TURNS_PER_SESSION)),
+    )
+    sessions.proxy().start_child(spec).get(timeout=10)
+    return wait_until(lambda: system.whereis(agent_path(sid)))
+
+
 PHASES = ("model step 1", "10 tool calls", "model step 2", "final flush")
 
 
@@ -165,16 +178,7 @@ def measure(quick: bool, placement: str | None) -> dict[str, Any]:
         p_agent = PykkaAgent.start(p_runner)
 
         def new_session(i: int) -> Any:
-            sid = f"s{i}"
-            config = SessionConfig(sid, tmp, AgentConfig(model="scripted:bench"), RunnerConfig())
-            spec = session_spec(
-                config,
-                system=system,
-                registry=REG,
-                provider_factory=lambda _model: ScriptedProvider.from_dict(script(TURNS_PER_SESSION)),
-            )
-            sessions.proxy().start_child(spec).get(timeout=10)
-            return wait_until(lambda: system.whereis(agent_path(sid)))
+            return start_session(system, sessions, tmp, f"s{i}")
 
         async def loop_turns(agent: Any, n: int) -> list[float]:
             proxy = agent.proxy()

@@ -32,16 +32,12 @@ from typing import Any
 import trio
 from weald.runtime import Actor, ActorSystem, Exit, Future, Store
 from weald.runtime._actor import NORMAL
-from weald.runtime.agent import AgentConfig
-from weald.runtime.llm import ScriptedProvider
-from weald.runtime.session import SessionConfig, agent_path, session_spec
-from weald.runtime.testing import wait_until
-from weald.runtime.tool_runner import RunnerConfig, RunTools, ToolCallRequest, ToolResults, ToolRunner
+from weald.runtime.tool_runner import RunTools, ToolCallRequest, ToolResults, ToolRunner
 from weald.supervisors import ChildSpec, DynamicSupervisor
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bench import banner, load_note, pin
-from bench_agent import REG, TURNS_PER_SESSION, script
+from bench_agent import REG, TURNS_PER_SESSION, start_session
 
 
 class Quick(Actor):
@@ -197,15 +193,7 @@ def turns(system: ActorSystem, tmp: str, sessions_n: int) -> None:
         for i in range(sessions_n):
             name = names[i % len(names)]
             sid = f"s{i}"
-            config = SessionConfig(sid, tmp, AgentConfig(model="scripted:bench"), RunnerConfig())
-            spec = session_spec(
-                config,
-                system=system,
-                registry=REG,
-                provider_factory=lambda _model: ScriptedProvider.from_dict(script(TURNS_PER_SESSION)),
-            )
-            sessions.proxy().start_child(spec).get(timeout=10)
-            agent = wait_until(lambda sid=sid: system.whereis(agent_path(sid)))
+            agent = start_session(system, sessions, tmp, sid)
             trio.from_thread.run(run, agent, 1, None, trio_token=token)
             flush, enqueue, threshold = variants[name]
             Store.flush, Store.enqueue_nowait = flush, enqueue  # type: ignore[method-assign]
