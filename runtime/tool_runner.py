@@ -870,6 +870,10 @@ class ToolRunner(Actor):
                 return
             pending.execution = outcome
             outcome.exited()._on_done(ended)
+            if pending.abort.is_set():
+                # Aborted before the supervisor's answer came (the abort found
+                # no execution to kill): the call is answered; end it now.
+                outcome.kill()
 
         return spec, started
 

@@ -56,6 +56,12 @@ async def stubborn_long(ctx: ToolContext) -> str:
     return "line\n" * 100_000
 
 
+@tool(name="forever", description="waits until stopped", parameters=EMPTY, registry=REG, timeout=60)
+async def forever(ctx: ToolContext) -> str:
+    await trio.sleep_forever()
+    return "unreachable"
+
+
 class Echo(Actor):
     def on_receive(self, message: Any) -> Any:
         return message
@@ -144,6 +150,28 @@ def test_calls_that_end_together_reach_the_runner_as_one_message(system: ActorSy
     # RunTools, then the ten ends: they end in one round of the loop, so
     # one message brings them all (one each made it 11 messages).
     assert actor._handled - before == 2
+
+
+def test_a_call_aborted_before_its_execution_was_started_is_stopped_once_it_starts(
+    system: ActorSystem, tmp_path: Path
+) -> None:
+    # The abort reaches the runner in the same burst as the batch, before the
+    # supervisor has started the execution: it finds nothing to kill, so the
+    # execution must be killed as soon as the supervisor reports it started.
+    runner = system.spawn(ToolRunner, args=("s", str(tmp_path)), kwargs={"registry": REG}, name="runner")
+    agent = system.spawn(ResultCollector, name="agent")
+    proxy = runner.proxy()
+
+    def batch_then_abort() -> Any:
+        runner.tell(RunTools("b1", (ToolCallRequest("f", "forever", {}),), None, agent))
+        return proxy.abort("b1")
+
+    aborted = trio.from_thread.run_sync(batch_then_abort, trio_token=system.loop.token)
+    assert aborted.get(timeout=10) == 1
+    results = wait_until(lambda: agent.proxy().received().get())
+    assert results[0].outcomes[0].result.output == "[aborted]"
+    assert system.whereis("/runner/calls") is not None
+    wait_until(lambda: system.registered("/runner/calls/") == [], timeout=10)  # not the tool's 60 s
 
 
 KEYS = st.sampled_from(["call_id", "tool", "api_key", "Authorization", "token", "password", "data", "x_token", 3])
