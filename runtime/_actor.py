@@ -445,13 +445,19 @@ class _LoopInbox:
             elif not self._wake_pending:
                 self._wake_pending = True
                 try:
-                    loop.call_soon(self._wake_from_thread)
+                    loop.wake_soon(self)
                 except trio.RunFinishedError:
                     self._drain_dead()
 
-    def _wake_from_thread(self) -> None:
+    def _loop_wake(self) -> None:
+        # On the loop thread, from `Loop.wake_soon`: the actor's task runs in this scheduler pass.
         self._wake_pending = False
         self._wake()
+
+    def _loop_gone(self) -> None:
+        # The loop ended first: the actor's task with it; answer what waits.
+        self._wake_pending = False
+        self._drain_dead()
 
     def _wake(self) -> None:
         task = self._task

@@ -15,6 +15,7 @@ Invariant: ``_result`` goes from ``None`` to a tuple exactly once, under
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import sys
@@ -44,6 +45,8 @@ _LOCK = threading.Lock()
 
 # Thread idents of running trio loops hosted by weald; maintained by _loop.
 LOOP_THREADS: set[int] = set()
+# Each such loop's `Loop.wake_soon`, by thread ident; maintained by _loop.
+LOOP_WAKES: dict[int, Callable[[Any], None]] = {}
 
 _UNSET = _Unset()
 
@@ -56,19 +59,28 @@ def is_loop_thread() -> bool:
 class _TrioWaiter:
     """A trio task parked on a future; woken on its own loop thread."""
 
-    __slots__ = ("active", "task", "thread", "token")
+    __slots__ = ("active", "task", "thread", "token", "wake_soon")
 
     def __init__(self) -> None:
         self.task = trio.lowlevel.current_task()
-        self.token = trio.lowlevel.current_trio_token()
-        self.thread = threading.get_ident()
+        self.thread = thread = threading.get_ident()
+        # A weald loop's door for foreign threads (see `Loop.wake_soon`); else trio's.
+        self.wake_soon = LOOP_WAKES.get(thread)
+        self.token = trio.lowlevel.current_trio_token() if self.wake_soon is None else None
         self.active = True
 
     def wake(self) -> None:
         if threading.get_ident() == self.thread:
             self.wake_in_loop()
-        else:
-            self.token.run_sync_soon(self.wake_in_loop)
+            return
+        # The loop has ended (its task with it): nothing to wake, and the
+        # completer must go on to the other waiters.
+        with contextlib.suppress(trio.RunFinishedError):
+            if self.wake_soon is not None:
+                self.wake_soon(self)
+            else:
+                assert self.token is not None
+                self.token.run_sync_soon(self.wake_in_loop)
 
     def wake_in_loop(self) -> None:
         # Runs on the waiter's loop thread, as does the abort callback, so
@@ -76,6 +88,11 @@ class _TrioWaiter:
         if self.active:
             self.active = False
             trio.lowlevel.reschedule(self.task)
+
+    _loop_wake = wake_in_loop
+
+    def _loop_gone(self) -> None:
+        """The loop ended before the wake-up arrived: its task ended with it."""
 
 
 class _Callback:

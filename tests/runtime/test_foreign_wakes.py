@@ -1,0 +1,178 @@
+"""Asks from foreign threads (not the loop's): the loop's door for them (`Loop.wake_soon`).
+
+A burst of messages from many threads costs the loop one kick; none may be
+lost, whether the kick is trio's I/O-manager wake-up or ``run_sync_soon``,
+and whether the ask races the actor's stop, the system's shutdown or the
+loop's end.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import trio.lowlevel
+from pykka import ActorDeadError
+from weald.runtime import Actor, ActorSystem
+from weald.runtime import _loop as loop_module
+from weald.runtime._loop import Loop
+
+THREADS = 6
+ASKS = 300
+
+
+class Echo(Actor):
+    def on_receive(self, message: Any) -> Any:
+        return message
+
+    async def later(self, value: int) -> int:
+        await trio.lowlevel.checkpoint()
+        return value
+
+
+@pytest.fixture(params=["force_wakeup", "run_sync_soon"])
+def kick_system(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[ActorSystem]:
+    """A system whose loop is kicked the fast way (trio's I/O-manager wake-up) or the public way."""
+    monkeypatch.setattr(loop_module, "USE_FORCE_WAKEUP", request.param == "force_wakeup")
+    system = ActorSystem(store_path=tmp_path / "store.sqlite")
+    system.start()
+    try:
+        yield system
+    finally:
+        system.shutdown()
+
+
+def _hammer(refs: list[Any], results: list[list[Any]], index: int, start: threading.Barrier) -> None:
+    start.wait()
+    out = results[index]
+    for i in range(ASKS):
+        ref = refs[(index + i) % len(refs)]
+        value = (index, i)
+        if i % 3 == 0:
+            out.append((value, ref.ask(value, block=False)))
+        elif i % 3 == 1:
+            out.append((i, ref.proxy().later(i)))
+        else:
+            out.append((value, ref.ask(value)))
+
+
+def test_a_burst_of_asks_from_many_threads_is_answered_in_full(kick_system: ActorSystem) -> None:
+    refs = [Echo.start() for _ in range(4)]
+    for ref in refs:
+        ref.started().get(timeout=5)
+    results: list[list[Any]] = [[] for _ in range(THREADS)]
+    start = threading.Barrier(THREADS)
+    threads = [threading.Thread(target=_hammer, args=(refs, results, i, start)) for i in range(THREADS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+        assert not thread.is_alive()
+    answered = 0
+    for out in results:
+        assert len(out) == ASKS
+        for expected, reply in out:
+            got = reply.get(timeout=10) if hasattr(reply, "get") else reply
+            assert got == expected
+            answered += 1
+    assert answered == THREADS * ASKS
+
+
+def _ask_until_dead(refs: list[Any], index: int, count: int, futures: list[Any], start: threading.Barrier) -> None:
+    start.wait()
+    for i in range(count):
+        try:
+            futures.append((i, refs[(index + i) % len(refs)].ask(i, block=False)))
+        except ActorDeadError:
+            return
+
+
+def _answered_or_dead(futures: list[Any]) -> None:
+    for i, future in futures:
+        try:
+            assert future.get(timeout=5) == i
+        except ActorDeadError:
+            continue
+
+
+def _race(refs: list[Any], count: int, stop: Any) -> None:
+    futures: list[Any] = []
+    start = threading.Barrier(4)
+    threads = [threading.Thread(target=_ask_until_dead, args=(refs, i, count, futures, start)) for i in range(3)]
+    for thread in threads:
+        thread.start()
+    start.wait()
+    stop()
+    for thread in threads:
+        thread.join(10)
+        assert not thread.is_alive()
+    _answered_or_dead(futures)
+
+
+def test_asks_racing_the_actors_stop_are_answered_or_told_it_is_dead(kick_system: ActorSystem) -> None:
+    for _ in range(20):
+        ref = Echo.start()
+        ref.started().get(timeout=5)
+        _race([ref], 200, lambda ref=ref: ref.stop(block=False))
+
+
+def test_asks_racing_the_systems_shutdown_are_answered_or_told_it_is_dead(tmp_path: Path) -> None:
+    for round_ in range(5):
+        system = ActorSystem(store_path=tmp_path / f"store{round_}.sqlite")
+        system.start()
+        _race([Echo.start() for _ in range(3)], 2000, system.shutdown)
+
+
+class _Target:
+    """Counts how a wake-up ended: woken on the loop, answered after it, or refused to the caller."""
+
+    def __init__(self) -> None:
+        self.woken = 0
+        self.gone = 0
+        self.refused = False
+
+    def _loop_wake(self) -> None:
+        self.woken += 1
+
+    def _loop_gone(self) -> None:
+        self.gone += 1
+
+
+def _wake_until_refused(loop: Loop, targets: list[_Target], started: threading.Event) -> None:
+    while True:
+        target = _Target()
+        targets.append(target)
+        try:
+            loop.wake_soon(target)
+        except trio.RunFinishedError:
+            target.refused = True
+            return
+        started.set()
+
+
+@pytest.mark.parametrize("force_wakeup", [True, False])
+def test_a_wake_up_racing_the_loops_end_is_run_answered_or_refused_never_lost(
+    force_wakeup: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(loop_module, "USE_FORCE_WAKEUP", force_wakeup)
+    for _ in range(10):
+        loop = Loop()
+        loop.start()
+        targets: list[_Target] = []
+        started = threading.Event()
+        thread = threading.Thread(target=_wake_until_refused, args=(loop, targets, started))
+        thread.start()
+        assert started.wait(5)
+        loop.stop()
+        thread.join(10)
+        assert not thread.is_alive()
+        assert targets[-1].refused
+        for target in targets:
+            assert target.woken + target.gone <= 1
+            assert target.woken or target.gone or target.refused
