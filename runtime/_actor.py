@@ -322,6 +322,25 @@ class Ref(pykka.ActorRef[A]):
             return exit_
         return None
 
+    def ask(self, message: Any, *, block: bool = True, timeout: float | None = None) -> Any:
+        """Send ``message`` and wait for the reply (pykka's ``ask``; ``block=False`` returns the `Future`).
+
+        Raises:
+            pykka.Timeout: no reply within ``timeout`` seconds (blocking only).
+            ActorDeadError: the actor is not running.
+            Exception: what the actor's handler raised.
+        """
+        # pykka's ask, without its per-call lookups: this is every ask's path.
+        future: Future[Any] = Future()
+        if self.is_alive():
+            self.actor_inbox.put(_Envelope(message, future))
+        else:
+            error = pykka.ActorDeadError(f"{self} not found")
+            future.set_exception((pykka.ActorDeadError, error, None))
+        if block:
+            return future.get(timeout=timeout)
+        return future
+
     def proxy(self) -> pykka.ActorProxy[A]:
         """Wrap the ref in a pykka `ActorProxy` (pykka's ``proxy``, made faster).
 

@@ -15,6 +15,7 @@ Invariant: ``_result`` goes from ``None`` to a tuple exactly once, under
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import logging
 import queue
@@ -49,6 +50,9 @@ LOOP_THREADS: set[int] = set()
 LOOP_WAKES: dict[int, Callable[[Any], None]] = {}
 
 _UNSET = _Unset()
+
+_allocate_lock = _thread.allocate_lock
+_LockType = _thread.LockType
 
 
 def is_loop_thread() -> bool:
@@ -148,10 +152,10 @@ class Future(pykka.Future[T]):
                 set; ``await`` the future instead.
             Exception: the exception set on the future.
         """
-        if self._get_hook is not None:
-            return super().get(timeout=timeout)
-        result = self._result
+        result = self._result  # never set on a future with a get hook
         if result is None:
+            if self._get_hook is not None:
+                return super().get(timeout=timeout)
             if threading.get_ident() in LOOP_THREADS:
                 msg = (
                     "Future.get() would block the weald loop thread, which hosts "
@@ -163,14 +167,16 @@ class Future(pykka.Future[T]):
         return self._unpack(result)
 
     def _wait_thread(self, timeout: float | None) -> tuple[Any, _OptExcInfo | None]:
-        lock = threading.Lock()
+        lock = _allocate_lock()
         lock.acquire()
         with _LOCK:
             if self._result is not None:
                 return self._result
-            if self._waiters is None:
-                self._waiters = []
-            self._waiters.append(lock)
+            waiters = self._waiters
+            if waiters is None:
+                self._waiters = [lock]
+            else:
+                waiters.append(lock)
         acquired = lock.acquire(timeout=-1 if timeout is None else max(timeout, 0.0))
         if not acquired:
             with _LOCK:
@@ -201,7 +207,9 @@ class Future(pykka.Future[T]):
             self._waiters = None
         if waiters:
             for waiter in waiters:
-                if isinstance(waiter, _TrioWaiter):
+                if waiter.__class__ is _LockType:  # a thread in get(): the commonest
+                    waiter.release()
+                elif isinstance(waiter, _TrioWaiter):
                     waiter.wake()
                 elif isinstance(waiter, _Callback):
                     waiter.run(self)
