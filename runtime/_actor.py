@@ -469,9 +469,19 @@ class _LoopInbox:
                     self._drain_dead()
 
     def _loop_wake(self) -> None:
-        # On the loop thread, from `Loop.wake_soon`: the actor's task runs in this scheduler pass.
+        # On the loop thread, from `Loop.wake_soon`, outside any task: the
+        # actor's synchronous handlers answer here (see `Actor._serve_inline`);
+        # otherwise its task runs in this scheduler pass.
         self._wake_pending = False
-        self._wake()
+        task = self._task
+        if task is None:
+            return
+        owner = self._owner
+        actor = owner._actor_weakref() if owner.__class__ is Ref else None
+        if actor is not None and actor._serve_inline(self):
+            return
+        self._task = None
+        trio.lowlevel.reschedule(task)
 
     def _loop_gone(self) -> None:
         # The loop ended first: the actor's task with it; answer what waits.
@@ -638,6 +648,12 @@ class Actor(pykka.Actor):
     # Messages kept unhandled while set (see `hold_messages`); a class default,
     # so an actor that never holds pays no instance slot for it.
     _holding: list[Envelope[Any]] | None = None
+    # What `_serve_inline` leaves to the actor's task: the coroutine an async
+    # handler returned (awaited first), or the crash it met. Class defaults too.
+    _inline_coroutine: Any = None
+    _inline_exit: Exit | None = None
+    # Whether messages from foreign threads may be handled by `_serve_inline`.
+    serve_foreign_inline: ClassVar[bool] = True
 
     def __init__(self, *_args: Any, **_kwargs: Any) -> None:
         system = _spawning.system
@@ -946,6 +962,60 @@ class Actor(pykka.Actor):
         self._actor_ref._started.resolve(outcome.Value(None))
         return None
 
+    def _serve_inline(self, inbox: _LoopInbox) -> bool:
+        """Handle what a foreign thread queued for this idle actor, on the loop thread, outside its task.
+
+        Runs from `Loop.wake_soon` (a trio instrument, between the I/O wait
+        and the tasks) when the actor's task is parked on its empty inbox,
+        so no handler of this actor is running: an ask from a foreign thread
+        is answered without a step of the actor's task (~4 us of a ~17 us
+        round trip here). A synchronous handler runs here, with the same
+        rules as in the task (an ask's exception goes back, a tell's is a
+        crash); whatever needs the task is left to it, in order: a stop, an
+        async handler (its coroutine, made here, is awaited there first), a
+        crash, fault injection, held messages, more than `_FAIRNESS_BURST`
+        messages. A handler run here has no current trio task: it must not
+        enter a cancel scope or call ``trio.lowlevel.current_task`` (an
+        actor whose synchronous handlers do sets `serve_foreign_inline` False).
+
+        Returns:
+            True if the inbox was emptied and the task may stay parked.
+        """
+        if not self.serve_foreign_inline or self._system._faults is not None:
+            return False
+        items = inbox._items
+        for _ in range(_FAIRNESS_BURST):
+            if not items or self._holding is not None or self._exit is not None:
+                break
+            envelope = items[0]
+            message = envelope.message
+            if message.__class__ is _ActorStop:
+                break
+            items.popleft()
+            reply_to = envelope.reply_to
+            try:
+                result = self._handle_receive(message)
+            except Exception as exc:
+                if reply_to is None:
+                    self._inline_exit = Exit("crashed", exc)
+                    return False
+                reply_to.set_exception()
+                self._handled += 1
+                continue
+            except BaseException as exc:
+                if reply_to is not None:
+                    reply_to.set_exception()
+                self._inline_exit = Exit("crashed", exc)
+                return False
+            if result.__class__ is CoroutineType:
+                self._inline_coroutine = result
+                items.appendleft(envelope)  # handled by the task, which awaits the coroutine
+                return False
+            if reply_to is not None:
+                reply_to.set(result)
+            self._handled += 1
+        return not items
+
     async def _loop_serve(self) -> Exit:
         inbox: _LoopInbox = self.actor_inbox  # type: ignore[assignment]
         system = self._system
@@ -959,6 +1029,8 @@ class Actor(pykka.Actor):
                     inbox._task = None
                 else:
                     await trio.lowlevel.wait_task_rescheduled(inbox._abort)
+                    if self._inline_exit is not None:  # a handler crashed in `_serve_inline`
+                        return self._inline_exit
                     continue
                 items = inbox._items
             envelope = items.popleft()
@@ -972,12 +1044,16 @@ class Actor(pykka.Actor):
                 return NORMAL
             reply_to = envelope.reply_to
             try:
-                faults = system._faults
-                if faults is not None and not await faults.admit(self, message):
-                    continue
-                result = self._handle_receive(message)
-                if result.__class__ is CoroutineType:
-                    result = await result
+                if self._inline_coroutine is not None:  # made by `_serve_inline` for this message
+                    coroutine, self._inline_coroutine = self._inline_coroutine, None
+                    result = await coroutine
+                else:
+                    faults = system._faults
+                    if faults is not None and not await faults.admit(self, message):
+                        continue
+                    result = self._handle_receive(message)
+                    if result.__class__ is CoroutineType:
+                        result = await result
             except trio.Cancelled:
                 if reply_to is not None:
                     error = pykka.ActorDeadError(f"{self._actor_ref} was killed while handling the message")
@@ -1052,6 +1128,9 @@ class Actor(pykka.Actor):
             error = pykka.ActorDeadError(f"{ref} ended ({exit_.describe()}) before it started")
             ref._started.resolve(outcome.Error(error))
         self._system._unregister(self._path, ref)
+        if self._inline_coroutine is not None:  # made by `_serve_inline`, never awaited: its message fails below
+            self._inline_coroutine.close()
+            self._inline_coroutine = None
         self._hand_on_held()
         self.actor_inbox.close()  # type: ignore[attr-defined]
         for future in self._stop_replies:

@@ -25,6 +25,7 @@ from typing import Any
 import msgspec
 import trio
 from weald.runtime import _secrets
+from weald.runtime._future import LOOP_WAKES
 from weald.runtime._secrets import REDACTED, is_secret_name, redact, redact_text
 
 __all__ = ["Event", "EventBus", "Subscription"]
@@ -201,6 +202,9 @@ class Subscription:
         Raises:
             trio.EndOfChannel: the subscription was closed and is empty.
         """
+        # trio's rule for a receive: a cancellation may land only before an
+        # event is taken, never after (then it would be lost with the task).
+        await trio.lowlevel.checkpoint_if_cancelled()
         while True:
             with self._cond:
                 if self._items:
@@ -220,7 +224,7 @@ class Subscription:
                 return trio.lowlevel.Abort.FAILED
 
             await trio.lowlevel.wait_task_rescheduled(abort)
-        await trio.lowlevel.checkpoint()
+        await trio.lowlevel.cancel_shielded_checkpoint()
         return event
 
     def __aiter__(self) -> Subscription:
@@ -261,12 +265,32 @@ class _Unbuilt:
         return event
 
 
+class _TaskWake:
+    """A subscriber's task woken through a weald loop's door for foreign threads (`Loop.wake_soon`)."""
+
+    __slots__ = ("task",)
+
+    def __init__(self, task: trio.lowlevel.Task) -> None:
+        self.task = task
+
+    def _loop_wake(self) -> None:
+        trio.lowlevel.reschedule(self.task)
+
+    def _loop_gone(self) -> None:
+        """The loop ended first, and the task with it."""
+
+
 def _wake(waiter: tuple[trio.lowlevel.Task, trio.lowlevel.TrioToken, int]) -> None:
     task, token, thread = waiter
     if threading.get_ident() == thread:
         trio.lowlevel.reschedule(task)
-    else:
-        with contextlib.suppress(trio.RunFinishedError):
+        return
+    wake_soon = LOOP_WAKES.get(thread)
+    with contextlib.suppress(trio.RunFinishedError):
+        if wake_soon is not None:
+            # In order with the messages the publishing thread sends next, which go the same way.
+            wake_soon(_TaskWake(task))
+        else:
             token.run_sync_soon(trio.lowlevel.reschedule, task)
 
 

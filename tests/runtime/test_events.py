@@ -8,6 +8,7 @@ import time
 
 import pytest
 import trio
+import trio.testing
 from weald.runtime import REDACTED, EventBus, register_secret
 
 
@@ -85,6 +86,40 @@ async def test_receive_wakes_for_an_event_published_on_the_same_loop() -> None:
         bus.publish("n", "/x", {"i": 1})
         event = await sub.receive()
     assert event.data == {"i": 1}
+
+
+@pytest.mark.trio
+async def test_a_cancelled_receive_leaves_the_event_for_the_next_reader() -> None:
+    bus = EventBus()
+    sub = bus.subscribe("n")
+    bus.publish("n", "/x", {"i": 1})
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        await sub.receive()
+    assert scope.cancelled_caught
+    event = sub.get_nowait()
+    assert event is not None
+    assert event.data == {"i": 1}
+
+
+@pytest.mark.trio
+async def test_an_event_taken_by_a_woken_receive_is_returned_even_if_a_cancel_follows() -> None:
+    bus = EventBus()
+    sub = bus.subscribe("n")
+    got: list[object] = []
+
+    async def reader(task_status: trio.TaskStatus[trio.CancelScope]) -> None:
+        with trio.CancelScope() as scope:
+            task_status.started(scope)
+            got.append((await sub.receive()).data)
+            await trio.sleep_forever()
+
+    async with trio.open_nursery() as nursery:
+        scope = await nursery.start(reader)
+        await trio.testing.wait_all_tasks_blocked()
+        bus.publish("n", "/x", {"i": 2})  # wakes the reader (it runs at the next scheduling pass)...
+        scope.cancel()  # ...whose receive must still return the event it takes
+    assert got == [{"i": 2}]
 
 
 def test_secrets_never_reach_an_event(monkeypatch: pytest.MonkeyPatch) -> None:

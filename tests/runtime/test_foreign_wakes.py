@@ -84,6 +84,70 @@ def test_a_burst_of_asks_from_many_threads_is_answered_in_full(kick_system: Acto
     assert answered == THREADS * ASKS
 
 
+class Recorder(Actor):
+    def __init__(self) -> None:
+        super().__init__()
+        self.log: list[Any] = []
+
+    def on_receive(self, message: Any) -> Any:
+        self.log.append(message)
+        return len(self.log)
+
+    async def slow(self, value: Any) -> int:
+        await trio.lowlevel.checkpoint()
+        self.log.append(value)
+        return len(self.log)
+
+    def fail(self, value: Any) -> None:
+        self.log.append(value)
+        raise ValueError(value)
+
+    def seen(self) -> list[Any]:
+        return list(self.log)
+
+
+def test_a_foreign_threads_mixed_messages_are_handled_in_the_order_sent(kick_system: ActorSystem) -> None:
+    ref = Recorder.start()
+    proxy = ref.proxy()
+    replies: list[Any] = []
+    for i in range(200):
+        kind = i % 4
+        if kind == 0:
+            ref.tell(i)
+        elif kind == 1:
+            replies.append(proxy.slow(i))  # an async handler: its task awaits it
+        elif kind == 2:
+            replies.append(ref.ask(i, block=False))
+        else:
+            replies.append(proxy.fail(i))  # an ask's exception goes back; the actor lives
+    for reply in replies:
+        try:
+            reply.get(timeout=10)
+        except ValueError:
+            continue
+    assert proxy.seen().get(timeout=10) == list(range(200))
+    assert ref.is_alive()
+
+
+class NeedsItsTask(Actor):
+    serve_foreign_inline = False
+
+    def on_start(self) -> None:
+        self.task = trio.lowlevel.current_task()
+
+    def on_receive(self, message: Any) -> Any:
+        try:
+            return trio.lowlevel.current_task() is self.task
+        except RuntimeError:  # no task at all
+            return False
+
+
+def test_an_actor_can_keep_foreign_messages_in_its_own_task(kick_system: ActorSystem) -> None:
+    ref = NeedsItsTask.start()
+    ref.started().get(timeout=5)
+    assert all(ref.ask(i) for i in range(20))
+
+
 def _ask_until_dead(refs: list[Any], index: int, count: int, futures: list[Any], start: threading.Barrier) -> None:
     start.wait()
     for i in range(count):
