@@ -18,10 +18,15 @@ What is measured (medians of single-operation samples, rounds interleaved):
    ``trio.from_thread.run`` of a send on the request channel plus a receive
    on a reply channel) and from another actor (a loop actor's async handler
    awaiting ``ask``; a pykka actor blocking in its handler; a trio task
-   awaiting the reply channel). The cross-thread floor is measured beside it:
-   ``trio.from_thread.run_sync(noop)`` and the bare mechanism weald's ask uses
-   (``TrioToken.run_sync_soon`` to wake the loop, a lock released to wake the
-   caller).
+   awaiting the reply channel). The cross-thread floors are measured beside it:
+   ``trio.from_thread.run_sync(noop)``; ``TrioToken.run_sync_soon`` to wake the
+   loop and a lock released to wake the caller (weald's mechanism before round
+   4); weald's door for foreign threads (``Loop.wake_soon``) and a lock, the
+   mechanism weald's ask uses now; and, without trio, a thread woken by a lock
+   that answers with another (pykka's mechanism: a futex each way) and a
+   thread parked in ``epoll_wait`` woken by an eventfd (what any epoll-based
+   loop pays at least). Also a burst: 4 threads asking at once, each its own
+   actor (weald loop actors vs pykka actors), wall time per ask.
 3. tell throughput: N tells then one ask (the ask returns once all were
    handled), from a foreign thread and from another actor.
 4. RSS per idle actor over 10,000 actors, and the time to start 10,000 and
@@ -45,11 +50,13 @@ Run: ``python benchmarks/bench_actors.py [--quick]``
 
 from __future__ import annotations
 
+import _thread
 import argparse
 import gc
 import json
 import logging
 import os
+import select
 import subprocess
 import sys
 import threading
@@ -251,6 +258,86 @@ class TrioThread:
     def stop(self) -> None:
         self.token.run_sync_soon(self._stop.set)
         self._thread.join(10)
+
+
+class _Release:
+    """A `Loop.wake_soon` target that releases a lock: weald's door for foreign threads, and nothing else."""
+
+    __slots__ = ("lock",)
+
+    def __init__(self, lock: Any) -> None:
+        self.lock = lock
+
+    def _loop_wake(self) -> None:
+        self.lock.release()
+
+    def _loop_gone(self) -> None:
+        self.lock.release()
+
+
+class LockPingPong:
+    """The thread-to-thread floor: a parked thread woken by a lock, answering with another (two futex wakes)."""
+
+    def __init__(self) -> None:
+        self.go = _thread.allocate_lock()
+        self.go.acquire()
+        self.back = _thread.allocate_lock()
+        self.back.acquire()
+        threading.Thread(target=self._serve, name="floor-futex", daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            self.go.acquire()
+            self.back.release()
+
+    def round_trip(self) -> None:
+        self.go.release()
+        self.back.acquire()
+
+
+class EpollPingPong:
+    """An epoll-based loop's floor: a thread parked in ``epoll_wait`` on an eventfd, answering with a lock."""
+
+    def __init__(self) -> None:
+        self.fd = os.eventfd(0, os.EFD_NONBLOCK)
+        self.epoll = select.epoll()
+        self.epoll.register(self.fd, select.EPOLLIN)
+        self.back = _thread.allocate_lock()
+        self.back.acquire()
+        threading.Thread(target=self._serve, name="floor-epoll", daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            self.epoll.poll(-1)
+            os.read(self.fd, 8)
+            self.back.release()
+
+    def round_trip(self) -> None:
+        os.eventfd_write(self.fd, 1)
+        self.back.acquire()
+
+
+def burst_per_ask(refs: list[Any], asks: int) -> float:
+    """One thread per ref, all asking at once, ``asks`` each: wall time per ask, in microseconds."""
+    start = threading.Barrier(len(refs) + 1)
+    done = threading.Barrier(len(refs) + 1)
+
+    def asker(ref: Any) -> None:
+        start.wait()
+        for i in range(asks):
+            ref.ask(i)
+        done.wait()
+
+    threads = [threading.Thread(target=asker, args=(ref,), daemon=True) for ref in refs]
+    for thread in threads:
+        thread.start()
+    start.wait()
+    began = time.perf_counter()
+    done.wait()
+    elapsed = time.perf_counter() - began
+    for thread in threads:
+        thread.join()
+    return elapsed / (asks * len(refs)) * 1e6
 
 
 async def trio_reader(recv: trio.MemoryReceiveChannel[Any], done: trio.Event) -> None:
@@ -464,6 +551,14 @@ def measure_messaging(quick: bool, placement: str) -> dict[str, Any]:
             raw_token.run_sync_soon(lock.release)
             lock.acquire()
 
+        door = _Release(lock)
+        wake_soon = system.loop.wake_soon
+
+        def door_floor() -> None:
+            wake_soon(door)
+            lock.acquire()
+
+        futex, epoll = LockPingPong(), EpollPingPong()
         res["ask_foreign"] = interleave(
             {
                 "weald loop": per_op(lambda: echo.ask(1)),
@@ -473,10 +568,29 @@ def measure_messaging(quick: bool, placement: str) -> dict[str, Any]:
                 "floor run_sync_soon+lock": per_op(wake_floor),
                 "floor from_thread.run_sync": per_op(lambda: trio.from_thread.run_sync(int, trio_token=raw_token)),
                 "floor (weald loop) run_sync": per_op(lambda: trio.from_thread.run_sync(int, trio_token=token)),
+                "floor weald door+lock": per_op(door_floor),
+                "floor futex pair": per_op(futex.round_trip),
+                "floor epoll thread+lock": per_op(epoll.round_trip),
             },
             ops * 2,
             rounds,
         )
+        # A burst: 4 threads asking at once, each its own actor.
+        burst_weald = [Echo.start() for _ in range(4)]
+        burst_pykka = [PykkaEcho.start() for _ in range(4)]
+        for ref in burst_weald:
+            ref.started().get(timeout=10)
+        burst_asks = 200 if quick else 500
+        res["ask_burst"] = interleave(
+            {
+                "weald loop": lambda n: [burst_per_ask(burst_weald, burst_asks) for _ in range(n)],
+                "pykka": lambda n: [burst_per_ask(burst_pykka, burst_asks) for _ in range(n)],
+            },
+            3 if quick else 5,
+            rounds,
+        )
+        for ref in burst_pykka:
+            ref.stop()
         res["ask_loop"] = interleave(
             {
                 "weald loop": lambda n: list(dproxy.ask_samples(echo, n).get()),
@@ -757,6 +871,20 @@ def print_messaging(m: dict[str, Any], placement: str) -> None:
         f"trio.from_thread.run_sync {us(floor['floor from_thread.run_sync'])} "
         f"(into the weald loop: {us(floor['floor (weald loop) run_sync'])})"
     )
+    weald, pykka_ = floor["weald loop"], floor["pykka"]
+    print(
+        f"  foreign ask, weald loop / pykka: {ratio(weald, pykka_)} ({us(weald)} / {us(pykka_)}); beside the floors:\n"
+        f"    weald's door (Loop.wake_soon) + lock {us(floor['floor weald door+lock'])} "
+        f"(weald's ask above it: {weald - floor['floor weald door+lock']:+.1f} us)\n"
+        f"    thread to thread, a futex each way (pykka's mechanism) {us(floor['floor futex pair'])}\n"
+        f"    a thread parked in epoll_wait woken by an eventfd, answering with a lock "
+        f"{us(floor['floor epoll thread+lock'])}"
+    )
+    burst = m["ask_burst"]
+    print(
+        f"  a burst, 4 threads asking at once (4 actors), per ask: weald loop {us(burst['weald loop'])}, "
+        f"pykka {us(burst['pykka'])} = {ratio(burst['weald loop'], burst['pykka'])}"
+    )
     table(
         "3. tell throughput (median of rounds)",
         COLUMNS,
@@ -793,7 +921,16 @@ def messaging_rows(m: dict[str, Any], placement: str) -> list[Row]:
     add("start+stop, from an actor", ssl["weald loop"], "<=", 100, vs(ssl, ssl["weald loop"]))
     af, al = m["ask_foreign"], m["ask_loop"]
     floor = af["floor run_sync_soon+lock"]
-    add("ask, foreign thread", af["weald loop"], "<=", 40, vs(af, af["weald loop"]) + f"; floor {floor:.1f} us")
+    door = af["floor weald door+lock"]
+    add(
+        "ask, foreign thread",
+        af["weald loop"],
+        "<=",
+        40,
+        vs(af, af["weald loop"]) + f"; floors: run_sync_soon {floor:.1f}, weald door {door:.1f} us",
+    )
+    ab = m["ask_burst"]
+    add("ask, burst from 4 threads (per ask)", ab["weald loop"], "<=", 40, vs(ab, ab["weald loop"]))
     add("ask, from an actor", al["weald loop"], "<=", 40, vs(al, al["weald loop"]))
     tf, tl = m["tell_foreign"], m["tell_loop"]
     for name, d in (("tell, foreign thread", tf), ("tell, from an actor", tl)):

@@ -472,13 +472,18 @@ class _LoopInbox:
         # On the loop thread, from `Loop.wake_soon`, outside any task: the
         # actor's synchronous handlers answer here (see `Actor._serve_inline`);
         # otherwise its task runs in this scheduler pass.
-        self._wake_pending = False
         task = self._task
         if task is None:
+            self._wake_pending = False
             return
         owner = self._owner
         actor = owner._actor_weakref() if owner.__class__ is Ref else None
-        if actor is not None and actor._serve_inline(self):
+        served = actor is not None and actor._serve_inline(self)
+        # Cleared only now: what arrived while serving found a wake-up pending
+        # and did not kick, so it is seen here and left to the task (which,
+        # while it runs, takes what comes without any kick).
+        self._wake_pending = False
+        if served and not self._items:
             return
         self._task = None
         trio.lowlevel.reschedule(task)

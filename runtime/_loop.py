@@ -9,6 +9,7 @@ so that an escaping exception is reported, never allowed to cancel the loop.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import socket
@@ -68,21 +69,49 @@ class _ForeignWakes(trio.abc.Instrument):
     message (trio's own ``run_sync_soon`` wakes its entry-queue task, whose
     callback can only make the woken task ready for the pass after).
 
-    Invariant: a thread that appends and then reads ``armed`` as True was
+    The instrument costs ~0.5 us a pass, so it is installed only while
+    foreign threads use the door: the first wake-up after a quiet spell goes
+    through ``run_sync_soon``, whose callback (`drain_installing`) installs
+    it, and it removes itself after `_IDLE_PASSES` passes without work.
+
+    Invariants: a thread that appends and then reads ``armed`` as True was
     preceded by an arm whose kick is still to reach the loop, or whose pass
     has not yet disarmed; the pass that disarms drains afterwards, so it sees
-    the append. So nothing queued is left behind, and a burst of N messages
-    from any number of threads costs one kick.
+    the append. A thread reads ``installed`` after it appended and armed; the
+    removal clears ``installed``, then disarms, then drains: a kick that took
+    the instrument for installed was for an append that drain sees, and a
+    later arm sees it removed and goes through ``run_sync_soon``. So nothing
+    queued is left behind, and a burst of N messages from any number of
+    threads costs one kick.
     """
 
     def __init__(self) -> None:
         self.queue: deque[Wakeable] = deque()
         self.armed = False
+        self.installed = False
+        self._idle = 0
 
     def after_io_wait(self, timeout: float) -> None:  # noqa: ARG002  # trio's hook signature
         if self.armed or self.queue:
+            self._idle = 0
             self.armed = False
             self.drain()
+        else:
+            self._idle += 1
+            if self._idle >= _IDLE_PASSES:
+                self.installed = False
+                self.armed = False
+                self.drain()
+                trio.lowlevel.remove_instrument(self)
+
+    def drain_installing(self) -> None:
+        """Install the instrument if it is not, then drain (the ``run_sync_soon`` kick's callback)."""
+        if not self.installed:
+            self._idle = 0
+            trio.lowlevel.add_instrument(self)
+            self.installed = True
+        self.armed = False
+        self.drain()
 
     def drain(self) -> None:
         queue = self.queue
@@ -92,6 +121,10 @@ class _ForeignWakes(trio.abc.Instrument):
                 target._loop_wake()
             except BaseException:  # an instrument that raises is removed by trio
                 logger.exception("waking %r on the loop failed", target)
+
+
+# Scheduler passes without a foreign wake-up after which the door's instrument is removed.
+_IDLE_PASSES = 256
 
 
 class Loop:
@@ -112,6 +145,7 @@ class Loop:
         self._crash: BaseException | None = None
         self._wakes = _ForeignWakes()
         self._kick: Callable[[], object] | None = None
+        self._slow_kick: Callable[[], object] | None = None
         self._finished = False
 
     # -- lifecycle -------------------------------------------------------------
@@ -157,8 +191,8 @@ class Loop:
         self._token = trio.lowlevel.current_trio_token()
         self._thread_id = threading.get_ident()
         LOOP_THREADS.add(self._thread_id)
-        trio.lowlevel.add_instrument(self._wakes)
         self._kick = _kicker(self._token, self._wakes)
+        self._slow_kick = functools.partial(self._token.run_sync_soon, self._wakes.drain_installing)
         LOOP_WAKES[self._thread_id] = self.wake_soon
         self._stop_requested = trio.Event()
         async with trio.open_nursery() as nursery:
@@ -234,7 +268,7 @@ class Loop:
         wakes.queue.append(target)
         if not wakes.armed:
             wakes.armed = True
-            kick = self._kick
+            kick = self._kick if wakes.installed else self._slow_kick
             if kick is not None:
                 try:  # noqa: SIM105  # contextlib.suppress costs ~1 us a call here
                     kick()
@@ -332,7 +366,8 @@ def _kicker(token: trio.lowlevel.TrioToken, wakes: _ForeignWakes) -> Callable[[]
     itself (no task step, no re-arm of the fd). It is not public API (trio's
     guest mode uses it), so it is used only where it is there; otherwise
     ``run_sync_soon`` of the drain, whose entry-queue task may run the drain
-    itself when the kick comes too late for the instrument.
+    itself when the kick comes too late for the instrument. Used while the
+    instrument is installed.
     """
     runner = getattr(getattr(getattr(trio, "_core", None), "_run", None), "GLOBAL_RUN_CONTEXT", None)
     io_manager = getattr(getattr(runner, "runner", None), "io_manager", None)
@@ -354,6 +389,6 @@ def _kicker(token: trio.lowlevel.TrioToken, wakes: _ForeignWakes) -> Callable[[]
         return kick
 
     def run_drain() -> None:
-        token.run_sync_soon(wakes.drain)
+        token.run_sync_soon(wakes.drain_installing)
 
     return run_drain

@@ -84,6 +84,25 @@ def test_a_burst_of_asks_from_many_threads_is_answered_in_full(kick_system: Acto
     assert answered == THREADS * ASKS
 
 
+class Spinner(Actor):
+    async def spin(self, passes: int) -> None:
+        for _ in range(passes):
+            await trio.lowlevel.checkpoint()
+
+
+def test_the_doors_instrument_leaves_a_busy_loop_and_the_next_foreign_ask_brings_it_back(
+    kick_system: ActorSystem,
+) -> None:
+    wakes = kick_system.loop._wakes
+    echo = Echo.start()
+    assert echo.ask("first") == "first"
+    assert wakes.installed
+    Spinner.start().proxy().spin(loop_module._IDLE_PASSES * 2).get(timeout=10)  # passes with no foreign work
+    assert not wakes.installed
+    assert [echo.ask(i) for i in range(50)] == list(range(50))
+    assert wakes.installed
+
+
 class Recorder(Actor):
     def __init__(self) -> None:
         super().__init__()
