@@ -18,6 +18,7 @@ from __future__ import annotations
 import _thread
 import contextlib
 import logging
+import os
 import queue
 import sys
 import threading
@@ -48,11 +49,32 @@ _LOCK = threading.Lock()
 LOOP_THREADS: set[int] = set()
 # Each such loop's `Loop.wake_soon`, by thread ident; maintained by _loop.
 LOOP_WAKES: dict[int, Callable[[Any], None]] = {}
+# Each such loop thread's native (kernel) id, by thread ident; maintained by _loop.
+LOOP_NATIVE_IDS: dict[int, int] = {}
+
+# How many times a thread that shares its only CPU with the loop yields the
+# CPU to it, checking for the value, before it sleeps on a lock (see `_wait_thread`).
+SPIN_YIELDS = 20
 
 _UNSET = _Unset()
 
 _allocate_lock = _thread.allocate_lock
 _LockType = _thread.LockType
+_sched_yield: Callable[[], None] = getattr(os, "sched_yield", lambda: None)
+_getaffinity: Callable[[int], set[int]] | None = getattr(os, "sched_getaffinity", None)
+
+
+def _shares_its_only_cpu_with_the_loop() -> bool:
+    """True if the calling thread may run on one CPU only, and every weald loop thread on that same one."""
+    if _getaffinity is None:  # not Linux
+        return False
+    mine = _getaffinity(0)
+    if len(mine) != 1 or not LOOP_NATIVE_IDS:
+        return False
+    try:
+        return all(_getaffinity(native) == mine for native in list(LOOP_NATIVE_IDS.values()))
+    except OSError:  # a loop thread ended meanwhile
+        return False
 
 
 def is_loop_thread() -> bool:
@@ -167,6 +189,16 @@ class Future(pykka.Future[T]):
         return self._unpack(result)
 
     def _wait_thread(self, timeout: float | None) -> tuple[Any, _OptExcInfo | None]:
+        if SPIN_YIELDS and _shares_its_only_cpu_with_the_loop():
+            # The loop (woken by this thread's message) can only run once this
+            # thread leaves the CPU: yielding it hands over directly, where a
+            # lock would cost a sleep and a wake-up on top (17 -> 9 us an ask
+            # here). On more than one CPU yielding only fights for the GIL.
+            for _ in range(SPIN_YIELDS):
+                _sched_yield()
+                result = self._result
+                if result is not None:
+                    return result
         lock = _allocate_lock()
         lock.acquire()
         with _LOCK:

@@ -20,7 +20,7 @@ from typing import Any, Protocol, TypeVar
 
 import trio
 from weald.runtime._errors import LoopBlockedError, WealdError
-from weald.runtime._future import LOOP_THREADS, LOOP_WAKES
+from weald.runtime._future import LOOP_NATIVE_IDS, LOOP_THREADS, LOOP_WAKES
 from weald.runtime._guard import LOOP_GUARD_ENV, install_loop_guard
 
 __all__ = ["Loop", "LoopStatistics"]
@@ -174,6 +174,7 @@ class Loop:
             if self._thread_id is not None:
                 LOOP_THREADS.discard(self._thread_id)
                 LOOP_WAKES.pop(self._thread_id, None)
+                LOOP_NATIVE_IDS.pop(self._thread_id, None)
             self._nursery = None
             self._finished = True
             # Wake-ups queued too late for the loop: answer their messages.
@@ -194,6 +195,7 @@ class Loop:
         self._kick = _kicker(self._token, self._wakes)
         self._slow_kick = functools.partial(self._token.run_sync_soon, self._wakes.drain_installing)
         LOOP_WAKES[self._thread_id] = self.wake_soon
+        LOOP_NATIVE_IDS[self._thread_id] = threading.get_native_id()
         self._stop_requested = trio.Event()
         async with trio.open_nursery() as nursery:
             self._nursery = nursery

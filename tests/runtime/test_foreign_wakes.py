@@ -8,16 +8,19 @@ loop's end.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pykka
 import pytest
 import trio
 import trio.lowlevel
 from pykka import ActorDeadError
 from weald.runtime import Actor, ActorSystem
+from weald.runtime import _future as future_module
 from weald.runtime import _loop as loop_module
 from weald.runtime._loop import Loop
 
@@ -101,6 +104,38 @@ def test_the_doors_instrument_leaves_a_busy_loop_and_the_next_foreign_ask_brings
     assert not wakes.installed
     assert [echo.ask(i) for i in range(50)] == list(range(50))
     assert wakes.installed
+
+
+class Slow(Actor):
+    async def on_receive(self, message: Any) -> Any:
+        await trio.sleep(message)
+        return message
+
+
+def test_a_thread_sharing_its_only_cpu_with_the_loop_yields_it_and_still_gets_every_answer(
+    kick_system: ActorSystem,
+) -> None:
+    loop_tid = future_module.LOOP_NATIVE_IDS[kick_system.loop._thread_id]  # type: ignore[index]
+    before_loop, before_me = os.sched_getaffinity(loop_tid), os.sched_getaffinity(0)
+    if len(before_me) < 2:
+        pytest.fail("this test needs a machine with at least 2 CPUs (it compares one CPU with two)")
+    echo, slow = Echo.start(), Slow.start()
+    assert not future_module._shares_its_only_cpu_with_the_loop()
+    cpu = min(before_me)
+    try:
+        os.sched_setaffinity(0, {cpu})
+        assert not future_module._shares_its_only_cpu_with_the_loop()  # the loop may still run elsewhere
+        os.sched_setaffinity(loop_tid, {cpu})
+        assert future_module._shares_its_only_cpu_with_the_loop()
+        assert [echo.ask(i) for i in range(200)] == list(range(200))
+        assert slow.ask(0.05) == 0.05  # longer than the yields: then it sleeps on its lock
+        with pytest.raises(pykka.Timeout):
+            slow.ask(0.5, timeout=0.05)
+        with pytest.raises(ValueError, match="7"):
+            Recorder.start().proxy().fail(7).get()
+    finally:
+        os.sched_setaffinity(loop_tid, before_loop)
+        os.sched_setaffinity(0, before_me)
 
 
 class Recorder(Actor):
