@@ -41,7 +41,7 @@ from pykka._envelope import Envelope as _Envelope
 from pykka._introspection import AttrInfo, get_attr_directly, get_obj_dict
 from pykka.messages import ProxyCall, ProxyGetAttr, ProxySetAttr, _ActorStop
 from weald.runtime._errors import IOCancelledError, NoSystemError, StartError, WealdError
-from weald.runtime._future import _LOCK, Future
+from weald.runtime._future import _LOCK, AskFuture, Future
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -331,7 +331,7 @@ class Ref(pykka.ActorRef[A]):
             Exception: what the actor's handler raised.
         """
         # pykka's ask, without its per-call lookups: this is every ask's path.
-        future: Future[Any] = Future()
+        future: Future[Any] = AskFuture()
         if self.is_alive():
             self.actor_inbox.put(_Envelope(message, future))
         else:

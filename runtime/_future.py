@@ -145,6 +145,9 @@ class Future(pykka.Future[T]):
     Created by the runtime for every ``ask`` and proxy call to a weald actor.
     """
 
+    # Whether a thread waiting in `get` first yields its CPU to the loop (see `_wait_thread`).
+    _yield_first = False
+
     def __init__(self) -> None:
         # pykka.Future.__init__ sets these two, the second to a fresh `_Unset`
         # per future; pykka only tests it with isinstance, so one shared
@@ -189,11 +192,15 @@ class Future(pykka.Future[T]):
         return self._unpack(result)
 
     def _wait_thread(self, timeout: float | None) -> tuple[Any, _OptExcInfo | None]:
-        if SPIN_YIELDS and _shares_its_only_cpu_with_the_loop():
+        if self._yield_first and SPIN_YIELDS and _shares_its_only_cpu_with_the_loop():
             # The loop (woken by this thread's message) can only run once this
             # thread leaves the CPU: yielding it hands over directly, where a
             # lock would cost a sleep and a wake-up on top (17 -> 9 us an ask
             # here). On more than one CPU yielding only fights for the GIL.
+            # Only for an ask's reply: a yielding thread runs again only once
+            # the loop is idle, not as soon as its value is set, which costs
+            # more than it saves when the loop has more to do after it (a
+            # stop, whose actor still reports its end: +12 us a start+stop).
             for _ in range(SPIN_YIELDS):
                 _sched_yield()
                 result = self._result
@@ -329,3 +336,9 @@ class Future(pykka.Future[T]):
         return self.wait().__await__()
 
     __iter__ = __await__
+
+
+class AskFuture(Future[T]):
+    """The future of an ask (or a proxy call): a thread waiting for it may first yield its CPU to the loop."""
+
+    _yield_first = True

@@ -295,7 +295,7 @@ class Loop:
         if self.in_loop_thread():
             self._start_in_loop(async_fn, args, on_error)
         else:
-            self.token.run_sync_soon(self._start_in_loop, async_fn, args, on_error)
+            self._spawn_from_thread(async_fn, args, on_error, True)
 
     def spawn_contained_nowait(
         self, async_fn: Callable[[], Awaitable[object]], *, on_error: Callable[[BaseException], object]
@@ -309,7 +309,25 @@ class Loop:
         if self.in_loop_thread():
             self._start_in_loop(async_fn, (), on_error, guarded=False)
         else:
-            self.token.run_sync_soon(self._start_in_loop, async_fn, (), on_error, False)
+            self._spawn_from_thread(async_fn, (), on_error, False)
+
+    def _spawn_from_thread(
+        self,
+        async_fn: Callable[..., Awaitable[object]],
+        args: tuple[Any, ...],
+        on_error: Callable[[BaseException], object] | None,
+        guarded: bool,
+    ) -> None:
+        # Through the door (`wake_soon`): the task starts in the pass the kick
+        # arrives, not in the one after, and in order with the messages this
+        # thread sends it next (an actor started, then stopped, from a thread).
+        spawn = _Spawn(self, async_fn, args, on_error, guarded)
+        try:
+            self.wake_soon(spawn)
+        except trio.RunFinishedError:
+            if not spawn.told:  # else the loop's end has told ``on_error`` already
+                spawn.told = True
+                raise
 
     def _start_in_loop(
         self,
@@ -359,6 +377,35 @@ class Loop:
             msg = "Loop.run() would block the loop thread; await the coroutine instead"
             raise LoopBlockedError(msg)
         return trio.from_thread.run(async_fn, *args, trio_token=self.token)
+
+
+class _Spawn:
+    """A task to start, handed to the loop by a foreign thread through `Loop.wake_soon`."""
+
+    __slots__ = ("args", "async_fn", "guarded", "loop", "on_error", "told")
+
+    def __init__(
+        self,
+        loop: Loop,
+        async_fn: Callable[..., Awaitable[object]],
+        args: tuple[Any, ...],
+        on_error: Callable[[BaseException], object] | None,
+        guarded: bool,
+    ) -> None:
+        self.loop = loop
+        self.async_fn = async_fn
+        self.args = args
+        self.on_error = on_error
+        self.guarded = guarded
+        self.told = False
+
+    def _loop_wake(self) -> None:
+        self.loop._start_in_loop(self.async_fn, self.args, self.on_error, self.guarded)
+
+    def _loop_gone(self) -> None:
+        if self.on_error is not None and not self.told:
+            self.told = True
+            self.on_error(trio.RunFinishedError("the weald loop has stopped"))
 
 
 def _kicker(token: trio.lowlevel.TrioToken, wakes: _ForeignWakes) -> Callable[[], object]:

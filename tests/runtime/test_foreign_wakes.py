@@ -294,3 +294,18 @@ def test_a_wake_up_racing_the_loops_end_is_run_answered_or_refused_never_lost(
         for target in targets:
             assert target.woken + target.gone <= 1
             assert target.woken or target.gone or target.refused
+
+
+def test_a_task_spawned_from_a_thread_runs_and_one_spawned_after_the_loop_ended_is_refused() -> None:
+    loop = Loop()
+    loop.start()
+    ran = threading.Event()
+
+    async def mark() -> None:
+        ran.set()
+
+    loop.spawn_nowait(mark)
+    assert ran.wait(5)
+    loop.stop()
+    with pytest.raises(trio.RunFinishedError):
+        loop.spawn_nowait(mark)
