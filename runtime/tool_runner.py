@@ -869,8 +869,6 @@ class ToolRunner(Actor):
                 report(outcome)
                 return
             pending.execution = outcome
-            if pending.abort.is_set():  # aborted before the supervisor answered: the abort found nothing to kill
-                outcome.kill()
             outcome.exited()._on_done(ended)
             if pending.abort.is_set():
                 # Aborted before the supervisor's answer came (the abort found
