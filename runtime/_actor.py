@@ -225,7 +225,7 @@ class _Proxy(pykka.ActorProxy[A]):
     """pykka's `ActorProxy`, the same in every respect but the cost of making one (see `_introspect`)."""
 
     def __init__(self, *, actor_ref: pykka.ActorRef[A], attr_path: tuple[str, ...] | None = None) -> None:
-        if not actor_ref.is_alive():
+        if not actor_ref.is_alive() and not (isinstance(actor_ref, Ref) and actor_ref._holds_while_stopping()):
             msg = f"{actor_ref} not found"
             raise pykka.ActorDeadError(msg)
         if (actor := actor_ref._actor_weakref()) is None:
@@ -332,7 +332,7 @@ class Ref(pykka.ActorRef[A]):
         """
         # pykka's ask, without its per-call lookups: this is every ask's path.
         future: Future[Any] = AskFuture()
-        if self.is_alive():
+        if self.is_alive() or self._holds_while_stopping():
             self.actor_inbox.put(_Envelope(message, future))
         else:
             error = pykka.ActorDeadError(f"{self} not found")
@@ -340,6 +340,29 @@ class Ref(pykka.ActorRef[A]):
         if block:
             return future.get(timeout=timeout)
         return future
+
+    def tell(self, message: Any) -> None:
+        """Send ``message`` without waiting for a reply (pykka's ``tell``).
+
+        Raises:
+            ActorDeadError: the actor is not running.
+        """
+        if not self.is_alive() and not self._holds_while_stopping():
+            msg = f"{self} not found"
+            raise pykka.ActorDeadError(msg)
+        self.actor_inbox.put(_Envelope(message))
+
+    def _holds_while_stopping(self) -> bool:
+        """True while the actor stops holding its messages (`Actor.hold_messages`).
+
+        It is no longer alive, but what it is sent is still taken and handed,
+        in order, to whatever holds its path once it has ended (the stub of a
+        hibernating subtree): refusing it would fail a message sent in the
+        moment a session goes to sleep. Read from any thread: a message that
+        races the actor's very end is answered by its closed inbox.
+        """
+        actor = self._actor_weakref()
+        return actor is not None and actor._holding is not None and actor._exit is None
 
     def proxy(self) -> pykka.ActorProxy[A]:
         """Wrap the ref in a pykka `ActorProxy` (pykka's ``proxy``, made faster).

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import attrs
 import pykka
 import pytest
+import trio
 from weald.runtime import Actor, ActorSystem, Stub
 from weald.runtime.agent import _idle_clock, _IdleFor
 from weald.runtime.testing import wait_until
@@ -85,6 +87,44 @@ def test_what_a_holding_actor_receives_while_it_stops_is_handed_to_its_successor
     # Held while the subtree stopped, then handed to the stub, which woke it.
     assert [f.get(timeout=5) for f in futures] == [0, 1, 2]
     assert Log.seen == [(f"{top.path}/pair/a", n) for n in range(3)]
+    top.stop()
+
+
+class SlowStop(Log):
+    """A `Log` whose stop lasts until the test lets it end (as an agent's lasts while its record commits)."""
+
+    stopping = threading.Event()
+    release = threading.Event()
+
+    async def on_stop(self) -> None:
+        SlowStop.stopping.set()
+        await trio.to_thread.run_sync(SlowStop.release.wait)
+
+
+def test_what_is_sent_to_a_holding_actor_after_its_stop_began_is_handed_to_its_successor(
+    system: ActorSystem,
+) -> None:
+    SlowStop.stopping.clear()
+    SlowStop.release.clear()
+    top = Supervisor.start([ChildSpec("pair", Pair, kwargs={"children": [ChildSpec("a", SlowStop)]})])
+    a = wait_until(lambda: system.whereis(f"{top.path}/pair/a"))
+    a.tell("hold")
+    hibernated = top.proxy().hibernate_child("pair")
+    wait_until(SlowStop.stopping.is_set)
+    try:
+        assert not a.is_alive()  # stopping: no longer alive, but still taking what it is sent
+        asked = a.ask("asked while it stopped", block=False)
+        echoed = a.proxy().echo("through a proxy made while it stopped")
+        a.tell("told while it stopped")
+    finally:
+        SlowStop.release.set()
+    assert hibernated.get(timeout=5) is True
+    assert asked.get(timeout=5) == "asked while it stopped"
+    assert echoed.get(timeout=5) == "through a proxy made while it stopped"
+    wait_until(lambda: [m for _, m in Log.seen] == ["asked while it stopped", "told while it stopped"])
+    successor = system.whereis(f"{top.path}/pair/a")
+    assert successor is not None
+    assert successor is not a
     top.stop()
 
 
