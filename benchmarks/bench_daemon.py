@@ -4,7 +4,8 @@ For N = 100, 1,000 and 10,000 agents (``--sizes`` to change), against a real
 ``weald serve`` process on a Unix socket:
 
 - time to start N agents (``agent.start`` pipelined over 8 connections,
-  ``"asleep": false``: each session built at once);
+  ``"asleep": false``: each session built at once; with ``--start-asleep``,
+  ``"asleep": true``: each added hibernated, built by its first prompt);
 - RSS per agent: the daemon's VmRSS growth divided by N, right after the
   starts (sessions awake) and, with ``--hibernate-after S``, once every
   session has hibernated (``daemon.status`` counts them);
@@ -137,6 +138,7 @@ def measure(
     hibernate_after: float | None,
     prompt_sample: int | None = None,
     restart: bool = False,
+    start_asleep: bool = False,
 ) -> dict[str, float]:
     root = Path(tempfile.mkdtemp(dir=work))
     run = DaemonRun(root, hibernate_after)
@@ -160,8 +162,14 @@ def measure(
             clients,
             n,
             "agent.start",
-            # Built at once, as before starts were asleep by default: --starts compares the ways.
-            lambda i: {"working_dir": str(run.project), "model": turn_model, "agent_id": f"a{i}", "asleep": False},
+            # Built at once (as before starts were asleep by default) unless --start-asleep:
+            # --starts compares the ways.
+            lambda i: {
+                "working_dir": str(run.project),
+                "model": turn_model,
+                "agent_id": f"a{i}",
+                "asleep": start_asleep,
+            },
         )
         start_s = time.perf_counter() - t0
         after = rss_kib(run.proc.pid)
@@ -425,7 +433,14 @@ def main() -> None:
         default=None,
         help="compare only the ways to start N agents, side by side: awake, asleep, batch (comma-separated)",
     )
+    parser.add_argument(
+        "--start-asleep",
+        action="store_true",
+        help='start the agents with "asleep": true (added hibernated; needs --hibernate-after)',
+    )
     args = parser.parse_args()
+    if args.start_asleep and args.hibernate_after is None:
+        parser.error("--start-asleep needs --hibernate-after")
     sizes = [int(s) for s in args.sizes.split(",")]
     console = Console(width=180)
     if args.starts:
@@ -450,7 +465,9 @@ def main() -> None:
         )
         for n in sizes:
             load = os.getloadavg()[0]
-            r = measure(n, args.samples, work, args.hibernate_after, args.prompt_sample, args.restart)
+            r = measure(
+                n, args.samples, work, args.hibernate_after, args.prompt_sample, args.restart, args.start_asleep
+            )
             table.add_row(
                 f"{n:,}",
                 f"{r['start_s']:.1f}",
