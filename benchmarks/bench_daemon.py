@@ -122,6 +122,14 @@ def spread(clients: list[Client], n: int, method: str, params_of, window: int = 
     return results
 
 
+def connect(run: DaemonRun) -> tuple[list[Client], int]:
+    """8 clients on the running daemon, and its RSS (KiB) once they settled: the base for per-agent figures."""
+    assert run.proc is not None
+    clients = [Client.connect(run.socket) for _ in range(8)]
+    time.sleep(0.5)
+    return clients, rss_kib(run.proc.pid)
+
+
 def wait_hibernated(client: Client, n: int, timeout: float = 1800) -> float:
     t0 = time.perf_counter()
     while client.call("daemon.status", timeout=60)["hibernated"] < n:
@@ -153,10 +161,7 @@ def measure(
     )
     run.start()
     try:
-        assert run.proc is not None
-        clients = [Client.connect(run.socket) for _ in range(8)]
-        time.sleep(0.5)
-        base = rss_kib(run.proc.pid)
+        clients, base = connect(run)
         t0 = time.perf_counter()
         spread(
             clients,
@@ -259,10 +264,7 @@ def measure_starts(n: int, way: str, work: Path, samples: int) -> dict[str, floa
     model = script(root, "once", [{"text": "ok"}], repeat=True)
     run.start()
     try:
-        assert run.proc is not None
-        clients = [Client.connect(run.socket) for _ in range(8)]
-        time.sleep(0.5)
-        base = rss_kib(run.proc.pid)
+        clients, base = connect(run)
         cpu0 = proc_cpu_s(run.proc.pid)
         load = os.getloadavg()[0]
         t0 = time.perf_counter()

@@ -166,6 +166,24 @@ class AgentRecord(msgspec.Struct, kw_only=True):
     pruned_before: int = 0
     compactions: int = 0
 
+    @classmethod
+    def fresh(
+        cls, config: AgentConfig, *, key: str, session_id: str, agent_id: str, working_dir: str, created: float
+    ) -> AgentRecord:
+        """The record of an agent never started yet: what it writes at its first start."""
+        return cls(
+            key=key,
+            session_id=session_id,
+            agent_id=agent_id,
+            working_dir=working_dir,
+            model=config.model,
+            system_prompt=config.system_prompt,
+            tool_filter=list(config.tool_filter) if config.tool_filter is not None else None,
+            max_steps=config.max_steps,
+            depth=config.depth,
+            created=created,
+        )
+
     def restarts_at_load(self, run_id: str) -> int:
         """The ``restarts`` the agent reports once it loads this record in the run ``run_id``.
 
@@ -651,16 +669,12 @@ class Agent(Actor):
         # `restarts` counts from the daemon's start, a restore from the store included.
         restarts = record.restarts_at_load(self.system.run_id) if record is not None else 0
         if record is None:
-            record = AgentRecord(
+            record = AgentRecord.fresh(
+                self._config,
                 key=self._key,
                 session_id=self._session_id,
                 agent_id=self._agent_id,
                 working_dir=self._working_dir,
-                model=self._config.model,
-                system_prompt=self._config.system_prompt,
-                tool_filter=list(self._config.tool_filter) if self._config.tool_filter is not None else None,
-                max_steps=self._config.max_steps,
-                depth=self._config.depth,
                 created=time.time(),
             )
         self._context.load(

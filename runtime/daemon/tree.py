@@ -796,23 +796,19 @@ class Sessions:
         not be committed.
         """
         config = self.session_config(record)
-        agent = config.agent
         # What the agent would write at its first start, as a cleanly stopped
         # agent leaves it: a restore (clean stop or kill -9) adds the session
         # asleep again, and tree and agent.list read its restarts from it.
-        stored = AgentRecord(
+        stored = AgentRecord.fresh(
+            config.agent,
             key=record.session_id,
             session_id=record.session_id,
             agent_id=record.session_id,
             working_dir=record.working_dir,
-            model=record.model,
-            system_prompt=agent.system_prompt,
-            tool_filter=list(agent.tool_filter) if agent.tool_filter is not None else None,
-            max_steps=agent.max_steps,
             created=record.created,
-            status="stopped",
-            run_id=self.system.run_id,
         )
+        stored.status = "stopped"
+        stored.run_id = self.system.run_id
         result: Future[None] = Future()
         self._sleepers.append((record, stored, self._spec(record, config=config), result))
         if not self._adding:

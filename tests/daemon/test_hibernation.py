@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from daemon_harness import DaemonProcess
+from daemon_harness import DaemonProcess, serving
 from weald.runtime.daemon.client import Client
 from weald.runtime.testing import wait_until
 
@@ -16,14 +16,8 @@ from weald.runtime.testing import wait_until
 @pytest.fixture
 def sleepy(tmp_path: Path) -> Iterator[DaemonProcess]:
     """A daemon whose sessions hibernate after 0.3 s of idleness."""
-    proc = DaemonProcess(tmp_path, extra_config="[limits]\nhibernate_after = 0.3\n")
-    proc.start()
-    try:
+    with serving(tmp_path, extra_config="[limits]\nhibernate_after = 0.3\n") as proc:
         yield proc
-        if proc.proc is not None:
-            assert proc.terminate() == 0, proc.log.read_text()
-    finally:
-        proc.close()
 
 
 def state_of(client: Client, agent_id: str) -> Any:

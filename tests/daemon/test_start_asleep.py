@@ -7,21 +7,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from daemon_harness import DaemonProcess
+from daemon_harness import DaemonProcess, serving
 from weald.runtime.daemon.client import Client, RPCCallError
 
 
 @pytest.fixture
 def proc(tmp_path: Path) -> Iterator[DaemonProcess]:
     """A daemon allowed three agents."""
-    proc = DaemonProcess(tmp_path, extra_config="[limits]\nmax_agents = 3\n")
-    proc.start()
-    try:
+    with serving(tmp_path, extra_config="[limits]\nmax_agents = 3\n") as proc:
         yield proc
-        if proc.proc is not None:
-            assert proc.terminate() == 0, proc.log.read_text()
-    finally:
-        proc.close()
 
 
 def rows(client: Client) -> dict[str, dict[str, Any]]:
