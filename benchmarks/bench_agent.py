@@ -53,11 +53,11 @@ from typing import Any
 import pykka
 import trio
 from weald.runtime import ActorSystem, Store
-from weald.runtime.agent import AgentConfig
+from weald.runtime.agents.agent import AgentConfig
+from weald.runtime.agents.session import SessionConfig, agent_path, session_spec
+from weald.runtime.agents.tool_runner import RunnerConfig
 from weald.runtime.llm import ScriptedProvider
-from weald.runtime.session import SessionConfig, agent_path, session_spec
 from weald.runtime.testing import wait_until
-from weald.runtime.tool_runner import RunnerConfig
 from weald.supervisors import DynamicSupervisor
 from weald.tools import ToolContext, ToolRegistry, tool
 

@@ -38,12 +38,12 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 from weald.runtime import ActorSystem
-from weald.runtime.agent import AgentConfig
-from weald.runtime.context import Context, ContextConfig
+from weald.runtime.agents.agent import AgentConfig
+from weald.runtime.agents.context import Context, ContextConfig
+from weald.runtime.agents.session import SessionConfig, agent_path, session_spec
+from weald.runtime.agents.tool_runner import RunnerConfig
 from weald.runtime.llm import Message, ModelLimits, ProviderSettings, ScriptedProvider, ToolCall, ToolSpec, Usage
-from weald.runtime.session import SessionConfig, agent_path, session_spec
 from weald.runtime.testing import wait_until
-from weald.runtime.tool_runner import RunnerConfig
 from weald.supervisors import DynamicSupervisor
 from weald.tools import ToolContext, ToolRegistry, tool
 

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from weald.runtime import Actor, ActorSystem, EventBus, Future
-from weald.runtime.tool_runner import ToolRunner
+from weald.runtime.agents.tool_runner import ToolRunner
 from weald.supervisors import DynamicSupervisor
 from weald.tools import default_registry, validate_arguments
 

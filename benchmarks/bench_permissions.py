@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from weald.runtime.tool_runner import decide_permission
+from weald.runtime.agents.tool_runner import decide_permission
 from weald.tools import PermissionScope
 from weald.tools._bash import MAX_COMMAND_BYTES, analyze
 from weald.tools.shell import shell

@@ -37,7 +37,7 @@ from typing import Any
 import trio
 import trio.testing
 from weald.runtime import Actor, ActorSystem, Future
-from weald.runtime.tool_runner import RunTools, ToolCallRequest, ToolResults, ToolRunner
+from weald.runtime.agents.tool_runner import RunTools, ToolCallRequest, ToolResults, ToolRunner
 from weald.tools import ToolContext, ToolRegistry, invoke, tool
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

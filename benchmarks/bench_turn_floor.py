@@ -32,7 +32,7 @@ from typing import Any
 import trio
 from weald.runtime import Actor, ActorSystem, Exit, Future, Store
 from weald.runtime._actor import NORMAL
-from weald.runtime.tool_runner import RunTools, ToolCallRequest, ToolResults, ToolRunner
+from weald.runtime.agents.tool_runner import RunTools, ToolCallRequest, ToolResults, ToolRunner
 from weald.supervisors import ChildSpec, DynamicSupervisor
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

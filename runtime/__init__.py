@@ -1,7 +1,7 @@
 """The weald actor core: light actors on pykka and trio, the actor system, the bus, the store.
 
 Higher layers (agents, tool runner, MCP, the daemon) live in submodules of
-this package and are imported explicitly (``weald.runtime.agent``...); this
+this package and are imported explicitly (``weald.runtime.agents``, ``weald.runtime.daemon``...); this
 module exports only the core, so `weald.supervisors` can build on it.
 """
 

@@ -386,7 +386,7 @@ def _runner_path(ctx: ToolContext) -> str:
     if isinstance(session_path, str):
         return f"{session_path}/tool_runner"
     # Outside a session: the call runs in its execution actor, a child of the
-    # runner's `calls` supervisor (`<runner>/calls/<call>`, see weald.runtime.tool_runner).
+    # runner's `calls` supervisor (`<runner>/calls/<call>`, see weald.runtime.agents.tool_runner).
     actor = _current_actor.get()
     if actor is None:
         return "/"

@@ -36,9 +36,9 @@ import trio
 from weald.runtime._actor import Actor
 from weald.runtime._events import Event, EventBus
 from weald.runtime._guard import LOOP_GUARD_ENV, LoopViolation, install_loop_guard, take_loop_guard_violations
+from weald.runtime.agents.tool_runner import ToolResults
 from weald.runtime.faults import FaultInjector, FaultSpec, FaultStatus
 from weald.runtime.llm import ScriptedProvider
-from weald.runtime.tool_runner import ToolResults
 
 if TYPE_CHECKING:
     from weald.runtime.daemon.tree import Daemon

@@ -8,6 +8,10 @@ import pytest
 
 PACKAGES = [
     "weald.runtime",
+    "weald.runtime.agents.agent",
+    "weald.runtime.agents.context",
+    "weald.runtime.agents.session",
+    "weald.runtime.agents.tool_runner",
     "weald.runtime.llm",
     "weald.runtime.mcp",
     "weald.runtime.faults",

@@ -2,7 +2,7 @@
 
 When an agent's context grows too large, old tool outputs are pruned from it
 and replaced by a stub naming their sequence number; the full messages stay
-in the store (``history/<key>/<seq:08d>``, see ``weald.runtime.agent``).
+in the store (``history/<key>/<seq:08d>``, see ``weald.runtime.agents.agent``).
 This tool brings one back, a page at a time for long ones.
 """
 

@@ -41,7 +41,7 @@ from weald.runtime.llm import ProviderSettings
 
 if TYPE_CHECKING:
     # For annotations only; the methods that build these import them when called.
-    from weald.runtime import context
+    from weald.runtime.agents import context
     from weald.runtime.mcp import ServerConfig
     from weald.tools import SpillLimits, ToolConfig
 
@@ -489,8 +489,8 @@ class ContextConfig:
     summary_prompt: str | None = checked(None, optional(check_string))
 
     def to_context_config(self) -> context.ContextConfig:
-        """The `weald.runtime.context.ContextConfig` agents are started with."""
-        from weald.runtime.context import ContextConfig as AgentContextConfig
+        """The `weald.runtime.agents.context.ContextConfig` agents are started with."""
+        from weald.runtime.agents.context import ContextConfig as AgentContextConfig
 
         return AgentContextConfig(
             auto=self.auto,

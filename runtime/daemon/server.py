@@ -49,7 +49,8 @@ import msgspec
 import trio
 from weald.runtime import Actor, ActorDeadError, Event, Future, StoreError, Stub, WealdError, redact
 from weald.runtime._version import VERSION
-from weald.runtime.agent import Agent, AgentRecord, TurnResult, history_key
+from weald.runtime.agents.agent import Agent, AgentRecord, TurnResult, history_key
+from weald.runtime.agents.session import RuntimeView, agent_path
 from weald.runtime.daemon._front import (
     LIMIT_REACHED,
     Acceptor,
@@ -60,7 +61,6 @@ from weald.runtime.daemon._front import (
     over_budget_message,
     read_lines,
 )
-from weald.runtime.session import RuntimeView, agent_path
 from weald.supervisors import SupervisorBase
 
 __all__ = [
@@ -1067,7 +1067,7 @@ class Server(Actor):
         conversation order, each with its ``seq``; ``next_before`` is the
         ``before`` of the page before it (None: this page reaches the start).
         """
-        from weald.runtime.agent import HistoryEntry
+        from weald.runtime.agents.agent import HistoryEntry
 
         store = self.system.store
         await store.flush()  # what the agent has queued is in the store before it is read

@@ -80,13 +80,13 @@ from weald.runtime import (
     register_secret,
     restore_environ,
 )
-from weald.runtime.agent import AgentConfig, AgentRecord, TurnResult
+from weald.runtime.agents.agent import AgentConfig, AgentRecord, TurnResult
+from weald.runtime.agents.session import SessionConfig, agent_path, session_shape, session_spec, valid_session_id
+from weald.runtime.agents.tool_runner import RunnerConfig
 from weald.runtime.daemon._hygiene import SandboxReport, prepare_process, stop_leftovers
 from weald.runtime.daemon.config import CONFIG_ENV, Config
 from weald.runtime.daemon.server import SHUTDOWN_REASON, Server, prepare_socket
 from weald.runtime.llm import Provider, Recorder, RecordingError, ReplayDivergence, Usage, make_provider
-from weald.runtime.session import SessionConfig, agent_path, session_shape, session_spec, valid_session_id
-from weald.runtime.tool_runner import RunnerConfig
 from weald.supervisors import ChildExistsError, ChildSpec, DynamicSupervisor, MaxChildrenError
 from weald.tools import ToolRegistry, default_registry, remove_spill_dir, sweep_spill_dirs
 

@@ -364,9 +364,9 @@ async def ask_through_agent(
     caller is cancelled first, the question is withdrawn and the cancellation
     goes on.
     """
-    # Imported here: weald.runtime.agent imports the tool runner and the
+    # Imported here: weald.runtime.agents.agent imports the tool runner and the
     # model providers, which a client of open_connection alone never needs.
-    from weald.runtime.agent import AskUser, WithdrawQuestion
+    from weald.runtime.agents.agent import AskUser, WithdrawQuestion
 
     agent = runtime.whereis(agent_path)
     if agent is None:

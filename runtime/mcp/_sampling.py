@@ -128,7 +128,7 @@ class AgentSampler:
 
     async def _sample(self, request: MCPSampling) -> MCPSamplingResult:
         # Imported here: the agent layer imports the providers and the tool runner.
-        from weald.runtime.agent import SampleModel
+        from weald.runtime.agents.agent import SampleModel
         from weald.runtime.llm import Completed, Image, Message, ModelRequest
 
         agent = self.runtime.whereis(self.agent_path)

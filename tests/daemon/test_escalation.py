@@ -22,7 +22,7 @@ path = "/sessions/*/agent"
 message = "ToolResults"
 """
 
-#: The session supervisor's restart intensity (runtime/session.py): 5 restarts within 30 s.
+#: The session supervisor's restart intensity (runtime/agents/session.py): 5 restarts within 30 s.
 SESSION_MAX_RESTARTS = 5
 
 

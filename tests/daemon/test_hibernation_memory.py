@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 from weald.runtime import Stub
-from weald.runtime.agent import AgentConfig, TurnResult
+from weald.runtime.agents.agent import AgentConfig, TurnResult
+from weald.runtime.agents.session import SessionConfig, SessionRuntime, agent_path
 from weald.runtime.daemon.config import parse_config
 from weald.runtime.daemon.tree import Daemon
-from weald.runtime.session import SessionConfig, SessionRuntime, agent_path
 from weald.runtime.testing import wait_until
 from weald.supervisors import ChildSpec
 

@@ -33,7 +33,7 @@ def imported_by_a_daemon(tmp_path: Path, *args: str, extra_config: str = "") -> 
     finally:
         proc.close()
     modules = json.loads(out.read_text())
-    assert "weald.runtime.agent" in modules  # the probe saw the daemon's own imports
+    assert "weald.runtime.agents.agent" in modules  # the probe saw the daemon's own imports
     return {name for name in HEAVY if name in modules}
 
 

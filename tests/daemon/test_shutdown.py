@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from daemon_harness import DaemonProcess, collect_until
 from weald.runtime import Store
-from weald.runtime.agent import TurnRecord
+from weald.runtime.agents.agent import TurnRecord
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import trio
 from weald.runtime import REDACTED, ActorSystem, Ref
+from weald.runtime.agents.tool_runner import RunnerConfig, RunTools, ToolCallRequest, ToolRunner
 from weald.runtime.mcp import (
     MCPConfigError,
     MCPConnection,
@@ -22,7 +23,6 @@ from weald.runtime.mcp import (
 )
 from weald.runtime.mcp._registry import TOOL_TIMEOUT_GRACE, build_tool, tool_parameters
 from weald.runtime.testing import wait_for_event, wait_mcp_running, wait_until
-from weald.runtime.tool_runner import RunnerConfig, RunTools, ToolCallRequest, ToolRunner
 from weald.tools import Tool, ToolContext, ToolRegistry, ToolResult, invoke
 
 

@@ -14,13 +14,13 @@ from typing import Any
 import mcp_types as types
 import pytest
 from weald.runtime import ActorSystem
-from weald.runtime.agent import AgentConfig
+from weald.runtime.agents.agent import AgentConfig
+from weald.runtime.agents.session import SessionConfig, agent_path, session_spec
+from weald.runtime.agents.tool_runner import RunnerConfig
 from weald.runtime.llm import ScriptedProvider
 from weald.runtime.mcp import ServerConfig, mcp_supervisor_spec
 from weald.runtime.mcp._values import MAX_IMAGE_BYTES, MAX_IMAGES, tool_result_from_wire
-from weald.runtime.session import SessionConfig, agent_path, session_spec
 from weald.runtime.testing import wait_mcp_running, wait_until
-from weald.runtime.tool_runner import RunnerConfig
 from weald.supervisors import DynamicSupervisor
 from weald.tools import ToolContext, ToolImage, ToolRegistry, ToolResult, invoke
 

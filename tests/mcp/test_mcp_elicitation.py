@@ -17,7 +17,9 @@ import pytest
 import trio
 from mcp_scripted import ScriptedServer
 from weald.runtime import ActorSystem, Ref
-from weald.runtime.agent import AgentConfig
+from weald.runtime.agents.agent import AgentConfig
+from weald.runtime.agents.session import SessionConfig, agent_path, session_spec
+from weald.runtime.agents.tool_runner import RunnerConfig
 from weald.runtime.llm import ScriptedProvider
 from weald.runtime.mcp import (
     MCPConnection,
@@ -26,9 +28,7 @@ from weald.runtime.mcp import (
     open_connection,
 )
 from weald.runtime.mcp._elicitation import AnswerError, elicitation_defaults, parse_answer, question_choices
-from weald.runtime.session import SessionConfig, agent_path, session_spec
 from weald.runtime.testing import wait_for_event, wait_mcp_running, wait_until
-from weald.runtime.tool_runner import RunnerConfig
 from weald.supervisors import DynamicSupervisor
 from weald.tools import ToolRegistry, default_registry
 

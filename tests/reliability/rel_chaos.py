@@ -53,12 +53,12 @@ from typing import Any
 
 import attrs
 from weald.runtime import ActorDeadError, ActorSystem, Event, Store
-from weald.runtime.agent import AgentConfig, HistoryEntry, TurnResult
+from weald.runtime.agents.agent import AgentConfig, HistoryEntry, TurnResult
+from weald.runtime.agents.session import SessionConfig, agent_path, session_spec
+from weald.runtime.agents.tool_runner import RunnerConfig
 from weald.runtime.faults import ActorFault, FaultInjector, FaultSpec, ProviderFault, ToolFault
 from weald.runtime.llm import Message, ProviderSettings, ScriptedProvider
-from weald.runtime.session import SessionConfig, agent_path, session_spec
 from weald.runtime.testing import WaitTimeout, wait_until
-from weald.runtime.tool_runner import RunnerConfig
 from weald.supervisors import DynamicSupervisor
 from weald.tools import ToolConfig, default_registry
 from weald.tools.tasks import list_tasks, scope_for_project
@@ -67,7 +67,7 @@ ANSWER_BOUND = 30.0
 """Seconds within which every prompt must be answered, whatever the faults."""
 
 SESSION_MAX_RESTARTS = 5
-"""The session supervisor's restart intensity (`weald.runtime.session.session_spec`)."""
+"""The session supervisor's restart intensity (`weald.runtime.agents.session.session_spec`)."""
 
 MARK_VARIABLE = "WEALD_CHAOS_MARK"
 """Set in the environment of every command the shell tool starts, to find what a run left behind."""

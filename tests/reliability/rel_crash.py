@@ -40,7 +40,7 @@ import attrs
 from daemon_harness import DaemonProcess
 from rel_chaos import InvariantCheck
 from weald.runtime import Store
-from weald.runtime.agent import HistoryEntry, TurnRecord
+from weald.runtime.agents.agent import HistoryEntry, TurnRecord
 from weald.runtime.daemon.client import Client, DaemonUnavailableError, RPCCallError
 from weald.runtime.testing import wait_until
 from weald.tools.tasks import list_tasks, scope_for_project

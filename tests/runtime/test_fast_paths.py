@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 from pykka._introspection import introspect_attrs
 from weald.runtime import Actor, ActorSystem, Future, redact, register_secret
 from weald.runtime._events import _redact_payload
+from weald.runtime.agents.tool_runner import RunTools, ToolCallRequest, ToolRunner
 from weald.runtime.testing import ResultCollector, wait_until
-from weald.runtime.tool_runner import RunTools, ToolCallRequest, ToolRunner
 from weald.tools import ToolContext, ToolRegistry, tool
 
 REG = ToolRegistry()

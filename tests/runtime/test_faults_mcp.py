@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from weald.runtime import ActorSystem
 from weald.runtime import _faults_proc as proc
+from weald.runtime.agents.tool_runner import RunnerConfig, RunTools, ToolCallRequest, ToolResults, ToolRunner
 from weald.runtime.faults import FaultInjector, MCPFault
 from weald.runtime.mcp import ServerConfig, mcp_supervisor_spec
 from weald.runtime.testing import wait_for_event, wait_until
-from weald.runtime.tool_runner import RunnerConfig, RunTools, ToolCallRequest, ToolResults, ToolRunner
 from weald.supervisors import Backoff
 from weald.tools import ToolContext, ToolRegistry, ToolResult, invoke
 

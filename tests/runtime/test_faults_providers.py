@@ -11,7 +11,9 @@ from typing import Any
 import pytest
 from fake_openai import FakeOpenAI
 from weald.runtime import ActorSystem, Ref
-from weald.runtime.agent import AgentConfig, TurnRecord, TurnResult
+from weald.runtime.agents.agent import AgentConfig, TurnRecord, TurnResult
+from weald.runtime.agents.session import SessionConfig, agent_path, session_spec
+from weald.runtime.agents.tool_runner import RunnerConfig
 from weald.runtime.faults import ActorFault, FaultError, FaultInjector, ProviderFault, ToolFault
 from weald.runtime.llm import (
     Completed,
@@ -24,9 +26,7 @@ from weald.runtime.llm import (
     ScriptedProvider,
     StallTimeout,
 )
-from weald.runtime.session import SessionConfig, agent_path, session_spec
 from weald.runtime.testing import wait_for_event, wait_until
-from weald.runtime.tool_runner import RunnerConfig
 from weald.supervisors import DynamicSupervisor
 from weald.tools import ToolContext, default_registry, tool
 

@@ -11,9 +11,16 @@ import pytest
 import trio
 from weald.runtime import ActorSystem, Ref
 from weald.runtime import _faults_proc as proc
+from weald.runtime.agents.tool_runner import (
+    CallOutcome,
+    RunnerConfig,
+    RunTools,
+    ToolCallRequest,
+    ToolResults,
+    ToolRunner,
+)
 from weald.runtime.faults import FaultInjector, ToolFault
 from weald.runtime.testing import ResultCollector, wait_for_event, wait_until
-from weald.runtime.tool_runner import CallOutcome, RunnerConfig, RunTools, ToolCallRequest, ToolResults, ToolRunner
 from weald.tools import ToolContext, ToolRegistry, default_registry, tool
 
 EMPTY = {"type": "object", "properties": {}, "additionalProperties": False}

@@ -10,7 +10,7 @@ import pykka
 import pytest
 import trio
 from weald.runtime import Actor, ActorSystem, Stub
-from weald.runtime.agent import _idle_clock, _IdleFor
+from weald.runtime.agents.agent import _idle_clock, _IdleFor
 from weald.runtime.testing import wait_until
 from weald.supervisors import ChildSpec, DynamicSupervisor, MaxChildrenError, Supervisor
 

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from weald.runtime import ActorSystem
+from weald.runtime.agents.tool_runner import RunnerConfig, RunTools, ToolCallRequest, ToolResults, ToolRunner
 from weald.runtime.testing import ResultCollector, wait_until
-from weald.runtime.tool_runner import RunnerConfig, RunTools, ToolCallRequest, ToolResults, ToolRunner
 from weald.tools import ToolConfig, ToolResult, default_registry
 
 SECRET = "top secret: the launch codes\n"

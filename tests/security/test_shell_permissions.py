@@ -17,8 +17,8 @@ import pytest
 from daemon_harness import DaemonProcess, collect_until
 from sec_runner import RunnerHarness
 from weald.runtime import ActorSystem
+from weald.runtime.agents.tool_runner import _INLINE_DECISION_CHARS
 from weald.runtime.testing import wait_for_event
-from weald.runtime.tool_runner import _INLINE_DECISION_CHARS
 
 SMUGGLED = {
     "echo ok; touch PWNED": "echo ok*",

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from sec_runner import RunnerHarness
 from weald.runtime import ActorSystem
+from weald.runtime.agents.tool_runner import RunTools, ToolCallRequest
 from weald.runtime.testing import process_alive, wait_until
-from weald.runtime.tool_runner import RunTools, ToolCallRequest
 
 
 @pytest.mark.parametrize(

@@ -13,8 +13,8 @@ import attrs
 import pytest
 import trio
 from weald.runtime import ActorSystem
+from weald.runtime.agents.tool_runner import RunnerConfig, RunTools, ToolCallRequest, ToolRunner
 from weald.runtime.testing import ResultCollector, wait_until
-from weald.runtime.tool_runner import RunnerConfig, RunTools, ToolCallRequest, ToolRunner
 from weald.tools import SessionServices, ToolContext, ToolRegistry, ToolResult, invoke
 from weald.tools._html import html_to_text
 from weald.tools.fetch import fetch

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from weald.runtime.agents.tool_runner import RunnerConfig, decide_permission
 from weald.runtime.daemon.config import parse_config
-from weald.runtime.tool_runner import RunnerConfig, decide_permission
 from weald.tools import PermissionScope
 from weald.tools._bash import MAX_COMMAND_BYTES, MAX_DEPTH, MAX_SYNTAX_NODES, analyze
 from weald.tools.shell import shell

@@ -12,11 +12,11 @@ import pytest
 import trio
 from fake_openai import FakeOpenAI
 from weald.runtime import ActorSystem, Ref, register_secret
-from weald.runtime.agent import AgentConfig, HistoryEntry, TurnRecord, TurnResult
+from weald.runtime.agents.agent import AgentConfig, HistoryEntry, TurnRecord, TurnResult
+from weald.runtime.agents.session import SessionConfig, agent_path, session_spec
+from weald.runtime.agents.tool_runner import RunnerConfig
 from weald.runtime.llm import ModelRequest, OpenAIProvider, ProviderSettings, ScriptedProvider, StreamEvent, Usage
-from weald.runtime.session import SessionConfig, agent_path, session_spec
 from weald.runtime.testing import wait_for_event, wait_until
-from weald.runtime.tool_runner import RunnerConfig
 from weald.supervisors import DynamicSupervisor
 from weald.tools import ToolContext, default_registry, tool
 

@@ -37,9 +37,9 @@ import attrs
 import trio
 from pykka.messages import ProxyCall
 from weald.runtime import Actor, ActorSystem, Event, Future, Ref, Store, Stub, redact
-from weald.runtime.agent import Agent, AgentConfig, AskUser, TurnResult
+from weald.runtime.agents.agent import Agent, AgentConfig, AskUser, TurnResult
+from weald.runtime.agents.tool_runner import RunnerConfig, ToolRunner
 from weald.runtime.llm import Provider, Recorder, ReplayDivergence, ScriptedProvider, make_provider
-from weald.runtime.tool_runner import RunnerConfig, ToolRunner
 from weald.supervisors import ChildSpec, DynamicSupervisor, Supervisor
 from weald.tools import ToolRegistry, default_registry
 from weald.tools.skills import default_skill_dirs, describe_skills

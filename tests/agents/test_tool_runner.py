@@ -15,9 +15,7 @@ import pytest
 import trio
 import weald.tools.shell as shell_module
 from weald.runtime import ActorSystem, Ref
-from weald.runtime.daemon.config import parse_config
-from weald.runtime.testing import ResultCollector, wait_for_event, wait_until
-from weald.runtime.tool_runner import (
+from weald.runtime.agents.tool_runner import (
     RunnerConfig,
     RunTools,
     ToolCallRequest,
@@ -25,6 +23,8 @@ from weald.runtime.tool_runner import (
     ToolRunner,
     decide_permission,
 )
+from weald.runtime.daemon.config import parse_config
+from weald.runtime.testing import ResultCollector, wait_for_event, wait_until
 from weald.tools import ToolConfig, ToolContext, ToolError, ToolRegistry, tool
 from weald.tools.shell import shell
 

@@ -1,4 +1,4 @@
-"""Context management (runtime/context.py and the agent): estimates, pruning, compaction, overflow, memory bound."""
+"""Context management (runtime/agents/context.py and the agent): estimates, pruning, compaction, overflow, memory bound."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from test_agent import FLAGS, REG, Harness
 from weald.runtime import ActorSystem, Ref
-from weald.runtime.agent import AgentRecord, HistoryEntry, load_history
-from weald.runtime.context import (
+from weald.runtime.agents.agent import AgentRecord, HistoryEntry, load_history
+from weald.runtime.agents.context import (
     CompactionMark,
     Context,
     ContextConfig,

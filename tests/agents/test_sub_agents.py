@@ -1,4 +1,4 @@
-"""Sub-agents (runtime/session.py, tools/sub_agent.py): nesting, ids, concurrency, forwarded events, questions."""
+"""Sub-agents (runtime/agents/session.py, tools/sub_agent.py): nesting, ids, concurrency, forwarded events, questions."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from test_agent import Harness
 from weald.runtime import ActorSystem
-from weald.runtime.agent import AgentConfig, load_history
+from weald.runtime.agents.agent import AgentConfig, load_history
 from weald.runtime.llm import ModelRequest, ScriptedProvider, StreamEvent
 from weald.runtime.testing import wait_for_event
 

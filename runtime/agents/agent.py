@@ -17,7 +17,7 @@ the trio loop and arrives as messages; tool calls go to the session's
 a writer task that commits in groups. So `abort` is handled at once in every
 state.
 
-The agent holds only its *context* in memory (`weald.runtime.context`): the
+The agent holds only its *context* in memory (`weald.runtime.agents.context`): the
 messages since its last compaction, led by that compaction's summary, with
 old tool outputs pruned. Before each model call it estimates the request's
 tokens; when they exceed the model's input budget it prunes old tool results
@@ -62,7 +62,7 @@ import itertools
 import time
 import uuid
 import weakref
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -71,7 +71,8 @@ import msgspec
 import outcome
 import trio
 from weald.runtime import Actor, ActorDeadError, Future, Ref, StoreError, redact, redact_text
-from weald.runtime.context import CompactionMark, Context, ContextConfig, ContextStats, summary_message
+from weald.runtime.agents.context import CompactionMark, Context, ContextConfig, ContextStats, summary_message
+from weald.runtime.agents.tool_runner import RunTools, ToolCallRequest, ToolResults
 from weald.runtime.llm import (
     Completed,
     ContextLengthExceeded,
@@ -88,7 +89,6 @@ from weald.runtime.llm import (
     make_provider,
     model_limits,
 )
-from weald.runtime.tool_runner import RunTools, ToolCallRequest, ToolResults
 from weald.tools import ToolRegistry, default_registry
 
 __all__ = [
@@ -580,7 +580,7 @@ class Agent(Actor):
             in a worker thread, and only when the agent is offered
             ``use_skill``. None: the model is shown no skills.
         hibernate: asks for the agent's session to be hibernated (see
-            `weald.runtime.session.SessionRuntime.hibernate`); returns
+            `weald.runtime.agents.session.SessionRuntime.hibernate`); returns
             whether it will be. Called once the agent has been idle for
             ``idle_after`` seconds, while it holds its messages.
         idle_after: seconds of idleness before ``hibernate`` is called; None: never.
@@ -1829,14 +1829,3 @@ def _unsaved(result: TurnResult, exc: BaseException) -> TurnResult:
     if result.error and result.error != error:
         error = f"{result.error}; and {error}"
     return attrs.evolve(result, ok=False, error=error)
-
-
-def provider_spec_of(model: str) -> tuple[str, str]:
-    """Split ``provider:model`` (the model part may itself contain ``:``)."""
-    provider, _, rest = model.partition(":")
-    return provider, rest
-
-
-def tool_names(specs: Sequence[ToolSpec]) -> list[str]:
-    """The names of the given tool specs."""
-    return [s.name for s in specs]
