@@ -36,8 +36,9 @@ from typing import Any, Literal
 import attrs
 import jsonschema
 import trio
-from weald.runtime import WealdError
-from weald.tools._names import printable_result
+from weald.tools._errors import ToolError
+from weald.tools._names import printable, show, unprintable
+from weald.tools._paths import resolve_in_sandbox
 
 __all__ = [
     "AbortSignal",
@@ -105,18 +106,6 @@ def _path_tuple(values: Iterable[str | Path]) -> tuple[Path, ...]:
 
 
 Truncate = Literal["head", "tail"]
-
-
-class ToolError(WealdError):
-    """Raised by a tool to end the call with an error result for the model.
-
-    The message is what the model reads, so say what went wrong and what to
-    do next. Any other exception works too; this one just reads better.
-    """
-
-    def __init__(self, message: str, *, hints: Iterable[str] = ()) -> None:
-        super().__init__(message)
-        self.hints = tuple(hints)
 
 
 @attrs.frozen
@@ -287,8 +276,6 @@ class ToolContext:
             ToolError: the path leads outside the sandbox (``..``, an
                 absolute path elsewhere, or a symlink out), or must exist and does not.
         """
-        from weald.tools._sandbox import resolve_in_sandbox
-
         return resolve_in_sandbox(self, path, must_exist=must_exist)
 
 
@@ -763,6 +750,24 @@ def describe_exception(tool_name: str, exc: BaseException) -> ToolResult:
     return ToolResult.error(
         f"{tool_name} failed with {type(exc).__name__}: {exc}. "
         "The tool is fine to call again; change the arguments or try another approach.",
+    )
+
+
+def printable_result(result: ToolResult) -> ToolResult:
+    """``result`` with nothing in it that UTF-8 cannot encode (output, hints, data, spool path)."""
+    if result.data is None and not result.hints and result.full_output_path is None:
+        # The common result, text alone: one check of the text.
+        output = result.output
+        if output.__class__ is str and show(output) is output:
+            return result
+    if not unprintable((result.output, result.hints, result.data, result.full_output_path)):
+        return result
+    return attrs.evolve(
+        result,
+        output=show(result.output),
+        hints=tuple(show(h) for h in result.hints),
+        data=printable(result.data),
+        full_output_path=show(result.full_output_path) if result.full_output_path is not None else None,
     )
 
 

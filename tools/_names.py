@@ -14,14 +14,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import attrs
-
-if TYPE_CHECKING:  # _contract imports this module
-    from weald.tools._contract import ToolResult
-
-__all__ = ["printable", "printable_result", "show", "unescape"]
+__all__ = ["printable", "show", "unescape", "unprintable"]
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _ESCAPE = re.compile(r"\\x([89a-fA-F][0-9a-fA-F])")
@@ -65,29 +60,12 @@ def printable(value: Any) -> Any:
     return value
 
 
-def _unprintable(value: Any) -> bool:
+def unprintable(value: Any) -> bool:
+    """True if a string in ``value`` (in lists, tuples and mappings too) holds what UTF-8 cannot encode."""
     if isinstance(value, str):
         return show(value) is not value
     if isinstance(value, list | tuple):
-        return any(_unprintable(v) for v in value)
+        return any(unprintable(v) for v in value)
     if isinstance(value, Mapping):
-        return any(_unprintable(k) or _unprintable(v) for k, v in value.items())
+        return any(unprintable(k) or unprintable(v) for k, v in value.items())
     return False
-
-
-def printable_result(result: ToolResult) -> ToolResult:
-    """``result`` with nothing in it that UTF-8 cannot encode (output, hints, data, spool path)."""
-    if result.data is None and not result.hints and result.full_output_path is None:
-        # The common result, text alone: one check of the text.
-        output = result.output
-        if output.__class__ is str and show(output) is output:
-            return result
-    if not _unprintable((result.output, result.hints, result.data, result.full_output_path)):
-        return result
-    return attrs.evolve(
-        result,
-        output=show(result.output),
-        hints=tuple(show(h) for h in result.hints),
-        data=printable(result.data),
-        full_output_path=show(result.full_output_path) if result.full_output_path is not None else None,
-    )

@@ -1,10 +1,7 @@
-"""The file sandbox: paths resolve inside the working directory and the allowed directories.
+"""The file sandbox: files opened and written inside the working directory and the allowed directories.
 
-File tools touch only files under ``ctx.working_dir`` and ``ctx.allowed_dirs``
-(the *roots*). `resolve_in_sandbox` refuses a path that leads elsewhere: by
-``..``, as an absolute path, or through a symlink (the file itself or any
-directory on the way). A symlink inside the sandbox that points inside is
-fine; the resolved path is the real one.
+Which paths lie inside (the *roots*) is `weald.tools._paths`
+(`resolve_in_sandbox`, re-exported here); this module opens and writes them.
 
 Checking a path and then opening it leaves a window in which a directory on
 the way can be swapped for a symlink. So `open_read` and `write_atomic` do
@@ -26,7 +23,6 @@ root, so the mode alone would stop neither.
 from __future__ import annotations
 
 import contextlib
-import difflib
 import errno
 import os
 import secrets
@@ -36,8 +32,16 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import attrs
-from weald.tools._contract import ToolContext, ToolError
-from weald.tools._names import show, unescape
+from weald.tools._contract import ToolContext
+from weald.tools._errors import ToolError
+from weald.tools._paths import (
+    describe_roots,
+    display_path,
+    missing_error,
+    resolve_in_sandbox,
+    root_of,
+    sandbox_roots,
+)
 
 __all__ = [
     "WriteOutcome",
@@ -72,129 +76,12 @@ class WriteOutcome:
     stat: os.stat_result = attrs.field(eq=False)
 
 
-def sandbox_roots(ctx: ToolContext) -> list[Path]:
-    """The real paths of the working directory and the allowed directories, in that order."""
-    roots = [Path(os.path.realpath(ctx.working_dir))]
-    for d in ctx.allowed_dirs:
-        real = Path(os.path.realpath(d if d.is_absolute() else ctx.working_dir / d))
-        if real not in roots:
-            roots.append(real)
-    return roots
-
-
-def display_path(ctx: ToolContext, path: Path) -> str:
-    """``path`` as the model should see it: relative to the working directory when inside it."""
-    root = Path(os.path.realpath(ctx.working_dir))
-    try:
-        rel = path.relative_to(root)
-    except ValueError:
-        return str(path)
-    return str(rel) if rel.parts else "."
-
-
-def _root_of(path: Path, roots: list[Path]) -> Path | None:
-    """The innermost root containing ``path``, or None."""
-    best: Path | None = None
-    for root in roots:
-        if (path == root or path.is_relative_to(root)) and (best is None or len(root.parts) > len(best.parts)):
-            best = root
-    return best
-
-
-def _describe_roots(roots: list[Path]) -> str:
-    extra = [str(r) for r in roots[1:]]
-    where = f"the working directory {roots[0]}"
-    if extra:
-        where += " and the allowed directories " + ", ".join(extra)
-    return where
-
-
-def resolve_in_sandbox(ctx: ToolContext, path: str, *, must_exist: bool = False) -> Path:
-    """Resolve ``path`` to a real path inside the sandbox.
-
-    Relative paths resolve against ``ctx.working_dir``; a leading ``~`` is the
-    home directory (usually outside). Symlinks are resolved; the result has none.
-
-    Args:
-        ctx: the call's context (working dir, allowed dirs).
-        path: the path as the model gave it.
-        must_exist: refuse a path that does not exist.
-
-    Returns:
-        The real, absolute path.
-
-    Raises:
-        ToolError: the path is empty, leads outside the sandbox (``..``, an
-            absolute path elsewhere, a symlink out), or must exist and does not.
-    """
-    if not isinstance(path, str) or not path.strip():
-        raise ToolError("the path is empty. Give a file path relative to the working directory, e.g. 'src/main.py'.")
-    if "\x00" in path:
-        raise ToolError(f"the path {path!r} contains a NUL character. Give a plain file path.")
-    roots = sandbox_roots(ctx)
-    path = _as_named(roots[0], path)
-    given = os.path.expanduser(path) if path.startswith("~") else path
-    candidate = os.path.join(roots[0], given)
-    real = Path(os.path.realpath(candidate))
-    if _root_of(real, roots) is None:
-        lexical = Path(os.path.normpath(candidate))
-        given_roots = [Path(os.path.normpath(os.path.join(roots[0], d))) for d in (ctx.working_dir, *ctx.allowed_dirs)]
-        where = _describe_roots(roots)
-        if _root_of(lexical, roots) is None and _root_of(lexical, given_roots) is None:
-            how = f": its '..' components lead to {lexical}" if ".." in Path(given).parts else f" ({lexical})"
-            raise ToolError(
-                f"{path} is outside the sandbox{how}. File tools may only touch files under "
-                f"{where}. Use a path inside it, relative to the working directory.",
-            )
-        raise ToolError(
-            f"{path} leads outside the sandbox through a symlink: it resolves to {real}. File tools may only "
-            f"touch files under {where}, and do not follow symlinks out of it. Work on the files inside instead.",
-        )
-    if must_exist and not os.path.lexists(real):
-        raise _missing(ctx, path, real)
-    return real
-
-
-def _as_named(base: Path, path: str) -> str:
-    r"""``path``, or the name its ``\xHH`` escapes stand for when that is what exists.
-
-    Tools show a name that is not UTF-8 with its undecodable bytes as
-    ``\xHH`` (`weald.tools._names.show`), and the model sends it back so. The
-    path as given wins if it exists (a name may really contain ``\xff``); else
-    the unescaped one is used if it, or its directory, exists.
-    """
-    named = unescape(path)
-    if named is path:
-        return path
-    literal, escaped = os.path.join(base, os.path.expanduser(path)), os.path.join(base, os.path.expanduser(named))
-    if os.path.lexists(literal):
-        return path
-    if os.path.lexists(escaped):
-        return named
-    if os.path.lexists(os.path.dirname(escaped)) and not os.path.lexists(os.path.dirname(literal)):
-        return named
-    return path
-
-
-def _missing(ctx: ToolContext, path: str, real: Path) -> ToolError:
-    """The error for a file that does not exist, suggesting close names in its directory."""
-    hint = ""
-    with contextlib.suppress(OSError):
-        names = os.listdir(real.parent)
-        close = difflib.get_close_matches(real.name, names, n=3, cutoff=0.6)
-        if close:
-            parent = display_path(ctx, real.parent)
-            shown = [name if parent == "." else f"{parent}/{name}" for name in close]
-            hint = " Did you mean " + " or ".join(f"'{show(s)}'" for s in shown) + "?"
-    return ToolError(f"{path} does not exist.{hint} Use glob to find the file (e.g. pattern '**/{real.name}').")
-
-
 def _split(ctx: ToolContext, real: Path) -> tuple[Path, tuple[str, ...]]:
     """The root holding ``real`` and the components below it."""
     roots = sandbox_roots(ctx)
-    root = _root_of(real, roots)
+    root = root_of(real, roots)
     if root is None:  # resolve_in_sandbox returned it, so only a changed config gets here
-        raise ToolError(f"{real} is outside the sandbox. Use a path under {_describe_roots(roots)}.")
+        raise ToolError(f"{real} is outside the sandbox. Use a path under {describe_roots(roots)}.")
     return root, real.relative_to(root).parts
 
 
@@ -218,7 +105,7 @@ def _verify_inside(ctx: ToolContext, fd: int, real: Path) -> None:
     target = _fd_target(fd)
     if target is None:
         return
-    if _root_of(Path(target.removesuffix(" (deleted)")), sandbox_roots(ctx)) is None:
+    if root_of(Path(target.removesuffix(" (deleted)")), sandbox_roots(ctx)) is None:
         raise ToolError(
             f"{display_path(ctx, real)} was opened but lies at {target}, outside the sandbox; "
             "a symlink or mount changed under it. It was not read or written.",
@@ -307,11 +194,11 @@ def open_read(ctx: ToolContext, path: str) -> tuple[BinaryIO, Path]:
     try:
         dir_fd = _open_dir(ctx, root, parts[:-1], real, create=False)
     except FileNotFoundError as exc:
-        raise _missing(ctx, path, real) from exc
+        raise missing_error(ctx, path, real) from exc
     try:
         fd = os.open(parts[-1], _READ_FLAGS, dir_fd=dir_fd)
     except FileNotFoundError as exc:
-        raise _missing(ctx, path, real) from exc
+        raise missing_error(ctx, path, real) from exc
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise _swapped(ctx, real, "the file") from exc
@@ -341,7 +228,7 @@ def open_directory(ctx: ToolContext, path: str) -> int:
     try:
         return _open_dir(ctx, root, parts, real, create=False)
     except FileNotFoundError as exc:
-        raise _missing(ctx, path, real) from exc
+        raise missing_error(ctx, path, real) from exc
 
 
 def _check_opened(ctx: ToolContext, path: str, real: Path, fd: int) -> None:

@@ -35,3 +35,25 @@ def test_a_tool_config_is_frozen() -> None:
     config = ToolConfig()
     with pytest.raises(attrs.exceptions.FrozenInstanceError):
         config.max_output_lines = 10  # type: ignore[misc]
+
+
+def _tool_imports(module: str) -> set[str]:
+    """The ``weald.tools`` modules ``tools/<module>.py`` imports, at any place in it (type-checking blocks too)."""
+    import ast
+
+    source = Path(__file__).resolve().parents[2] / "tools" / f"{module}.py"
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("weald.tools."):
+            found.add(node.module.removeprefix("weald.tools."))
+        elif isinstance(node, ast.Import):
+            found.update(a.name.removeprefix("weald.tools.") for a in node.names if a.name.startswith("weald.tools."))
+    return found
+
+
+def test_the_contract_and_the_modules_beneath_it_import_one_way() -> None:
+    # _names <- _errors <- _paths <- _contract <- _sandbox: no module imports one above it.
+    order = ["_names", "_errors", "_paths", "_contract", "_sandbox"]
+    for index, module in enumerate(order):
+        above = set(order[index + 1 :])
+        assert not _tool_imports(module) & above, f"{module} imports {_tool_imports(module) & above}"
