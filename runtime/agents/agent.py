@@ -62,7 +62,7 @@ import itertools
 import time
 import uuid
 import weakref
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -372,6 +372,7 @@ class SampleModel:
 class _Prompt:
     text: str
     future: Future[TurnResult]
+    images: tuple[Image, ...] = ()
 
 
 @attrs.frozen
@@ -900,14 +901,14 @@ class Agent(Actor):
 
     # -- public API (through the proxy) ---------------------------------------------------------
 
-    def prompt(self, text: str) -> Future[TurnResult]:
-        """Start a turn with ``text``; returns a future resolved with the `TurnResult`.
+    def prompt(self, text: str, images: Sequence[Image] = ()) -> Future[TurnResult]:
+        """Start a turn with ``text`` (and ``images`` the model sees with it); returns a future of the `TurnResult`.
 
         A prompt sent while a turn runs is queued and handed to the model at
         the next step boundary (steering); its future resolves when that turn ends.
         """
         future: Future[TurnResult] = Future()
-        self._queue.append(_Prompt(text, future))
+        self._queue.append(_Prompt(text, future, tuple(images)))
         if self._turn is None and self._compaction is None:
             self._start_turn()
         else:
@@ -1058,7 +1059,7 @@ class Agent(Actor):
     def _take_queue(self, turn: _Turn) -> None:
         for prompt in self._queue:
             turn.futures.append(prompt.future)
-            self._append(Message(role="user", content=prompt.text), turn.id)
+            self._append(Message(role="user", content=prompt.text, images=list(prompt.images)), turn.id)
         self._queue.clear()
 
     def _tool_specs(self) -> list[ToolSpec]:

@@ -3,6 +3,7 @@
 ::
 
     /sessions/<id>                Supervisor, rest_for_one
+    ├── mcp                       MCPSupervisor: the session's own MCP servers (only when it has some)
     ├── tool_runner               ToolRunner (each call a temporary child)
     ├── sub_agents                DynamicSupervisor: sub-agents, depth-limited
     └── agent                     Agent (reloads its history on restart)
@@ -28,7 +29,7 @@ import re
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -41,7 +42,7 @@ from weald.runtime.agents.agent import Agent, AgentConfig, AskUser, TurnResult
 from weald.runtime.agents.tool_runner import RunnerConfig, ToolRunner
 from weald.runtime.llm import Provider, Recorder, ReplayDivergence, ScriptedProvider, make_provider
 from weald.supervisors import ChildSpec, DynamicSupervisor, Supervisor
-from weald.tools import ToolRegistry, default_registry
+from weald.tools import Tool, ToolRegistry, default_registry
 from weald.tools.skills import default_skill_dirs, describe_skills
 
 __all__ = [
@@ -76,6 +77,9 @@ class SessionConfig:
         output_dir: where full tool outputs are saved (default: next to the store).
         hibernate_after: seconds the session may stay idle before it
             hibernates (see `SessionRuntime.hibernate`); None: never.
+        mcp_servers: MCP servers of this session alone (an editor's, through
+            ACP): `weald.runtime.mcp.ServerConfig`s, run under the session's
+            ``mcp`` supervisor; their tools are this session's only.
     """
 
     session_id: str
@@ -85,6 +89,44 @@ class SessionConfig:
     allowed_dirs: tuple[str, ...] = ()
     output_dir: str | None = None
     hibernate_after: float | None = None
+    mcp_servers: tuple[Any, ...] = ()
+
+
+class _SessionTools(ToolRegistry):
+    """The daemon's tools plus a session's own (its MCP servers'); the session's win a name clash.
+
+    The daemon's registry is read live, so tools that register there later
+    (the daemon's MCP servers connecting) are offered here too.
+    """
+
+    def __init__(self, base: ToolRegistry) -> None:
+        super().__init__()
+        self._base = base
+
+    def __contains__(self, name: object) -> bool:
+        return super().__contains__(name) or name in self._base
+
+    def __len__(self) -> int:
+        return len(self.names())
+
+    def get(self, name: str) -> Tool | None:
+        """The session's tool called ``name``, else the daemon's."""
+        return super().get(name) or self._base.get(name)
+
+    def names(self) -> list[str]:
+        """Every tool name, sorted."""
+        return sorted({*super().names(), *self._base.names()})
+
+    def select(self, patterns: Iterable[str] | None = None) -> list[Tool]:
+        """The tools a filter allows among both, sorted by name."""
+        patterns = None if patterns is None else tuple(patterns)
+        chosen = {t.name: t for t in self._base.select(patterns)}
+        chosen.update((t.name, t) for t in super().select(patterns))
+        return [chosen[name] for name in sorted(chosen)]
+
+    def copy(self) -> ToolRegistry:
+        """An independent registry holding the same tools (the daemon's as they are now)."""
+        return ToolRegistry({**{t.name: t for t in self._base.select()}, **self._tools}.values())
 
 
 class RuntimeView:
@@ -458,8 +500,16 @@ def session_spec(
     agent_factory = _replay_factory(base, project, on_divergence)
     if recorder is not None:
         agent_factory = recorder.wrap_factory(agent_factory)
+    mcp: list[ChildSpec] = []
+    if config.mcp_servers:
+        from weald.runtime.mcp import mcp_supervisor_spec
+
+        registry = _SessionTools(registry)
+        working_dir = config.working_dir
+        mcp.append(mcp_supervisor_spec(config.mcp_servers, registry, roots=lambda: (working_dir,)))
     runtime = SessionRuntime(system, path, config, registry, sub_agent_factory)
     children = [
+        *mcp,
         ChildSpec(
             "tool_runner",
             ToolRunner,

@@ -7,6 +7,7 @@
     weald observe [--no-browser]                            open the running daemon's observer
     weald run "PROMPT" [--agent ID] [--cwd DIR] [--yes]     prompt an agent, streaming its work
               [--record FILE] [--faults FILE]               ... recording its model calls; under faults
+    weald acp [--model M]                                   serve an editor over ACP (stdio)
     weald agents | tree | debug-state ID | tasks            look inside a running daemon
     weald compact ID                                        compact an agent's context now
     weald demo                                              a self-contained tour, no API key needed
@@ -311,6 +312,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     if result.get("aborted"):
         return EXIT_ABORTED
     return EXIT_OK if result.get("ok") else EXIT_FAILED
+
+
+def cmd_acp(args: argparse.Namespace) -> int:
+    """Serve the Agent Client Protocol on stdin/stdout, for an editor (Zed, JetBrains, Neovim: see docs/acp.md).
+
+    Each ACP session is a session of the running daemon, or of one started in
+    this process when none runs (as ``weald run`` does).
+    """
+    from weald.runtime.daemon._acp import protocol_stdout, serve_stdio
+
+    stdout = protocol_stdout()  # first: nothing else may write on the protocol's stream
+    with _connect(args, embedded=True) as client:
+        return serve_stdio(client, stdout, model=args.model)
 
 
 def _plural(count: int, noun: str) -> str:
@@ -723,6 +737,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--record", help="record the new agent's model calls into FILE (replay: --model scripted:FILE)")
     p.add_argument("--faults", help="run in a daemon of its own, with fault injection and the faults declared in FILE")
     p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("acp", parents=[common], help="serve an editor over ACP (stdio)", description=_doc(cmd_acp))
+    p.add_argument("--model", help="provider:model (or an alias) for new sessions (default: the project's)")
+    p.set_defaults(func=cmd_acp)
 
     p = sub.add_parser("agents", parents=[common], help="list agents", description=_doc(cmd_agents))
     p.set_defaults(func=cmd_agents)

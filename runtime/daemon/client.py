@@ -120,6 +120,11 @@ class Client:
         self._sock.close()
         self._reader.join(5)
 
+    @property
+    def broken(self) -> bool:
+        """Whether the daemon ended the connection."""
+        return self._broken
+
     def send_raw(self, data: bytes) -> None:
         """Send bytes as they are (for tests of bad input)."""
         with self._send_lock:

@@ -61,6 +61,7 @@ from weald.runtime.daemon._front import (
     over_budget_message,
     read_lines,
 )
+from weald.runtime.llm import Image
 from weald.supervisors import SupervisorBase
 
 __all__ = [
@@ -128,6 +129,17 @@ class NoParams(_Params):
     pass
 
 
+class SessionMCPServer(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """An MCP server of one session alone (``agent.start``'s ``mcp_servers``; an editor's, through ACP)."""
+
+    name: Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
+    command: str | None = None
+    args: list[str] = []
+    env: dict[str, str] = {}
+    url: str | None = None
+    headers: dict[str, str] = {}
+
+
 class AgentStartParams(_Params):
     working_dir: str
     model: str | None = None
@@ -136,6 +148,7 @@ class AgentStartParams(_Params):
     agent_id: str | None = None
     record: Annotated[str, msgspec.Meta(min_length=1, max_length=4096)] | None = None
     asleep: bool | None = None  # None: asleep when hibernation is on (`Sessions.start_asleep`)
+    mcp_servers: Annotated[list[SessionMCPServer], msgspec.Meta(max_length=32)] | None = None
 
 
 MAX_BATCH_STARTS = 1000
@@ -151,10 +164,16 @@ class AgentParams(_Params):
     agent_id: str
 
 
+class PromptImage(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    mime_type: Literal["image/png", "image/jpeg", "image/gif", "image/webp"]
+    data: Annotated[str, msgspec.Meta(min_length=1)]  # base64
+
+
 class AgentPromptParams(_Params):
     agent_id: str
     text: str
     timeout: Annotated[float, msgspec.Meta(ge=0)] | None = None
+    images: Annotated[list[PromptImage], msgspec.Meta(max_length=32)] | None = None
 
 
 class AgentHistoryParams(_Params):
@@ -880,6 +899,7 @@ class Server(Actor):
             agent_id=p.agent_id,
             record=p.record,
             asleep=self._sessions.start_asleep if p.asleep is None else p.asleep,
+            mcp_servers=p.mcp_servers,
         )
         return {"agent_id": agent_id}
 
@@ -938,7 +958,8 @@ class Server(Actor):
         self._replay_open_prompts(conn, p.agent_id)
         try:
             since = self.system.events.published  # a start failure after this is this prompt's
-            future = self._sessions.prompt_nowait(p.agent_id, p.text)
+            images = tuple(Image(image.mime_type, image.data) for image in p.images or ())
+            future = self._sessions.prompt_nowait(p.agent_id, p.text, images)
             try:
                 if p.timeout is None:
                     return self._explained(await future)
@@ -1307,6 +1328,7 @@ class Server(Actor):
                 "request_id": data["request_id"],
                 "agent_id": agent_id,
                 "agent_path": data.get("agent_path"),
+                "call_id": data.get("call_id"),
                 "tool": data.get("tool"),
                 "subject": data.get("subject"),
                 "arguments": data.get("arguments"),

@@ -85,8 +85,8 @@ from weald.runtime.agents.session import SessionConfig, agent_path, session_shap
 from weald.runtime.agents.tool_runner import RunnerConfig
 from weald.runtime.daemon._hygiene import SandboxReport, prepare_process, stop_leftovers
 from weald.runtime.daemon.config import CONFIG_ENV, Config
-from weald.runtime.daemon.server import SHUTDOWN_REASON, Server, prepare_socket
-from weald.runtime.llm import Provider, Recorder, RecordingError, ReplayDivergence, Usage, make_provider
+from weald.runtime.daemon.server import SHUTDOWN_REASON, Server, SessionMCPServer, prepare_socket
+from weald.runtime.llm import Image, Provider, Recorder, RecordingError, ReplayDivergence, Usage, make_provider
 from weald.supervisors import ChildExistsError, ChildSpec, DynamicSupervisor, MaxChildrenError
 from weald.tools import ToolRegistry, default_registry, remove_spill_dir, sweep_spill_dirs
 
@@ -150,6 +150,7 @@ class SessionRecord(msgspec.Struct, kw_only=True):
     created: float = 0.0
     status: str = "active"
     record: str | None = None
+    mcp_servers: list[SessionMCPServer] | None = None
 
 
 @attrs.frozen
@@ -170,11 +171,12 @@ class TurnGateStatistics:
 class _WaitingPrompt:
     """A prompt the gate holds or has handed on; ``result`` is what ``agent.prompt`` replies."""
 
-    __slots__ = ("agent_id", "result", "text")
+    __slots__ = ("agent_id", "images", "result", "text")
 
-    def __init__(self, agent_id: str, text: str) -> None:
+    def __init__(self, agent_id: str, text: str, images: tuple[Image, ...] = ()) -> None:
         self.agent_id = agent_id
         self.text = text
+        self.images = images
         self.result: Future[TurnResult] = Future()
 
 
@@ -211,15 +213,15 @@ class TurnGate:
         self._waiting: deque[_WaitingPrompt] = deque()
         self._closed: str | None = None
 
-    def submit_nowait(self, agent_id: str, text: str) -> Future[TurnResult]:
-        """Hand ``text`` to the agent now, or queue it for a slot; returns the turn's future.
+    def submit_nowait(self, agent_id: str, text: str, images: tuple[Image, ...] = ()) -> Future[TurnResult]:
+        """Hand ``text`` (and ``images``) to the agent now, or queue it for a slot; returns the turn's future.
 
         The future resolves with the `TurnResult` of the turn the prompt ran
         in; an aborted result when it was aborted (or dropped by
         `cancel_waiting_nowait` or `close_nowait`) before it ran; or
         `DaemonError` when its agent was gone by the time its slot came.
         """
-        prompt = _WaitingPrompt(agent_id, text)
+        prompt = _WaitingPrompt(agent_id, text, images)
         if self._closed is not None:
             prompt.result.set(_aborted(self._closed))
         elif agent_id in self._holders or self._free():
@@ -267,7 +269,7 @@ class TurnGate:
             prompt.result.set_exception((DaemonError, error, None))
             return
         try:
-            call: Future[Future[TurnResult]] = ref.proxy().prompt(prompt.text)
+            call: Future[Future[TurnResult]] = ref.proxy().prompt(prompt.text, prompt.images)
         except Exception:  # ActorDeadError: whoever waits on the prompt learns why
             prompt.result.set_exception()
             return
@@ -483,6 +485,7 @@ class Sessions:
             allowed_dirs=(home_skills,) if home_skills is not None else (),
             output_dir=f"{self._spill_dir}/{record.session_id}",
             hibernate_after=self.config.limits.hibernate_after or None,  # 0: never
+            mcp_servers=_session_mcp_configs(record.mcp_servers or ()),
         )
 
     @property
@@ -509,6 +512,7 @@ class Sessions:
         agent_id: str | None = None,
         record: str | None = None,
         asleep: bool = False,
+        mcp_servers: Sequence[SessionMCPServer] | None = None,
     ) -> str:
         """Store and start a new session; returns its agent id.
 
@@ -528,6 +532,8 @@ class Sessions:
             record: a file to record the agent's model calls into (relative:
                 to ``working_dir``); it is replaced by the new recording.
             asleep: add the session hibernated, its actors built by its first message.
+            mcp_servers: MCP servers of this session alone, run under its
+                ``mcp`` supervisor (the session then starts awake).
 
         Raises:
             InvalidRequestError: a relative working dir, a malformed or empty id, a model that cannot be used.
@@ -535,13 +541,41 @@ class Sessions:
                 recording file another agent records into, or too many agents.
         """
         session = await self._checked(
-            working_dir, model=model, tools=tools, system_prompt=system_prompt, agent_id=agent_id, record=record
+            working_dir,
+            model=model,
+            tools=tools,
+            system_prompt=system_prompt,
+            agent_id=agent_id,
+            record=record,
+            mcp_servers=mcp_servers,
         )
-        if asleep and session.record is None:
+        if asleep and session.record is None and not session.mcp_servers:
             await self._queue_asleep(session)
+        elif session.mcp_servers:
+            await self._start_with_mcp(session)
         else:
             await self._start_awake(session)
         return session.session_id
+
+    async def _start_with_mcp(self, session: SessionRecord) -> None:
+        """Start a session with MCP servers of its own; answered once each is connected or has failed.
+
+        So the session's first prompt finds their tools (an editor prompts at
+        once). A server that fails is reported (``mcp.disconnected``) and
+        retried under the session's ``mcp`` supervisor; the session runs
+        without its tools meanwhile.
+        """
+        assert session.mcp_servers
+        waiting = {server.name for server in session.mcp_servers}
+        deadline = max(_session_mcp_configs(session.mcp_servers), key=lambda c: c.connect_timeout).connect_timeout
+        topics = ["mcp.connected", "mcp.disconnected"]
+        with self.system.events.subscribe(topics, source=f"/sessions/{session.session_id}/mcp", max_buffer=256) as sub:
+            await self._start_awake(session)
+            with trio.move_on_after(deadline + 5.0):
+                async for event in sub:
+                    waiting.discard(event.data.get("server", ""))
+                    if not waiting:
+                        break
 
     async def start_all(self, starts: Sequence[Mapping[str, Any]]) -> list[str | Exception]:
         """Start each of ``starts`` (`start`'s keyword arguments) as `start` would, together.
@@ -581,7 +615,7 @@ class Sessions:
             for index, (options, session) in enumerate(zip(starts, checked, strict=True)):
                 if isinstance(session, Exception):
                     out[index] = session
-                elif options.get("asleep") and session.record is None:
+                elif options.get("asleep") and session.record is None and not session.mcp_servers:
                     # Queued here, in order (no checkpoint between two): admitted in this order.
                     added.append((index, session.session_id, self._queue_asleep(session)))
                 else:
@@ -604,8 +638,14 @@ class Sessions:
         system_prompt: str | None = None,
         agent_id: str | None = None,
         record: str | None = None,
+        mcp_servers: Sequence[SessionMCPServer] | None = None,
     ) -> SessionRecord:
         """The record of a new session once everything `start` checks is checked (see there)."""
+        if mcp_servers:
+            try:
+                await trio.to_thread.run_sync(_prepare_session_mcp, mcp_servers)
+            except ValueError as exc:  # MCPConfigError: no transport, or both, or a name twice
+                raise InvalidRequestError("mcp_servers", f"mcp_servers: {exc}") from exc
         if agent_id is not None and not valid_session_id(agent_id):
             what = "an empty agent_id" if agent_id == "" else f"{agent_id!r}"
             msg = (
@@ -635,6 +675,7 @@ class Sessions:
             system_prompt=system_prompt,
             created=time.time(),
             record=recording,
+            mcp_servers=list(mcp_servers) if mcp_servers else None,
         )
 
     async def _start_awake(self, session: SessionRecord) -> None:
@@ -956,6 +997,9 @@ class Sessions:
         that records its model calls.
         """
         records = [r for r in await trio.to_thread.run_sync(self.records) if r.status == "active"]
+        with_mcp = [server for r in records for server in r.mcp_servers or ()]
+        if with_mcp:
+            await trio.to_thread.run_sync(_prepare_session_mcp, with_mcp, False)
         todo = [r for r in records if self.system.whereis(f"/sessions/{r.session_id}") is None]
         asleep: list[SessionRecord] = []
         if self.config.limits.hibernate_after and todo:
@@ -1014,14 +1058,14 @@ class Sessions:
                 self.roots.set_nowait(record.session_id, record.working_dir)
         return added
 
-    def prompt_nowait(self, agent_id: str, text: str) -> Future[TurnResult]:
+    def prompt_nowait(self, agent_id: str, text: str, images: tuple[Image, ...] = ()) -> Future[TurnResult]:
         """Prompt a running top-level agent through the turn gate; returns the turn's future.
 
         Raises:
             DaemonError: no such agent is running.
         """
         self.agent(agent_id)
-        return self.gate.submit_nowait(agent_id, text)
+        return self.gate.submit_nowait(agent_id, text, images)
 
     async def abort(self, agent_id: str, reason: str = "aborted") -> bool:
         """Abort the agent's running turn and drop its waiting prompts; returns whether there was any.
@@ -1289,6 +1333,50 @@ def _mcp_configs(config: Config) -> list[Any]:
         captured = {variable: os.environ[variable] for variable in built.variables() if variable in os.environ}
         configs.append(attrs.evolve(built, environ=captured))
     return configs
+
+
+def _prepare_session_mcp(servers: Sequence[SessionMCPServer], unique: bool = True) -> None:
+    """Check sessions' own MCP servers and load the MCP SDK for them (in a worker thread: it reads many files).
+
+    Raises:
+        MCPConfigError: as `_session_mcp_configs`.
+    """
+    from weald.runtime.mcp import mcp_supervisor_spec
+
+    # Making a spec with enabled servers loads the connection modules; the spec itself is not used.
+    mcp_supervisor_spec(_session_mcp_configs(servers, unique=unique), ToolRegistry())
+
+
+def _session_mcp_configs(servers: Sequence[SessionMCPServer], *, unique: bool = True) -> tuple[Any, ...]:
+    """A session's own MCP servers as `weald.runtime.mcp.ServerConfig`s; their secrets made unprintable.
+
+    Raises:
+        MCPConfigError: a server with no transport, or both, or two with one name.
+    """
+    if not servers:
+        return ()
+    from weald.runtime.mcp import MCPConfigError, ServerConfig
+
+    names = [server.name for server in servers]
+    if unique and len(set(names)) != len(names):
+        raise MCPConfigError(f"two MCP servers share a name among {names}")
+    for server in servers:
+        for name, value in [*server.env.items(), *server.headers.items()]:
+            if value and is_secret_name(name):
+                register_secret(value)
+                for part in value.split():
+                    register_secret(part)
+    return tuple(
+        ServerConfig(
+            name=server.name,
+            command=server.command,
+            args=tuple(server.args),
+            env=dict(server.env),
+            url=server.url,
+            headers=dict(server.headers),
+        )
+        for server in servers
+    )
 
 
 def register_config_secrets(config: Config, environ: Mapping[str, str] | None = None) -> None:
