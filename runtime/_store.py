@@ -37,7 +37,15 @@ weald loop thread the first write of a burst arms a timer, and the writes
 are handed over by the next `flush` or `handover_delay` seconds later,
 whichever comes first (at once past `HANDOVER_MAX_WRITES` gathered writes);
 another thread wakes the committer once per burst. A loop that ends hands
-over what it gathered. A flush with nothing enqueued since the last
+over what it gathered.
+
+Reads see their own writes: a value enqueued and not committed yet (gathered,
+being committed, or kept after a failed commit) is what every read returns
+for its key, as if it were in the file (`get`, `items`, `items_range`,
+`keys`, `scan`, `count`, ``in``). Those unsettled values are looked at
+before the file is read, so a commit that lands in between is seen in one or
+the other, never missed: a reader (``recall``, ``agent.history``, an agent's
+restore) never needs to flush first. A flush with nothing enqueued since the last
 successful commit is resolved at once, without a round trip. A synchronous
 write (`put`, `delete`, `write_batch`...) of a key with a queued write
 first waits until that is committed, so a queued older value can never land
@@ -383,7 +391,9 @@ class Store:
             row = self._reader().execute(sql, (key,)).fetchone()
             return _MISSING if row is None else row[0]
 
-        raw = self._run(namespace, op, _MISSING)
+        raw = self._unsettled_value(namespace, key)
+        if raw is None:
+            raw = self._run(namespace, op, _MISSING)
         self.reads += 1
         if raw is _MISSING:
             return default
@@ -391,7 +401,7 @@ class Store:
 
     def __contains__(self, item: tuple[str, str]) -> bool:
         namespace, key = item
-        return self._run(namespace, lambda t: key in t, False)
+        return self._unsettled_value(namespace, key) is not None or self._run(namespace, lambda t: key in t, False)
 
     def keys(self, namespace: str, prefix: str = "") -> list[str]:
         """Return the keys of a namespace (those starting with ``prefix``), in insertion order."""
@@ -453,6 +463,7 @@ class Store:
         """
         low = prefix + (start or "")
         high = prefix + stop if stop is not None else prefix + "\U0010ffff"
+        unsettled = self._unsettled_values(namespace, low, high)  # before the file: see the module docstring
         order = "DESC" if newest_first else "ASC"
         bound = " LIMIT ?" if limit is not None else ""
         args: tuple[Any, ...] = (low, high) if limit is None else (low, high, max(0, limit))
@@ -465,14 +476,49 @@ class Store:
             return list(table.conn.select(sql, args))
 
         rows = self._run(namespace, op)
+        if unsettled:
+            # A page of the file and every unsettled key in the range hold the page of both.
+            merged = {key: raw for key, raw in rows if key not in unsettled}
+            merged.update(unsettled)
+            ordered = sorted(merged.items(), reverse=newest_first)
+            rows = ordered if limit is None else ordered[: max(0, limit)]
         self.reads += len(rows)
         return [(key, self._decode(namespace, key, raw, type)) for key, raw in rows]
 
     def count(self, namespace: str) -> int:
         """Return how many keys a namespace holds."""
-        return self._run(namespace, len, 0)
+        unsettled = self._unsettled_values(namespace, "", "\U0010ffff")
+        if not unsettled:
+            return self._run(namespace, len, 0)
+        return len(self._select(namespace, "key", ""))
+
+    def _unsettled_value(self, namespace: str, key: str) -> bytes | None:
+        """The encoded value of ``key`` enqueued and not yet committed (the newest), or None."""
+        with self._pending_lock:
+            gathered = self._pending.get(namespace)
+            if gathered is not None and key in gathered:
+                return gathered[key]
+            held = self._retained.get(namespace)
+            return held.get(key) if held is not None else None
+
+    def _unsettled_values(self, namespace: str, low: str, high: str) -> dict[str, bytes]:
+        """The values enqueued and not yet committed whose keys are in ``[low, high)``, newest per key.
+
+        In the order they will be committed in (a key's newer value keeps its place).
+        """
+        with self._pending_lock:
+            held, gathered = self._retained.get(namespace), self._pending.get(namespace)
+            if not held and not gathered:
+                return {}
+            found = {k: v for k, v in held.items() if low <= k < high} if held else {}
+            if gathered:
+                found.update((k, v) for k, v in gathered.items() if low <= k < high)
+        return found
 
     def _select(self, namespace: str, columns: str, prefix: str) -> list[tuple[Any, ...]]:
+        # Looked at before the file is read: see the module docstring.
+        unsettled = self._unsettled_values(namespace, prefix, prefix + "\U0010ffff")
+
         def op(table: SqliteDict) -> list[tuple[Any, ...]]:
             name = table.tablename
             reader = self._reader()
@@ -483,7 +529,14 @@ class Store:
             sql = f'SELECT {columns} FROM "{name}" ORDER BY rowid'  # noqa: S608
             return reader.execute(sql).fetchall()
 
-        return self._run(namespace, op, [])
+        rows: list[tuple[Any, ...]] = self._run(namespace, op, [])
+        if not unsettled:
+            return rows
+        # A committed REPLACE gives its row a new rowid: a key written again moves to the end.
+        kept = [row for row in rows if row[0] not in unsettled]
+        if columns == "key":
+            return kept + [(key,) for key in unsettled]
+        return kept + list(unsettled.items())
 
     def _reader(self) -> sqlite3.Connection:
         """The read connection to the file (made on first use; closed by `close`). Called under ``_lock``.

@@ -653,8 +653,8 @@ class Agent(Actor):
 
     async def _load(self) -> None:
         store = self.system.store
-        # Writes a previous incarnation queued (it may have been killed) land first.
-        await store.flush()
+        # What a previous incarnation queued (it may have been killed) is read
+        # with the rest: the store's reads see its queued writes.
         key = self._key
 
         def read() -> tuple[AgentRecord | None, list[tuple[str, HistoryEntry]]]:

@@ -370,7 +370,6 @@ class SessionRuntime(RuntimeView):
         if self._sub_agent_seq is None:
             store = self._system.store
             prefix = f"{self.session_id}.sub-"
-            await store.flush()
             keys = await trio.to_thread.run_sync(store.keys, "agents", prefix)
             numbers = (key[len(prefix) :].partition("-")[0] for key in keys)
             highest = max((int(n) for n in numbers if n.isdigit()), default=0)

@@ -473,6 +473,26 @@ def test_recall_reads_a_pruned_output_back_from_the_store(h: Harness) -> None:
     assert "output call_0_0\n" + LINE in recalled.content
 
 
+def test_recall_reads_a_message_written_moments_before_while_it_is_still_queued(h: Harness) -> None:
+    # Nothing hands the store's gathered writes to its committer but a flush, which a turn makes only
+    # at its start and its end: the read_file result is still queued when recall asks for it.
+    h.system.store.handover_delay = 60.0
+    script = {
+        "turns": [
+            {"text": "reading", "tool_calls": [{"name": "read_file", "arguments": {"path": "notes.txt"}}]},
+            {"text": "recalling", "tool_calls": [{"name": "recall", "arguments": {"seq": 2}}]},
+            {"text": "got it"},
+        ]
+    }
+    agent, _ = start(h, "s1", script)
+    result = h.run(agent, "read, then read it again")
+    assert result.ok, result.error
+    recalled = agent.proxy().history().get()[-2]
+    assert (recalled.name, recalled.is_error) == ("recall", False), recalled.content
+    assert recalled.content.startswith("[message 2 (read_file), characters 0-")
+    assert "alpha" in recalled.content
+
+
 def test_a_sub_agent_manages_its_own_context(h: Harness) -> None:
     child = {"turns": steps(30, lines=40, final="child done")}
     children: list[Recorder] = []

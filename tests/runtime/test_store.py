@@ -44,6 +44,18 @@ class Note(msgspec.Struct):
     text: str
 
 
+def committed(path: Path, namespace: str, key: str) -> object:
+    """What the file itself holds under ``key`` (None: nothing): a store's reads also see queued writes."""
+    conn = sqlite3.connect(path)
+    try:
+        row = conn.execute(f'SELECT value FROM "{namespace}" WHERE key = ?', (key,)).fetchone()
+    except sqlite3.OperationalError:  # no such table
+        return None
+    finally:
+        conn.close()
+    return None if row is None else msgspec.json.decode(row[0])
+
+
 @pytest.fixture
 def store(tmp_path: Path):
     s = Store(tmp_path / "s.db")
@@ -283,8 +295,9 @@ def test_a_queued_group_is_one_transaction_across_namespaces(tmp_path: Path) -> 
         other.execute("ROLLBACK")
         with pytest.raises(StoreError, match="could not commit queued writes: refused"):
             flushed.get(timeout=20)
-        assert s.get("history", "first") == 1
-        assert s.get("turns", "t") is None  # rolled back with the failed write, not half-committed
+        assert committed(path, "history", "first") == 1
+        assert committed(path, "turns", "t") is None  # rolled back with the failed write, not half-committed
+        assert s.get("turns", "t") == 1  # and still what a read of it sees: it is kept for the next attempt
     finally:
         other.close()
         s.close()
@@ -307,7 +320,8 @@ def test_a_failed_group_is_kept_and_fails_every_flush_until_its_cause_is_gone(tm
         s.enqueue_nowait("turns", "later", 2)  # accepted, not refused for good
         with pytest.raises(StoreError, match="refused"):
             s.flush().get(timeout=20)
-        assert s.get("turns", "later") is None  # one group with the failed write: nothing half-committed
+        assert committed(path, "turns", "later") is None  # one group with the failed write: nothing half-committed
+        assert s.get("turns", "later") == 2  # a read sees what it wrote all the same
         other.execute("DROP TRIGGER refuse")
         s.flush().get(timeout=20)  # no restart: the kept writes and the new one land
         assert s.get("broken", "b") == 1
