@@ -11,6 +11,7 @@ import logging as _logging
 
 from pykka import ActorDeadError, Timeout
 from weald.runtime._actor import Actor, ActorSnapshot, Down, Exit, IOHandle, Ref, ThreadActor
+from weald.runtime._codec import msgspec_convert, msgspec_decoder
 from weald.runtime._errors import (
     ActorError,
     IOCancelledError,
@@ -116,6 +117,8 @@ __all__ = [
     "is_loop_thread",
     "is_secret_name",
     "marked_processes",
+    "msgspec_convert",
+    "msgspec_decoder",
     "new_process_mark",
     "open_child_process",
     "read_regular_file",

@@ -98,6 +98,7 @@ from typing import Any, Literal, TypeVar, cast, overload
 import msgspec
 import trio
 from sqlitedict import SqliteDict
+from weald.runtime._codec import msgspec_decoder
 from weald.runtime._errors import (
     StoreClosedError,
     StoreCodecError,
@@ -343,7 +344,7 @@ class Store:
         try:
             if type_ is None:
                 return msgspec.json.decode(raw)
-            return msgspec.json.decode(raw, type=type_)
+            return msgspec_decoder(type_).decode(raw)
         except msgspec.DecodeError as exc:
             msg = f"value of {namespace}/{key} in {self.path} cannot be decoded: {exc}"
             raise StoreCodecError(msg) from exc

@@ -8,7 +8,6 @@ it cannot be installed or cannot sandbox makes the tests that need it
 
 from __future__ import annotations
 
-import fcntl
 import os
 import shutil
 import signal
@@ -19,6 +18,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from system_packages import apt_install
 from weald.runtime import ActorSystem
 from weald.runtime.testing import (
     LOOP_GUARD_ENV,
@@ -28,8 +28,6 @@ from weald.runtime.testing import (
     wait_until,
 )
 from weald.tools import SANDBOX_ENABLE_HINT, sandbox_status
-
-_APT_TIMEOUT = 600.0
 
 # Every trio loop of the suite, in this process and in the daemons it starts
 # (they inherit the variable), reports blocking calls made on its thread.
@@ -112,45 +110,10 @@ def tmpfs(tmp_path: Path) -> Iterator[Callable[[str], Path]]:
         subprocess.run(["umount", "--lazy", str(where)], check=True)
 
 
-def _apt_get(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    try:
-        return subprocess.run(
-            ["apt-get", *args], capture_output=True, text=True, timeout=_APT_TIMEOUT, check=False, env=env
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        pytest.fail(f"apt-get {' '.join(args)} did not run: {exc}", pytrace=False)
-
-
-def _install_bubblewrap() -> None:
-    if shutil.which("apt-get") is None or os.geteuid() != 0:
-        pytest.fail(
-            "the OS sandbox tests need bubblewrap (bwrap), which is not installed, and this test run cannot "
-            "install it (apt-get needs root on a Debian-like system); install the bubblewrap package",
-            pytrace=False,
-        )
-    lock_path = Path("/var/lib/apt/weald-test-bubblewrap.lock")
-    with open(lock_path, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # parallel test runs install once
-        if shutil.which("bwrap") is not None:
-            return
-        done = _apt_get("install", "-y", "--no-install-recommends", "bubblewrap")
-        if done.returncode != 0:  # a fresh machine has no package lists yet
-            _apt_get("update")
-            done = _apt_get("install", "-y", "--no-install-recommends", "bubblewrap")
-        if done.returncode != 0 or shutil.which("bwrap") is None:
-            pytest.fail(
-                f"apt-get install bubblewrap failed (exit {done.returncode}); is the package mirror "
-                f"reachable?\n{done.stderr[-2000:]}",
-                pytrace=False,
-            )
-
-
 @pytest.fixture(scope="session")
 def bubblewrap() -> str:
     """The path of a ``bwrap`` that works here: installed if missing, then checked by running a sandbox."""
-    if shutil.which("bwrap") is None:
-        _install_bubblewrap()
+    apt_install("bubblewrap", present=lambda: shutil.which("bwrap") is not None, needed_for="the OS sandbox tests")
     status = sandbox_status(refresh=True)
     if not status.available or status.bwrap is None:
         pytest.fail(f"the OS sandbox does not work here: {status.reason}. To fix: {SANDBOX_ENABLE_HINT}", pytrace=False)

@@ -42,7 +42,7 @@ from typing import Any, Final
 
 import attrs
 import msgspec
-from weald.runtime import Store, StoreClosedError
+from weald.runtime import Store, StoreClosedError, msgspec_convert
 from weald.tools._contract import ToolError
 
 __all__ = [
@@ -327,7 +327,7 @@ class MemoryIndex:
             wanted: dict[str, tuple[MemoryNote, str]] = {}
             for store_key, value in store.items(NAMESPACE):
                 try:
-                    note = msgspec.convert(value, MemoryNote)
+                    note = msgspec_convert(value, MemoryNote)
                 except msgspec.ValidationError as exc:
                     log.warning("memory note %s in %s is not a note (%s); not indexed", store_key, store.path, exc)
                     continue

@@ -34,6 +34,7 @@ from typing import Any
 
 import msgspec
 import trio
+from weald.runtime import msgspec_decoder
 from weald.tools._contract import ToolContext, ToolError, ToolResult, tool
 from weald.tools._hashline import line_hash, to_display
 from weald.tools._names import unescape
@@ -183,8 +184,8 @@ class _Summary(msgspec.Struct, tag_field="type", tag="summary"):
 
 
 _Message = _Begin | _Match | _Context | _End | _Summary
-_DECODER = msgspec.json.Decoder(_Message)
-_SUMMARY_DECODER = msgspec.json.Decoder(_Summary)
+_DECODER = msgspec_decoder(_Message)
+_SUMMARY_DECODER = msgspec_decoder(_Summary)
 
 
 # -- collecting -----------------------------------------------------------------------

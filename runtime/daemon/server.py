@@ -48,6 +48,7 @@ import attrs
 import msgspec
 import trio
 from weald.runtime import Actor, ActorDeadError, Event, Future, StoreError, Stub, WealdError, redact
+from weald.runtime._codec import msgspec_convert
 from weald.runtime._version import VERSION
 from weald.runtime.agents.agent import Agent, AgentRecord, TurnResult, history_key
 from weald.runtime.agents.session import RuntimeView, agent_path
@@ -819,7 +820,7 @@ class Server(Actor):
         if not isinstance(raw_params, dict):
             return _failure(INVALID_PARAMS, "invalid params: params must be an object of named parameters")
         try:
-            params = msgspec.convert(raw_params, type=params_type)
+            params = msgspec_convert(raw_params, params_type)
         except msgspec.ValidationError as exc:
             return _failure(INVALID_PARAMS, f"invalid params for {method}: {_describe(exc)}")
         try:
@@ -928,7 +929,7 @@ class Server(Actor):
                 results[index] = _failure(INVALID_PARAMS, message, {"field": where})
                 continue
             try:
-                params = msgspec.convert(raw, type=AgentStartParams)
+                params = msgspec_convert(raw, AgentStartParams)
             except msgspec.ValidationError as exc:
                 message = f"invalid params for agents.start ({where}): {_describe(exc)}"
                 results[index] = _failure(INVALID_PARAMS, message, {"field": where})

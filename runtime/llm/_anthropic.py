@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import msgspec
+from weald.runtime._codec import msgspec_decoder
 
 from ._exceptions import StreamError
 from ._http import HTTPProvider
@@ -88,7 +89,7 @@ class _Event(msgspec.Struct):
     error: _Error | None = None
 
 
-_event_decoder = msgspec.json.Decoder(_Event)
+_event_decoder = msgspec_decoder(_Event)
 
 
 class _ToolBlock:

@@ -13,6 +13,7 @@ Tool calls arrive as ``choices[0].delta.tool_calls[i]`` fragments keyed by
 from __future__ import annotations
 
 import msgspec
+from weald.runtime._codec import msgspec_decoder
 
 from ._exceptions import StreamError
 from ._http import HTTPProvider
@@ -88,7 +89,7 @@ class _Chunk(msgspec.Struct):
     error: _Error | str | None = None
 
 
-_chunk_decoder = msgspec.json.Decoder(_Chunk)
+_chunk_decoder = msgspec_decoder(_Chunk)
 
 
 class _PendingCall:

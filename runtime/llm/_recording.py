@@ -43,6 +43,7 @@ from typing import Any
 
 import msgspec
 import trio
+from weald.runtime._codec import msgspec_decoder
 from weald.runtime._errors import UnreadableFileError
 from weald.runtime._files import read_regular_file
 
@@ -172,7 +173,7 @@ class Recorder:
         if data is None:
             return recorder
         try:
-            script = msgspec.json.decode(data, type=_Script)
+            script = msgspec_decoder(_Script).decode(data)
             expected = _expected_requests(script.turns, str(path))
         except (msgspec.DecodeError, msgspec.ValidationError, MalformedScriptError) as exc:
             msg = f"cannot go on with recording {path}: it is not a valid recording ({exc})"

@@ -56,6 +56,7 @@ from typing import Annotated, Literal
 
 import msgspec
 import trio
+from weald.runtime._codec import msgspec_convert, msgspec_decoder
 from weald.runtime._errors import UnreadableFileError
 from weald.runtime._files import read_regular_file
 
@@ -338,7 +339,7 @@ class ScriptedProvider:
         except UnreadableFileError as exc:
             raise MalformedScriptError(str(exc)) from exc
         try:
-            script = msgspec.json.decode(data, type=_Script)
+            script = msgspec_decoder(_Script).decode(data)
         except msgspec.ValidationError as exc:
             raise MalformedScriptError(f"script {source} is not valid: {exc}") from exc
         except msgspec.DecodeError as exc:
@@ -386,7 +387,7 @@ class ScriptedProvider:
             MalformedScriptError: ``data`` is not a valid script.
         """
         try:
-            script = msgspec.convert(data, type=_Script)
+            script = msgspec_convert(data, _Script)
         except msgspec.ValidationError as exc:
             raise MalformedScriptError(f"script {name} is not valid: {exc}") from exc
         return cls._of(script, name, start_position, settings, faults)

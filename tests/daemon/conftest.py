@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import fcntl
-import os
-import shutil
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,6 +9,7 @@ from typing import Any
 
 import pytest
 from daemon_harness import DaemonProcess, serving
+from system_packages import apt_install
 
 # The loopback model server of tests/llm (`llm._server`) serves daemons here too.
 _TESTS = str(Path(__file__).resolve().parents[1])
@@ -37,39 +34,12 @@ def daemon(tmp_path: Path) -> Iterator[DaemonProcess]:
 # -- a real browser, for the observer ------------------------------------------------------------------
 
 CHROMIUM = Path("/usr/bin/chromium")
-_APT_TIMEOUT = 900.0
-
-
-def _apt_install_chromium() -> None:
-    """Install Debian's chromium with apt-get; fail, naming what is missing, if that cannot be done."""
-    apt = shutil.which("apt-get")
-    if apt is None:
-        pytest.fail(
-            f"the observer's browser tests need Debian's chromium at {CHROMIUM}, and there is no apt-get to install it",
-            pytrace=False,
-        )
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    with open("/tmp/weald-test-apt.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # parallel sessions install once
-        if CHROMIUM.exists():
-            return
-        for args in ([apt, "update", "-q"], [apt, "install", "-y", "-q", "--no-install-recommends", "chromium"]):
-            done = subprocess.run(args, capture_output=True, text=True, timeout=_APT_TIMEOUT, env=env, check=False)
-            if done.returncode != 0:
-                pytest.fail(
-                    f"installing chromium for the observer's browser tests failed ({' '.join(args)}):\n"
-                    f"{done.stdout[-2000:]}\n{done.stderr[-2000:]}",
-                    pytrace=False,
-                )
-    if not CHROMIUM.exists():
-        pytest.fail(f"apt-get installed chromium, but {CHROMIUM} is not there", pytrace=False)
 
 
 @pytest.fixture(scope="session")
 def chromium() -> Path:
     """Debian's chromium (installed with apt-get if missing: a failure, never a skip, when it cannot be)."""
-    if not CHROMIUM.exists():
-        _apt_install_chromium()
+    apt_install("chromium", present=CHROMIUM.exists, needed_for="the observer's browser tests")
     return CHROMIUM
 
 
