@@ -66,12 +66,15 @@ __all__ = [
 
 Check = Callable[[object, object], Any]
 
+#: The signals a ``fatal_signal`` actor fault may send (those faulthandler reports).
+FATAL_SIGNALS: Final = ("SIGSEGV", "SIGBUS", "SIGABRT", "SIGFPE", "SIGILL")
+
 #: The targets, in the order the docs present them.
 TARGETS: Final = ("actor", "tool", "mcp", "provider")
 
 #: Each target's kinds.
 KINDS: Final[Mapping[str, tuple[str, ...]]] = {
-    "actor": ("crash", "delay", "drop"),
+    "actor": ("crash", "delay", "drop", "fatal_signal"),
     "tool": ("hang", "crash", "kill_subprocess", "delay"),
     "mcp": ("kill_server", "hang"),
     "provider": ("http_error", "timeout", "malformed_stream"),
@@ -280,22 +283,28 @@ class ActorFault(_Schedule):
     ``ask``, proxy calls included, the caller gets the error and the actor
     lives on, as with any handler exception); ``delay`` holds the message
     for ``seconds`` before handling it (the mailbox waits behind it);
-    ``drop`` discards it (an ``ask`` is then never answered).
+    ``drop`` discards it (an ``ask`` is then never answered);
+    ``fatal_signal`` sends the whole process ``signal`` (``SIGSEGV`` by
+    default), as a crash in C code would: the daemon dies, after its
+    faulthandler has written every thread's stack into its log.
 
     Attributes:
         target: ``"actor"``.
-        kind: ``crash``, ``delay`` or ``drop``.
+        kind: ``crash``, ``delay``, ``drop`` or ``fatal_signal``.
         path: glob on the actor's path (``/sessions/*/agent``).
         message: glob on the message's class name (``ToolResults``, ``*``);
             a proxy call also matches ``call:<method>`` (``call:prompt``).
         seconds: for ``delay``, how long.
+        signal: for ``fatal_signal``, which (``SIGSEGV``, ``SIGBUS``,
+            ``SIGABRT``, ``SIGFPE`` or ``SIGILL``; default ``SIGSEGV``).
     """
 
     target: Literal["actor"] = _field(_literal(("actor",)), "actor")
-    kind: Literal["crash", "delay", "drop"] = _field(_literal(KINDS["actor"]))
+    kind: Literal["crash", "delay", "drop", "fatal_signal"] = _field(_literal(KINDS["actor"]))
     path: str = _field(check_pattern, "*")
     message: str = _field(check_pattern, "*")
     seconds: float | None = _field(optional(check_finite_seconds), None)
+    signal: str | None = _field(optional(_literal(FATAL_SIGNALS)), None)
 
     def __attrs_post_init__(self) -> None:
         problems = self._schedule_problems()
@@ -303,6 +312,8 @@ class ActorFault(_Schedule):
             problems.append(("seconds", "a delay fault needs seconds, a positive number"))
         elif self.kind != "delay" and self.seconds is not None:
             problems.append(("seconds", f"only delay faults take seconds, not {self.kind}"))
+        if self.kind != "fatal_signal" and self.signal is not None:
+            problems.append(("signal", f"only fatal_signal faults take a signal, not {self.kind}"))
         _raise_problems(problems)
 
 

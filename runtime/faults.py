@@ -53,8 +53,10 @@ import fnmatch
 import functools
 import itertools
 import logging
+import os
 import random
 import re
+import signal
 import threading
 import time
 import uuid
@@ -338,12 +340,13 @@ class _Fire:
 
 
 class _Effect:
-    __slots__ = ("delay", "drop", "error")
+    __slots__ = ("delay", "drop", "error", "fatal_signal")
 
     def __init__(self) -> None:
         self.delay = 0.0
         self.drop = False
         self.error: InjectedFault | None = None
+        self.fatal_signal: str | None = None
 
 
 class _KillProbe:
@@ -791,6 +794,9 @@ class FaultInjector:
                     effect.delay += spec.seconds or 0.0
                 elif spec.kind == "drop":
                     effect.drop = True
+                elif spec.kind == "fatal_signal":
+                    effect.fatal_signal = spec.signal or "SIGSEGV"
+                    extra["signal"] = effect.fatal_signal
                 if spec.kind == "delay":
                     extra["seconds"] = spec.seconds
             elif spec.kind == "hang":
@@ -799,6 +805,9 @@ class FaultInjector:
                 proc.kill_group(pid)
                 extra["pid"] = pid
             self._publish("fault.injected", path, fire.event(**extra))
+        if effect.fatal_signal is not None:
+            # The whole process goes, as after a crash in C code: faulthandler prints every thread's stack.
+            os.kill(os.getpid(), signal.Signals[effect.fatal_signal])
         return effect
 
     def _on_probe(self, actor: Actor, probe: _KillProbe) -> None:

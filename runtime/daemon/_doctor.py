@@ -70,6 +70,7 @@ def run_checks(config: Config, config_error: str | None = None) -> list[Check]:
         _npx,
         _mcp_commands,
         _state_directory,
+        _previous_run,
         _python,
     ]
     checks.extend(step(config) for step in steps)
@@ -233,6 +234,17 @@ def _mount_of(path: Path) -> tuple[str, str]:
         if inside and len(point) >= len(best[0]):
             best = (point, right.split()[0])
     return best
+
+
+def _previous_run(config: Config) -> Check:
+    """Whether the daemon's last run on this state directory ended without stopping (a crash, a kill)."""
+    from weald.runtime.daemon._runlog import last_crash
+
+    crash = last_crash(Path(config.store.path).expanduser().parent)
+    if crash is None:
+        return Check("previous run", "ok", "the daemon's last run stopped cleanly (or none has run here)")
+    fix = f"read the end of {crash.log}; run the daemon under a supervisor that restarts it (docs/deployment.md)"
+    return Check("previous run", "warn", crash.describe(), fix)
 
 
 def _state_directory(config: Config) -> Check:

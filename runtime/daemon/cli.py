@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import faulthandler
 import json
 import logging
 import os
@@ -36,7 +37,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 from rich.console import Console
@@ -86,6 +87,8 @@ def _print_json(value: Any) -> None:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """Run the daemon until SIGTERM, SIGINT or ``daemon.stop``; exit 0 after a clean shutdown."""
+    # First: a fatal crash from here on prints every thread's stack (into the log once it is open).
+    faulthandler.enable(file=sys.stderr, all_threads=True)
     from rich.progress import BarColumn, Progress, TextColumn
     from weald.runtime.daemon.tree import Daemon
     from weald.runtime.faults import FaultSpecError
@@ -110,7 +113,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             _print_error(err, f"weald serve: --http: {exc}")
             return EXIT_USAGE
     socket_path = None if args.stdio and not args.socket else _socket_path(args, config)
-    daemon = Daemon(config, socket_path=socket_path, stdio=args.stdio, faults=faults, http=args.http)
+    log: Literal["terminal"] | bool = "terminal" if sys.stderr.isatty() else True
+    daemon = Daemon(config, socket_path=socket_path, stdio=args.stdio, faults=faults, http=args.http, log=log)
     stop = threading.Event()
 
     def on_signal(_signum: int, _frame: object) -> None:
@@ -136,6 +140,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         except Exception as exc:
             _print_error(err, f"weald serve: {exc}")
             return EXIT_FAILED
+    if daemon.previous_run is not None:
+        _print_error(err, f"weald serve: warning: {daemon.previous_run.describe()}")
     if args.json and not args.stdio:
         # One line a script can read: where to connect, whom to signal.
         line = {"socket": str(socket_path), "pid": os.getpid(), "store": str(config.store.path)}

@@ -1538,6 +1538,7 @@ class Server(Actor):
             "max_message_bytes": self._max_message_bytes,
             "front": self._front_status(),
             "sandbox": self._daemon.sandbox.to_dict() if self._daemon.sandbox is not None else None,
+            "previous_run": previous.to_dict() if (previous := self._daemon.previous_run) is not None else None,
         }
 
     def _front_status(self) -> dict[str, Any]:

@@ -62,7 +62,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 import msgspec
@@ -84,6 +84,7 @@ from weald.runtime.agents.agent import AgentConfig, AgentRecord, TurnResult
 from weald.runtime.agents.session import SessionConfig, agent_path, session_shape, session_spec, valid_session_id
 from weald.runtime.agents.tool_runner import RunnerConfig
 from weald.runtime.daemon._hygiene import SandboxReport, prepare_process, stop_leftovers
+from weald.runtime.daemon._runlog import DaemonLog, PreviousRun
 from weald.runtime.daemon.config import CONFIG_ENV, Config
 from weald.runtime.daemon.server import SHUTDOWN_REASON, Server, SessionMCPServer, prepare_socket
 from weald.runtime.llm import Image, Provider, Recorder, RecordingError, ReplayDivergence, Usage, make_provider
@@ -1131,6 +1132,10 @@ class Daemon:
         http: ``HOST:PORT`` for the observer; default: ``[server] http`` (None: no observer).
         faults: a fault injector (`weald.runtime.faults`) when faults are enabled.
         registry: the tools; default: a copy of the built-ins.
+        log: keep ``<state dir>/daemon.log``: faulthandler's tracebacks of a
+            fatal crash and weald's warnings, and the record of how the
+            previous run ended (`weald.runtime.daemon._runlog`). ``"terminal"``
+            also writes a fatal crash's tracebacks to stderr.
     """
 
     def __init__(
@@ -1142,8 +1147,11 @@ class Daemon:
         faults: Any = None,
         registry: ToolRegistry | None = None,
         http: str | None = None,
+        log: bool | Literal["terminal"] = False,
     ) -> None:
         self.config = config
+        self._log_mode = log
+        self.log: DaemonLog | None = None
         self.socket_path = Path(socket_path) if socket_path else None
         self.stdio = stdio
         self.http = http or config.server.http
@@ -1180,12 +1188,20 @@ class Daemon:
         if self.socket_path is not None:
             prepare_socket(self.socket_path)
         self._lock_fd = lock_state_dir(self.system.store_path)
+        if self._log_mode:
+            try:  # with the lock held: no other daemon rotates or marks this directory
+                self.log = DaemonLog.open(self.state_dir, terminal=self._log_mode == "terminal")
+            except OSError as exc:
+                self._unlock()
+                msg = f"cannot write the daemon's log in {self.state_dir}: {exc.strerror or exc}"
+                raise DaemonError(msg) from exc
         # No secret in the environment, marks for this state directory, the sandbox decided.
         self.sandbox, _ = prepare_process(self.config, self.state_dir)
         try:
             self.system.start()
         except BaseException:
             restore_environ()
+            self._close_log()
             self._unlock()
             raise
         self.started_at = time.time()
@@ -1239,9 +1255,20 @@ class Daemon:
         except BaseException:
             self.system.shutdown()
             restore_environ()
+            self._close_log()
             self._unlock()
             raise
         return self
+
+    @property
+    def previous_run(self) -> PreviousRun | None:
+        """How the run before this one ended, when it did not stop cleanly (with ``log``)."""
+        return self.log.previous if self.log is not None else None
+
+    def _close_log(self) -> None:
+        log, self.log = self.log, None
+        if log is not None:
+            log.close()
 
     def _unlock(self) -> None:
         fd, self._lock_fd = self._lock_fd, None
@@ -1293,6 +1320,7 @@ class Daemon:
         try:
             self.system.shutdown(timeout=timeout)
         finally:
+            self._close_log()  # a clean stop: the run's marker goes
             self._unlock()  # last: the store is closed
         if self.sandbox is not None:
             restore_environ()  # for a program hosting the daemon; `weald serve` exits next

@@ -38,7 +38,7 @@ class DaemonProcess:
         )
         self.faults = faults
         self.proc: subprocess.Popen[bytes] | None = None
-        self.log = root / "daemon.log"
+        self.log = root / "serve.out"  # its stdout and stderr; the daemon keeps its own daemon.log in root
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)

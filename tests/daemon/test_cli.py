@@ -44,7 +44,7 @@ def isolated_env(tmp_path: Path, config: str = "") -> dict[str, str]:
         (
             "bad.toml",
             '[[faults]]\ntarget = "actor"\nkind = "explode"\n',
-            'faults[0].kind: expected "crash", "delay" or "drop", got "explode"',
+            'faults[0].kind: expected "crash", "delay", "drop" or "fatal_signal", got "explode"',
         ),
         ("missing.toml", None, "no such file"),
         ("bad.json", '{"faults": [', "invalid JSON: Expecting value (at line 1, column 13)"),

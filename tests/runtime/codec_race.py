@@ -47,7 +47,13 @@ def main() -> None:
         start = threading.Barrier(4)
         failures: list[str] = []
 
-        def work(index: int, struct: type = struct, record: type = record, start: threading.Barrier = start) -> None:
+        def work(
+            index: int,
+            struct: type = struct,
+            record: type = record,
+            start: threading.Barrier = start,
+            failures: list[str] = failures,
+        ) -> None:
             start.wait()
             target = struct if index % 2 else record
             try:

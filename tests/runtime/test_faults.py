@@ -235,7 +235,7 @@ tool = ""
         read_fault_file(bad)
     assert [str(p) for p in caught.value.problems] == [
         f'{bad}: seed: expected an integer, got "x"',
-        f'{bad}: faults[0].kind: expected "crash", "delay" or "drop", got "explode"',
+        f'{bad}: faults[0].kind: expected "crash", "delay", "drop" or "fatal_signal", got "explode"',
         f"{bad}: faults[1].status: expected an HTTP error status from 400 to 599, got 200",
         f'{bad}: faults[2].tool: expected a non-empty glob pattern (use "*" for any), got ""',
     ]

@@ -142,7 +142,8 @@ def surfaces(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Surfaces]:
                 assert any(n[0] == "event" and n[1]["event"]["topic"] == "agent.turn_end" for n in notes)
                 texts["events"] = json.dumps(notes)
             assert daemon.terminate() == 0
-            texts["daemon log (stdout and stderr)"] = daemon.log.read_text()
+            texts["daemon stdout and stderr"] = daemon.log.read_text()
+            texts["daemon.log (its own log)"] = (root / "daemon.log").read_text()
             for store_file in sorted(root.glob("store.db*")):
                 texts[f"store file {store_file.name}"] = store_file.read_bytes().decode("latin-1")
             yield Surfaces(
@@ -190,7 +191,8 @@ def test_the_surfaces_were_collected(surfaces: Surfaces) -> None:
         "agent.history",
         "debug_state (agent)",
         "debug_state (daemon)",
-        "daemon log (stdout and stderr)",
+        "daemon stdout and stderr",
+        "daemon.log (its own log)",
     } <= set(surfaces.texts)
     assert any(name.startswith("store file store.db") for name in surfaces.texts)
     assert "mcp.disconnected" in surfaces.texts["events"]  # the MCP servers were tried (and their errors seen)
