@@ -15,6 +15,7 @@ from weald.runtime._codec import msgspec_convert, msgspec_decoder
 from weald.runtime._errors import (
     ActorError,
     IOCancelledError,
+    LinkInPathError,
     LoopBlockedError,
     NameTakenError,
     NoSystemError,
@@ -28,7 +29,7 @@ from weald.runtime._errors import (
     WealdError,
 )
 from weald.runtime._events import Event, EventBus, Subscription
-from weald.runtime._files import check_regular_file, read_regular_file
+from weald.runtime._files import check_regular_file, open_directory_nofollow, read_regular_file, replace_file
 from weald.runtime._future import Future, is_loop_thread
 from weald.runtime._loop import Loop, LoopStatistics
 from weald.runtime._processes import (
@@ -88,6 +89,7 @@ __all__ = [
     "IOCancelledError",
     "IOHandle",
     "LeftoverProcess",
+    "LinkInPathError",
     "Loop",
     "LoopBlockedError",
     "LoopStatistics",
@@ -121,10 +123,12 @@ __all__ = [
     "msgspec_decoder",
     "new_process_mark",
     "open_child_process",
+    "open_directory_nofollow",
     "read_regular_file",
     "redact",
     "redact_text",
     "register_secret",
+    "replace_file",
     "restore_environ",
     "sanitized_env",
     "scan_proc",

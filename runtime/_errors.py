@@ -10,6 +10,7 @@ The tree::
     │   ├── IOCancelledError      a run_io task was cancelled before it finished
     │   └── NoSystemError         no running ActorSystem to host an actor
     ├── UnreadableFileError       a file a request names is not a readable regular file of bounded size
+    ├── LinkInPathError           a directory on a path walked without following links is a link or a file
     └── StoreError
         ├── StoreCorruptError     the database file is unreadable or not a database
         ├── StoreClosedError      the store was closed (stopped, not broken)
@@ -26,6 +27,7 @@ from __future__ import annotations
 __all__ = [
     "ActorError",
     "IOCancelledError",
+    "LinkInPathError",
     "LoopBlockedError",
     "NameTakenError",
     "NoSystemError",
@@ -75,6 +77,22 @@ class NoSystemError(ActorError):
 
 class UnreadableFileError(WealdError):
     """A file named by a request or a config cannot be read: missing, not a regular file, or too large."""
+
+
+class LinkInPathError(WealdError):
+    """A directory on a path walked without following links (`open_directory_nofollow`) was not one.
+
+    Attributes:
+        path: the component that stopped the walk (the path up to it).
+        is_link: True for a symlink (never followed), False for a file or
+            other non-directory where a directory was expected.
+    """
+
+    def __init__(self, path: str, *, is_link: bool) -> None:
+        what = "a symbolic link, which was not followed" if is_link else "not a directory"
+        super().__init__(f"{path} is {what}")
+        self.path = path
+        self.is_link = is_link
 
 
 class StoreError(WealdError):

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import attrs
+from weald.runtime import LinkInPathError, open_directory_nofollow
 from weald.tools._contract import ToolContext
 from weald.tools._errors import ToolError
 from weald.tools._paths import (
@@ -53,7 +54,6 @@ __all__ = [
     "write_atomic",
 ]
 
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer forever.
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 _TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -115,43 +115,31 @@ def _verify_inside(ctx: ToolContext, fd: int, real: Path) -> None:
 def _open_dir(ctx: ToolContext, root: Path, parts: tuple[str, ...], real: Path, *, create: bool) -> int:
     """Open the directory ``root/parts`` without following symlinks; returns its descriptor.
 
+    The walk is `weald.runtime.open_directory_nofollow`; this adds the
+    messages for the model and the check that the directory lies inside.
+
     Args:
         ctx: the call's context.
         root: the sandbox root (opened normally: it is trusted configuration).
         parts: components below the root.
         real: the full path being worked on, for messages.
         create: make missing directories (mode 0o777 less the umask).
+
+    Raises:
+        FileNotFoundError: a directory on the way is missing (and ``create`` is False).
+        ToolError: a directory on the way is a symlink or a file.
     """
-    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        walked = root
-        for part in parts:
-            walked = walked / part
-            try:
-                next_fd = os.open(part, _DIR_FLAGS, dir_fd=fd)
-            except FileNotFoundError:
-                if not create:
-                    raise
-                with contextlib.suppress(FileExistsError):  # made by someone else: the open below checks it
-                    os.mkdir(part, 0o777, dir_fd=fd)
-                try:
-                    next_fd = os.open(part, _DIR_FLAGS, dir_fd=fd)
-                except OSError as exc:
-                    if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-                        raise _swapped(ctx, real, f"the directory {display_path(ctx, walked)}") from exc
-                    raise
-            except OSError as exc:
-                if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
-                    raise
-                st = os.stat(part, dir_fd=fd, follow_symlinks=False)
-                if stat.S_ISLNK(st.st_mode):
-                    raise _swapped(ctx, real, f"the directory {display_path(ctx, walked)}") from exc
-                raise ToolError(
-                    f"{display_path(ctx, walked)} is a file, not a directory, so {display_path(ctx, real)} "
-                    "cannot be inside it. Choose another path.",
-                ) from exc
-            os.close(fd)
-            fd = next_fd
+        fd = open_directory_nofollow(root, parts, create=create)
+    except LinkInPathError as exc:
+        walked = Path(exc.path)
+        if exc.is_link:
+            raise _swapped(ctx, real, f"the directory {display_path(ctx, walked)}") from exc
+        raise ToolError(
+            f"{display_path(ctx, walked)} is a file, not a directory, so {display_path(ctx, real)} "
+            "cannot be inside it. Choose another path.",
+        ) from exc
+    try:
         _verify_inside(ctx, fd, real)
     except BaseException:
         os.close(fd)

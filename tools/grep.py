@@ -475,7 +475,8 @@ async def grep(
 ) -> ToolResult:
     """Search the files under ``path`` for ``pattern``."""
     rg = find_ripgrep()
-    target = ctx.resolve_path(path, must_exist=True)
+    # Resolving and opening look at the disk: in a worker thread, never on the loop.
+    target = await trio.to_thread.run_sync(functools.partial(ctx.resolve_path, path, must_exist=True))
     run = functools.partial(
         _grep,
         ctx,
@@ -498,7 +499,7 @@ async def grep(
             pinned, fd = held.enter_context(pinned_directory(ctx, target))
             found = await run(cwd=pinned, operand=".", pass_fds=(fd,))
         else:
-            file, _ = open_read(ctx, path)
+            file, _ = await trio.to_thread.run_sync(open_read, ctx, path)
             held.enter_context(file)
             found = await run(cwd=target.parent, operand=f"/proc/self/fd/{file.fileno()}", pass_fds=(file.fileno(),))
     return found

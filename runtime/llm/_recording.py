@@ -20,6 +20,13 @@ it), in a worker thread, never on the trio loop. So a recording is always a
 valid script, even after a kill -9, and holds every answer the agent acted
 on. It is created owner-only (0600).
 
+The recording often lies in the agent's own project, which the agent can
+change: its path is resolved once, when the agent starts (by the daemon),
+and every read and write walks it again without following a symlink
+(`weald.runtime.replace_file`). A directory swapped for a link to somewhere
+else (``mv rec rec.old && ln -s /elsewhere rec``) makes the write fail with
+`RecordingError`; nothing is written through it.
+
 Nothing secret goes in: every text, argument and error message passes
 through the ``redact`` function first (the agent layer gives weald's
 ``redact``, which cuts known secret values and values under secret-looking
@@ -35,7 +42,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import secrets
 import threading
 from collections.abc import AsyncGenerator, Callable
 from pathlib import Path
@@ -44,8 +50,8 @@ from typing import Any
 import msgspec
 import trio
 from weald.runtime._codec import msgspec_decoder
-from weald.runtime._errors import UnreadableFileError
-from weald.runtime._files import read_regular_file
+from weald.runtime._errors import LinkInPathError, UnreadableFileError
+from weald.runtime._files import read_regular_file, replace_file
 
 from ._digest import RequestDigest, RequestDigester
 from ._exceptions import (
@@ -102,7 +108,7 @@ def _error_kind(error: ProviderError) -> ErrorKind:
 def _read_recording(path: Path, max_bytes: int) -> bytes | None:
     """The file's bytes; None when there is none. Only a regular file of at most ``max_bytes`` (blocking)."""
     try:
-        return read_regular_file(path, max_bytes=max_bytes, what="recording")
+        return read_regular_file(path, max_bytes=max_bytes, what="recording", follow_symlinks=False)
     except UnreadableFileError as exc:
         if isinstance(exc.__cause__, FileNotFoundError):
             return None
@@ -119,7 +125,9 @@ class Recorder:
     file is written in a worker thread.
 
     Args:
-        path: The recording file; replaced whole at each response.
+        path: The recording file; replaced whole at each response. No
+            directory on its path may be a symbolic link (the daemon resolves
+            it when the agent starts): one is refused, never followed.
         project_dir: The project directory, replaced by ``<project>`` in the
             digests (see ``_digest``); None: texts are digested as they are.
         redact: Applied to every text, argument object and error message
@@ -135,7 +143,7 @@ class Recorder:
         redact: Callable[[Any], Any] | None = None,
         max_bytes: int = MAX_RECORDING_BYTES,
     ) -> None:
-        self.path = Path(path)
+        self.path = Path(os.path.abspath(path))
         self._project_dir = project_dir
         self._digester = RequestDigester(project_dir)
         self._redact = redact if redact is not None else _same
@@ -304,21 +312,16 @@ class Recorder:
 
 
 def _write_atomically(path: Path, data: bytes) -> None:
-    """Replace ``path`` with ``data``: a temporary file beside it, on disk, renamed over it (0600)."""
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    """Replace ``path`` with ``data``: a temporary file beside it, on disk, renamed over it (0600), no link followed."""
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
+        replace_file(path, data, mode=0o600)
+    except LinkInPathError as exc:
+        msg = (
+            f"cannot write recording {path}: {exc}; the recording's directory was replaced by a link since "
+            "the recording began, and nothing is written through it"
+        )
+        raise RecordingError(msg) from exc
     except OSError as exc:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
         msg = f"cannot write recording {path}: {exc.strerror or exc}"
         raise RecordingError(msg) from exc
 

@@ -154,6 +154,30 @@ def test_agent_start_refuses_a_recording_it_cannot_write_or_that_another_agent_w
             c.call("agent.start", {**base, "record": str(recording)})
 
 
+def test_a_recording_directory_the_agent_swaps_for_a_link_is_not_written_through(
+    recorded: tuple[DaemonProcess, Path, list[Any]], openai: FakeOpenAI, tmp_path: Path
+) -> None:
+    d = recorded[0]
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (d.project / "rec").mkdir()
+    openai.tool_calls(("shell", {"command": f"mv rec rec.old && ln -s {outside} rec && echo swapped"}))
+    openai.text("The recording now lands outside.")
+    with d.client() as c:
+        start = {"working_dir": str(d.project), "model": "fake:gpt-test", "agent_id": "swap"}
+        c.call("agent.start", {**start, "record": "rec/session.json"})
+        result = c.call("agent.prompt", {"agent_id": "swap", "text": "go"}, timeout=60)
+        history = c.call("agent.history", {"agent_id": "swap"})["messages"]
+        c.call("agent.stop", {"agent_id": "swap"})
+    assert history[2]["content"].strip() == "swapped"  # the shell really swapped the directory
+    assert list(outside.iterdir()) == []  # nothing written through the link
+    assert not result["ok"]
+    assert "is a symbolic link, which was not followed" in json.dumps(result)
+    # What was recorded before the swap stayed where it was written.
+    turns = json.loads((d.project / "rec.old" / "session.json").read_text())["turns"]
+    assert [t["tool_calls"][0]["name"] for t in turns] == ["shell"]
+
+
 def test_a_session_recorded_through_the_anthropic_wire_format_replays_to_the_same_history(
     recorded: tuple[DaemonProcess, Path, list[Any]], anthropic: LoopbackModel
 ) -> None:

@@ -377,3 +377,25 @@ async def test_an_image_a_tool_result_shows_the_model_counts_in_the_request(tmp_
     assert isinstance(
         (await collect(ScriptedProvider.from_file(path), ModelRequest("", shown("iVBORw0KGgoAAAA"))))[-1], Completed
     )
+
+
+async def test_a_recording_whose_directory_became_a_link_is_neither_read_nor_written_through_it(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "rec").mkdir()
+    path = tmp_path / "rec" / "rec.json"
+    await collect(
+        Recorder(path).wrap(ScriptedProvider.from_dict({"turns": [{"text": "one"}, {"text": "two"}]})),
+        ModelRequest(model="", messages=[Message(role="user", content="go")]),
+    )
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "rec.json").write_text(path.read_text())
+    (tmp_path / "rec").rename(tmp_path / "rec.old")
+    (tmp_path / "rec").symlink_to(outside)
+    with pytest.raises(RecordingError, match=r"rec is a symbolic link, which was not followed"):
+        Recorder.resume(path)  # a restored session: not read through the link
+    recording = Recorder(path).wrap(ScriptedProvider.from_dict({"turns": [{"text": "one"}]}))
+    with pytest.raises(RecordingError, match=r"rec is a symbolic link, which was not followed; the recording's"):
+        await collect(recording, ModelRequest(model="", messages=[Message(role="user", content="go")]))
+    assert sorted(p.name for p in outside.iterdir()) == ["rec.json"]  # nothing new there
