@@ -80,8 +80,15 @@ def _run(command: Callable[..., int], args: argparse.Namespace, print_json: Call
     try:
         return command(args, print_json)
     except CommandError as exc:
-        sys.stderr.write(f"weald mcp {args.mcp_command}: {exc}\n")
+        _say(f"weald mcp {args.mcp_command}: {exc}", err=True)
         return EXIT_USAGE
+
+
+def _say(line: str, *, err: bool = False) -> None:
+    """Print one line of a command's report; a server's name, target or log is shown, never obeyed (`printable`)."""
+    from weald.runtime.daemon._render import printable
+
+    print(printable(line), file=sys.stderr if err else sys.stdout)
 
 
 # -- the file ----------------------------------------------------------------------------------------------
@@ -180,15 +187,15 @@ def _list(args: argparse.Namespace, print_json: Callable[[Any], None]) -> int:
         print_json({"servers": rows, "import_notes": notes})
         return EXIT_OK
     if not rows:
-        print("no MCP servers are configured (weald mcp add NAME -- COMMAND, or weald mcp import FILE)")
+        _say("no MCP servers are configured (weald mcp add NAME -- COMMAND, or weald mcp import FILE)")
     for row in rows:
         status = row["status"] or ("disabled" if not row["enabled"] else "no daemon running")
         origin = "" if row["from"] == "weald.toml" else f"  (from {row['from']})"
-        print(f"{row['server']}: {row['target']} [{row['transport']}] - {status}{origin}")
+        _say(f"{row['server']}: {row['target']} [{row['transport']}] - {status}{origin}")
         if row["last_error"] and row["status"] != "running":
-            print(f"    last error: {str(row['last_error']).splitlines()[0]}")
+            _say(f"    last error: {(str(row['last_error']).splitlines() or [''])[0]}")
     for note in notes:
-        print(f"note: {note}", file=sys.stderr)
+        _say(f"note: {note}", err=True)
     return EXIT_OK
 
 
@@ -235,7 +242,7 @@ def _add(args: argparse.Namespace, print_json: Callable[[Any], None]) -> int:
     if args.json:
         print_json({"added": args.name, "file": str(path), "server": table})
     else:
-        print(f"added MCP server {args.name!r} to {path}")
+        _say(f"added MCP server {args.name!r} to {path}")
     return EXIT_OK
 
 
@@ -262,7 +269,7 @@ def _remove(args: argparse.Namespace, print_json: Callable[[Any], None]) -> int:
     if args.json:
         print_json({"removed": args.name, "file": str(path)})
     else:
-        print(f"removed MCP server {args.name!r} from {path}")
+        _say(f"removed MCP server {args.name!r} from {path}")
     return EXIT_OK
 
 
@@ -293,12 +300,12 @@ def _import(args: argparse.Namespace, print_json: Callable[[Any], None]) -> int:
         print_json({"file": str(path), "written": not args.dry_run, "servers": servers, "notes": notes})
         return EXIT_OK
     if args.dry_run:
-        sys.stdout.write(tables)
+        if tables:
+            _say(tables.rstrip("\n"))
     else:
         names = ", ".join(servers) or "none"
-        print(
-            f"imported {len(servers)} MCP server{'s' if len(servers) != 1 else ''} ({found.kind}) into {path}: {names}"
-        )
+        plural = "s" if len(servers) != 1 else ""
+        _say(f"imported {len(servers)} MCP server{plural} ({found.kind}) into {path}: {names}")
     for note in notes:
-        print(f"note: {note}", file=sys.stderr)
+        _say(f"note: {note}", err=True)
     return EXIT_OK

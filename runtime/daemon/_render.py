@@ -1,42 +1,118 @@
-"""How the CLI and the demo draw what the daemon answers: rich renderables from plain JSON-RPC data.
+r"""How the CLI and the demo draw what the daemon answers: rich renderables from plain JSON-RPC data.
 
 Both ``weald`` commands and ``weald demo`` draw through here, so neither imports the other.
+
+Text that came from a model, a tool or a server never reaches the terminal
+raw: `printable` shows every character that steers a terminal as an escape
+(``\x1b``, ``\u202e``), every view built here passes foreign text through
+it, and `SafeConsole`, the console every command prints with, passes
+everything it draws through it once more, so that a view that forgets cannot
+let an escape through.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from rich import box
-from rich.console import Group, RenderableType
+from rich.console import Console, ConsoleOptions, Group, RenderableType
 from rich.markup import escape
 from rich.panel import Panel
+from rich.segment import Segment
 from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
 __all__ = [
+    "PrintableFormatter",
+    "SafeConsole",
     "events_table",
     "flatten",
     "format_value",
     "key_value_table",
+    "printable",
     "render_config",
     "render_debug_state",
     "render_status",
     "render_tree",
+    "safe_text",
 ]
+
+
+# -- foreign text ---------------------------------------------------------------------------------------
+
+# What a terminal acts on rather than shows: C0 controls but tab and newline
+# (ESC starts CSI, OSC 0 titles, OSC 52 clipboard writes, clear-screen; CR
+# overwrites a line), DEL, the C1 controls (U+009B is a one-byte CSI), the
+# bidirectional overrides and isolates (they reorder what follows: "Trojan
+# Source"), the line and paragraph separators, and lone surrogates (which no
+# terminal encoding can write: printing one raised UnicodeEncodeError).
+_UNSAFE = re.compile(
+    "[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u206f\ud800-\udfff]"
+)
+
+
+def _escaped(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def printable(value: object) -> str:
+    r"""``value`` as text a terminal shows as it is: every character that would steer it written as an escape.
+
+    ``"ok\x1b[2K"`` (with an ESC) becomes ``"ok\\x1b[2K"`` (a backslash, then ``x1b``): the
+    terminal shows the escape instead of acting on it. Newlines and tabs stay.
+    Every place the CLI prints text that came from a model, a tool, a server
+    or a file passes it through here (`SafeConsole` does it once more).
+    """
+    shown = value if isinstance(value, str) else str(value)
+    return _UNSAFE.sub(_escaped, shown) if _UNSAFE.search(shown) else shown
+
+
+def safe_text(value: object, style: str = "") -> Text:
+    """Foreign text as a rich `Text`: `printable`, and never read as markup (``[link=...]`` stays text)."""
+    return Text(printable(value), style=style)
+
+
+class SafeConsole(Console):
+    """A rich console that draws every character that would steer the terminal as an escape.
+
+    Rich writes its own colours and cursor moves from styles and control
+    segments, never from the text of a segment; the text is what a renderable
+    was given. Escaping it here catches foreign text a view forgot to pass
+    through `printable`.
+    """
+
+    def render(self, renderable: RenderableType, options: ConsoleOptions | None = None) -> Iterable[Segment]:
+        """Render as rich does, with each text segment passed through `printable`."""
+        for segment in super().render(renderable, options):
+            if segment.control or not _UNSAFE.search(segment.text):
+                yield segment
+            else:
+                yield Segment(printable(segment.text), segment.style, segment.control)
+
+
+class PrintableFormatter(logging.Formatter):
+    """A log formatter whose lines are `printable` (``weald serve`` logs what servers and tools say)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        """The record formatted as usual, then made printable."""
+        return printable(super().format(record))
 
 
 def render_tree(root: dict[str, Any]) -> Tree:
     """The tree as rich draws it: path, kind, status, restarts, mailbox, escalations, faults."""
 
     def label(node: dict[str, Any]) -> str:
-        name = node["path"].rsplit("/", 1)[-1] or "/"
+        name = escape(printable(node["path"].rsplit("/", 1)[-1] or "/"))
         colour = {"running": "green", "restarting": "yellow", "stopped": "red"}.get(node["status"], "white")
-        parts = [f"[bold]{name}[/bold]", f"[dim]{node['kind']}[/dim]", f"[{colour}]{node['status']}[/{colour}]"]
+        kind, status = escape(printable(node["kind"])), escape(printable(node["status"]))
+        parts = [f"[bold]{name}[/bold]", f"[dim]{kind}[/dim]", f"[{colour}]{status}[/{colour}]"]
         if node.get("restarts"):
             parts.append(f"[yellow]restarts={node['restarts']}[/yellow]")
         if node.get("mailbox"):
@@ -52,7 +128,7 @@ def render_tree(root: dict[str, Any]) -> Tree:
             parts.append(f"[dim](+{node['children_hidden']} below)[/dim]")
         if node.get("sandbox"):
             colour = "green" if node["sandbox"].startswith("bwrap") else "yellow"
-            parts.append(f"[{colour}]shell sandbox: {escape(node['sandbox'])}[/{colour}]")
+            parts.append(f"[{colour}]shell sandbox: {escape(printable(node['sandbox']))}[/{colour}]")
         return " ".join(parts)
 
     def add(branch: Tree, node: dict[str, Any]) -> None:
@@ -68,19 +144,20 @@ def _mcp_label(server: Mapping[str, Any]) -> str:
     """An MCP server's connection in the tree: its state, tools, next retry, last error and log line."""
     status = server["status"]
     colour = {"running": "green", "connecting": "cyan", "authorizing": "cyan", "stopped": "red"}.get(status, "yellow")
-    parts = [f"[{colour}]mcp {status}[/{colour}]"]
+    parts = [f"[{colour}]mcp {escape(printable(status))}[/{colour}]"]
     if status == "running":
         parts.append(f"tools={server['tools']}")
     if server.get("retry_in") is not None:
         parts.append(f"attempt {server['attempt']}, retry in {server['retry_in']:g} s")
     if server.get("last_error") and status != "running":
         error = str(server["last_error"]).strip().splitlines()[0][:120]
-        parts.append(f"[dim]{escape(error)}[/dim]")
+        parts.append(f"[dim]{escape(printable(error))}[/dim]")
     logs = server.get("recent_logs") or []
     if logs:
         data = str(logs[-1].get("data", "")).strip()
         line = data.splitlines()[0][:100] if data else ""
-        parts.append(f"[dim]log {logs[-1].get('level', '')}: {escape(line)}[/dim]")
+        level = printable(logs[-1].get("level", ""))
+        parts.append(f"[dim]log {escape(level)}: {escape(printable(line))}[/dim]")
     return " ".join(parts)
 
 
@@ -97,7 +174,7 @@ def format_value(value: Any, *, limit: int = 200) -> str:
         text = f"{value:g}"
     else:
         text = json.dumps(value, default=str, ensure_ascii=False)
-    text = text.replace("\n", "⏎ ")
+    text = printable(text.replace("\n", "⏎ "))
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
@@ -119,7 +196,7 @@ def key_value_table(value: Mapping[str, Any], *, title: str | None = None, limit
     table.add_column("key", style="bold", no_wrap=True)
     table.add_column("value", overflow="fold")
     for key, item in flatten(value):
-        table.add_row(key, Text(format_value(item, limit=limit)))
+        table.add_row(safe_text(key), Text(format_value(item, limit=limit)))
     return table
 
 
@@ -138,8 +215,14 @@ def events_table(events: Sequence[Mapping[str, Any]], *, title: str = "recent ev
     table.add_column("data", overflow="ellipsis", no_wrap=True, ratio=1)
     for event in events:
         data = event.get("data") or {}
-        short = ", ".join(f"{k}={format_value(v, limit=40)}" for k, v in data.items()) if isinstance(data, dict) else ""
-        table.add_row(_when(event.get("time")), event.get("topic", ""), event.get("source", ""), Text(short))
+        short = (
+            ", ".join(f"{printable(k)}={format_value(v, limit=40)}" for k, v in data.items())
+            if isinstance(data, dict)
+            else ""
+        )
+        table.add_row(
+            _when(event.get("time")), safe_text(event.get("topic", "")), safe_text(event.get("source", "")), Text(short)
+        )
     return table
 
 
@@ -196,7 +279,7 @@ def render_debug_state(state: Mapping[str, Any]) -> RenderableType:
     else:
         parts.append(Text("queues: nothing pending, no tool call running", style="dim"))
     if state.get("tools"):
-        parts.append(Text.assemble(("tools: ", "bold"), ", ".join(state["tools"])))
+        parts.append(Text.assemble(("tools: ", "bold"), printable(", ".join(map(str, state["tools"])))))
     messages = state.get("messages") or []
     if messages:
         table = Table(title=f"last {len(messages)} messages", title_justify="left", box=box.SIMPLE, pad_edge=False)
@@ -206,9 +289,9 @@ def render_debug_state(state: Mapping[str, Any]) -> RenderableType:
         for message in messages:
             calls = message.get("tool_calls") or []
             table.add_row(
-                message.get("role", ""),
+                safe_text(message.get("role", "")),
                 Text(format_value(message.get("content") or "", limit=100)),
-                ", ".join(str(c) for c in calls),
+                safe_text(", ".join(str(c) for c in calls)),
             )
         parts.append(table)
     if state.get("recent_events"):
@@ -219,10 +302,10 @@ def render_debug_state(state: Mapping[str, Any]) -> RenderableType:
             table.add_column(column, no_wrap=True)
         for node in state["tree"]:
             table.add_row(
-                node.get("path", ""),
-                node.get("kind", ""),
-                format_value(node.get("alive")),
-                str(node.get("mailbox", "")),
+                safe_text(node.get("path", "")),
+                safe_text(node.get("kind", "")),
+                safe_text(format_value(node.get("alive"))),
+                safe_text(node.get("mailbox", "")),
             )
         parts.append(table)
     return Group(*parts)
@@ -243,7 +326,7 @@ def _render_daemon_state(state: Mapping[str, Any]) -> RenderableType:
         table.add_column("topic", style="cyan")
         table.add_column("count", justify="right")
         for topic, count in sorted(topics.items(), key=lambda item: -item[1]):
-            table.add_row(topic, str(count))
+            table.add_row(safe_text(topic), str(count))
         parts.append(table)
     if state.get("recent_events"):
         parts.append(events_table(state["recent_events"]))
@@ -256,7 +339,7 @@ def _render_daemon_state(state: Mapping[str, Any]) -> RenderableType:
 def render_config(files: Sequence[str], config: Mapping[str, Any]) -> RenderableType:
     """``weald config show``: the files read, then every key with its value (defaults included)."""
     head = (
-        Text.assemble(("read from: ", "bold"), ", ".join(files))
+        Text.assemble(("read from: ", "bold"), printable(", ".join(files)))
         if files
         else Text("no weald.toml found: every key has its default", style="dim")
     )
@@ -267,5 +350,5 @@ def render_config(files: Sequence[str], config: Mapping[str, Any]) -> Renderable
         shown = (
             json.dumps(value, default=str, ensure_ascii=False) if not isinstance(value, bool) else str(value).lower()
         )
-        table.add_row(key, Text(shown))
+        table.add_row(safe_text(key), safe_text(shown))
     return Group(head, table)

@@ -43,7 +43,16 @@ import attrs
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
-from weald.runtime.daemon._render import render_config, render_debug_state, render_status, render_tree
+from weald.runtime.daemon._render import (
+    PrintableFormatter,
+    SafeConsole,
+    printable,
+    render_config,
+    render_debug_state,
+    render_status,
+    render_tree,
+    safe_text,
+)
 from weald.runtime.daemon.client import Client, DaemonUnavailableError, RPCCallError
 
 __all__ = ["main"]
@@ -55,12 +64,13 @@ EXIT_ABORTED = 3
 
 
 def _console(stderr: bool = False) -> Console:
-    return Console(stderr=stderr, highlight=False, soft_wrap=False)
+    """The console every command prints with: foreign text in it is shown, never obeyed (`SafeConsole`)."""
+    return SafeConsole(stderr=stderr, highlight=False, soft_wrap=False)
 
 
 def _print_error(err: Console, text: str) -> None:
     """Print an error as it is: no rich markup (``[tools]`` is text here) and no wrapping of its lines."""
-    err.print(text, style="red", markup=False, soft_wrap=True)
+    err.print(printable(text), style="red", markup=False, soft_wrap=True)
 
 
 def _load_config(args: argparse.Namespace) -> Any:
@@ -174,7 +184,7 @@ def _log_warnings_to_stderr() -> None:
     """The daemon's warnings (running out of file descriptors, say) go to its stderr, one line each."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setLevel(logging.WARNING)
-    handler.setFormatter(logging.Formatter("weald serve: %(levelname)s: %(message)s"))
+    handler.setFormatter(PrintableFormatter("weald serve: %(levelname)s: %(message)s"))
     logging.getLogger("weald").addHandler(handler)
 
 
@@ -182,7 +192,7 @@ def _warn_sandbox(daemon: Any, err: Console) -> None:
     """Say loudly, on stderr, that shell commands run without the OS sandbox (or are refused)."""
     report = daemon.sandbox
     if report is not None and report.warning:
-        err.print(f"[bold red]WARNING:[/bold red] {escape(report.warning)}", soft_wrap=True)
+        err.print(f"[bold red]WARNING:[/bold red] {escape(printable(report.warning))}", soft_wrap=True)
 
 
 def _make_faults(args: argparse.Namespace, config: Any) -> Any:
@@ -367,7 +377,7 @@ def _follow(client: Client, pending: Any, args: argparse.Namespace, consoles: tu
             if not args.json and text and text not in "".join(printed):
                 if streaming:
                     out.print()
-                out.print(text, markup=False)
+                out.print(printable(text), markup=False)
             elif streaming:
                 out.print()
             if not result.get("ok") and not args.json:
@@ -420,18 +430,19 @@ def _show_event(event: dict[str, Any], out: Console, err: Console, streaming: bo
     if quiet:
         return streaming  # only the answer, printed when the turn ends
     if topic == "agent.message_delta":
-        out.print(data["text"], end="", markup=False)
+        out.print(printable(data["text"]), end="", markup=False)
         return True
     if topic == "agent.message_end":
         return _end_line(out, streaming)
     if topic == "tool.started":
         streaming = _end_line(out, streaming)
-        args = json.dumps(data.get("arguments", {}))
-        err.print(f"[cyan]▶ {data['tool']}[/cyan] [dim]{args[:160]}[/dim]")
+        args = printable(json.dumps(data.get("arguments", {}), ensure_ascii=False))
+        err.print(f"[cyan]▶ {_tool(data)}[/cyan] [dim]{escape(args[:160])}[/dim]")
     elif topic == "tool.finished":
-        err.print(f"[green]✓ {data['tool']}[/green] [dim]{data.get('duration_ms', 0):.0f} ms[/dim]")
+        err.print(f"[green]✓ {_tool(data)}[/green] [dim]{data.get('duration_ms', 0):.0f} ms[/dim]")
     elif topic == "tool.failed":
-        err.print(f"[yellow]✗ {data['tool']}[/yellow] [dim]{str(data.get('error', ''))[:200]}[/dim]")
+        error = printable(str(data.get("error", ""))[:200])
+        err.print(f"[yellow]✗ {_tool(data)}[/yellow] [dim]{escape(error)}[/dim]")
     elif topic == "agent.recovered":
         streaming = _end_line(out, streaming)
         err.print(f"[magenta]agent restarted by its supervisor (restart {data.get('restarts')})[/magenta]")
@@ -443,28 +454,50 @@ def _show_event(event: dict[str, Any], out: Console, err: Console, streaming: bo
         )
     elif topic == "agent.compaction_failed":
         streaming = _end_line(out, streaming)
-        err.print(f"compacting the context failed: {str(data.get('error', ''))[:200]}", style="yellow", markup=False)
+        error = printable(str(data.get("error", ""))[:200])
+        err.print(f"compacting the context failed: {error}", style="yellow", markup=False)
     elif topic == "agent.replay_diverged":
         streaming = _end_line(out, streaming)
         _print_error(err, f"replay diverged (going on as recorded): {data.get('error')}")
     return streaming
 
 
+def _tool(data: dict[str, Any]) -> str:
+    """A tool's name as markup-safe, printable text (an MCP server names its own tools)."""
+    return escape(printable(data.get("tool", "")))
+
+
+def _what(request: dict[str, Any]) -> tuple[str, str]:
+    """What a permission request would run, markup-safe and printable: (on the line, below it).
+
+    A command of one line is shown on the prompt's line. One of several lines
+    is shown below it, every line behind a ``│`` gutter, so that no line of
+    the command can pass for a line of weald's own (``allow?`` included).
+    """
+    subject = request.get("subject")
+    shown = printable(subject if subject else json.dumps(request.get("arguments", {}), ensure_ascii=False)[:200])
+    lines = shown.split("\n")
+    if len(lines) == 1:
+        return escape(shown) + " ", ""
+    return "", "".join(f"\n  [dim]│[/dim] {escape(line)}" for line in lines)
+
+
 def _answer_permission(client: Client, request: dict[str, Any], args: argparse.Namespace, err: Console) -> None:
-    what = escape(request.get("subject") or json.dumps(request.get("arguments", {}))[:200])
+    inline, below = _what(request)
+    tool = _tool(request)
     params: dict[str, Any] = {"request_id": request["request_id"]}
     if args.yes:
         decision = "allow"
-        err.print(f"[yellow]allowing {request['tool']}: {what}[/yellow] (--yes)")
+        err.print(f"[yellow]allowing {tool}:[/yellow] {inline}(--yes){below}")
     elif not sys.stdin.isatty():
         decision = "deny"
         # Nobody said no: tell the model so, rather than "denied by the user".
         params["message"] = "no one could be asked: run with a terminal, or allow it in weald.toml"
-        err.print(f"[yellow]not running {request['tool']}: {what}[/yellow] (no terminal to ask; --yes allows it)")
+        err.print(f"[yellow]not running {tool}:[/yellow] {inline}(no terminal to ask; --yes allows it){below}")
     else:
-        err.print(f"[bold yellow]{request['tool']}[/bold yellow] wants to run: {what}")
+        err.print(f"[bold yellow]{tool}[/bold yellow] wants to run: {inline.rstrip()}{below}")
         if request.get("reason"):
-            err.print(f"  (asked because: {request['reason']})", markup=False)
+            err.print(f"  (asked because: {printable(request['reason'])})", markup=False)
         answer = input("allow? [y]es / [n]o / [a]lways: ").strip().lower()
         decision = {"y": "allow", "yes": "allow", "a": "allow_always", "always": "allow_always"}.get(answer, "deny")
     with contextlib.suppress(RPCCallError):
@@ -472,10 +505,10 @@ def _answer_permission(client: Client, request: dict[str, Any], args: argparse.N
 
 
 def _answer_question(client: Client, question: dict[str, Any], args: argparse.Namespace, err: Console) -> None:
-    err.print(f"[bold]{question['question']}[/bold]")
+    err.print(safe_text(question["question"], style="bold"))
     choices = question.get("choices") or []
     for i, choice in enumerate(choices, 1):
-        err.print(f"  {i}. {choice}")
+        err.print(f"  {i}. {printable(choice)}", markup=False)
     if args.answer is not None:
         answer = args.answer
     elif sys.stdin.isatty():
@@ -484,7 +517,7 @@ def _answer_question(client: Client, question: dict[str, Any], args: argparse.Na
             answer = choices[int(answer) - 1]
     else:
         answer = choices[0] if choices else ""
-        err.print(f"[dim](no terminal: answering {answer!r})[/dim]")
+        err.print(f"(no terminal: answering {printable(repr(answer))})", style="dim", markup=False)
     with contextlib.suppress(RPCCallError):
         client.call("ask_user.respond", {"question_id": question["question_id"], "answer": answer}, timeout=10)
 
@@ -503,13 +536,13 @@ def cmd_agents(args: argparse.Namespace) -> int:
     for a in agents:
         context = a.get("context") or {}
         table.add_row(
-            a["agent_id"],
-            a.get("state", ""),
-            a["status"],
-            _short_model(a["model"]),
+            safe_text(a["agent_id"]),
+            safe_text(a.get("state", "")),
+            safe_text(a["status"]),
+            safe_text(_short_model(a["model"])),
             f"{context['tokens']:,}/{context['input_budget']:,}" if context else "",
-            str(a.get("restarts", "")),
-            a["working_dir"],
+            safe_text(a.get("restarts", "")),
+            safe_text(a["working_dir"]),
         )
     _console().print(table)
     return EXIT_OK
@@ -556,11 +589,12 @@ def cmd_compact(args: argparse.Namespace) -> int:
         _print_json(result)
     elif result["compacted"]:
         _console().print(
-            f"{args.agent_id}: compacted {result['replaced']} messages: "
-            f"{result['tokens_before']:,} -> {result['tokens_after']:,} estimated tokens"
+            f"{printable(args.agent_id)}: compacted {result['replaced']} messages: "
+            f"{result['tokens_before']:,} -> {result['tokens_after']:,} estimated tokens",
+            markup=False,
         )
     else:
-        _console().print(f"{args.agent_id}: not compacted: {result['detail']}", markup=False)
+        _console().print(f"{printable(args.agent_id)}: not compacted: {printable(result['detail'])}", markup=False)
     failed = not result["compacted"] and not str(result.get("detail") or "").startswith("nothing to compact")
     return EXIT_FAILED if failed else EXIT_OK
 
@@ -579,7 +613,13 @@ def cmd_tasks(args: argparse.Namespace) -> int:
         return EXIT_OK
     table = Table("id", "status", "title", "blocked by", "parent")
     for t in result["tasks"]:
-        table.add_row(t["id"], t["status"], t["title"], ", ".join(t.get("blocked_by") or []), t.get("parent_id") or "")
+        table.add_row(
+            safe_text(t["id"]),
+            safe_text(t["status"]),
+            safe_text(t["title"]),
+            safe_text(", ".join(t.get("blocked_by") or [])),
+            safe_text(t.get("parent_id") or ""),
+        )
     _console().print(table)
     return EXIT_OK
 
@@ -593,7 +633,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         if args.json:
             _print_json({"running": False, "error": str(exc)})
         else:
-            _console(stderr=True).print(str(exc))
+            _console(stderr=True).print(printable(exc), markup=False)
         return EXIT_FAILED
     if args.json:
         _print_json({"running": True, **status})

@@ -25,7 +25,7 @@ from typing import Any
 from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
-from weald.runtime.daemon._render import render_tree
+from weald.runtime.daemon._render import SafeConsole, render_tree
 from weald.runtime.daemon.client import Client, DaemonUnavailableError
 
 __all__ = ["run_demo"]
@@ -372,7 +372,7 @@ class _Demo:
 
 def run_demo(*, json_output: bool = False, keep: bool = False) -> int:
     """Run the demo; returns 0 when every check held."""
-    console = Console(highlight=False)
+    console = SafeConsole(highlight=False)
     root = Path(tempfile.mkdtemp(prefix="weald-demo-"))
     demo = _Demo(root, console, quiet=json_output)
     demo.say(
