@@ -14,8 +14,13 @@ The tree::
     └── StoreError
         ├── StoreCorruptError     the database file is unreadable or not a database
         ├── StoreClosedError      the store was closed (stopped, not broken)
-        ├── StoreFullError        no space left on the device holding the store
-        └── StoreCodecError       a value could not be encoded or decoded
+        ├── StoreFullError        no space left on the device holding the store (or on the database server)
+        ├── StoreCodecError       a value could not be encoded or decoded
+        ├── StoreConnectionError  the database server cannot be reached, or the connection was lost
+        ├── StoreConflictError    the database refused a transaction as conflicting (serialization, deadlock)
+        ├── StoreReadOnlyError    the database takes no writes (a read-only standby)
+        ├── StoreSchemaError      the database holds a weald schema of another version
+        └── StoreFencedError      this node no longer owns the session (its owner or epoch changed)
 
 pykka's own `ActorDeadError` (the actor is not running) and `Timeout` (a
 `get()` ran out of time) keep their pykka meaning and are re-exported by
@@ -34,9 +39,14 @@ __all__ = [
     "StartError",
     "StoreClosedError",
     "StoreCodecError",
+    "StoreConflictError",
+    "StoreConnectionError",
     "StoreCorruptError",
     "StoreError",
+    "StoreFencedError",
     "StoreFullError",
+    "StoreReadOnlyError",
+    "StoreSchemaError",
     "UnreadableFileError",
     "WealdError",
 ]
@@ -117,3 +127,43 @@ class StoreClosedError(StoreError):
 
 class StoreCodecError(StoreError):
     """A value could not be encoded to, or decoded from, the store."""
+
+
+class StoreConnectionError(StoreError):
+    """The database server cannot be reached, refused the login, or the connection was lost.
+
+    Queued writes that failed this way are kept and committed once the
+    connection is back (the store reconnects with backoff).
+    """
+
+
+class StoreConflictError(StoreError):
+    """The database refused a transaction as conflicting with another (a serialization failure, a deadlock).
+
+    Nothing of it was written; a queued group is tried again.
+    """
+
+
+class StoreReadOnlyError(StoreError):
+    """The database takes no writes: it is a read-only standby, or the transaction was read-only."""
+
+
+class StoreSchemaError(StoreError):
+    """The database holds weald tables of another schema version; it was left untouched."""
+
+
+class StoreFencedError(StoreError):
+    """A write for a session this node no longer owns was refused.
+
+    Another node claimed the session (its placement's owner or epoch
+    changed), or this node lost its lease. Nothing of the write landed; the
+    session stops on this node. This fence, checked in the same transaction
+    as every commit, is what keeps a session from having two writers.
+
+    Attributes:
+        sessions: the sessions refused.
+    """
+
+    def __init__(self, message: str, sessions: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.sessions = sessions

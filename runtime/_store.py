@@ -1,22 +1,23 @@
-"""The persistent key-value store: sqlitedict tables, msgspec JSON values.
+"""The persistent key-value store: namespaces of msgspec JSON values, on sqlite or PostgreSQL.
 
-The store plays the part DETS plays in OTP: the task tracker, sessions,
-histories and memory live here and survive a crash of the daemon.
+The store plays the part DETS plays in OTP (and, on a shared database, the
+part Mnesia plays): the task tracker, sessions, histories and memory live
+here and survive a crash of the daemon.
 
-- One database file; one table per namespace (``tasks``, ``sessions``...).
-- Values are encoded with msgspec as JSON, never pickle: sqlitedict's own
-  pickle codec is replaced by the identity, and this module encodes and
-  decodes (optionally into a typed Struct or attrs class). A tampered value
-  is a `StoreCodecError`, never code execution.
-- Every write is committed before the call returns. The file runs in WAL
-  mode; ``durability="process"`` (the default) survives a crash of the
-  process (kill -9), ``durability="power"`` also fsyncs every commit.
-- An unreadable, corrupt or foreign file is reported with its name
-  (`StoreCorruptError`) and never replaced.
-- A write that fails because the disk is full is a `StoreFullError` naming
-  the directory (``no space left on the device holding <dir>``); the file
-  stays intact (each write is one transaction, rolled back whole) and writes
-  succeed again as soon as space returns.
+- Where the data lives is the backend's business (``_store_backend``): a
+  sqlite file (`SqliteBackend`, the default: one table per namespace, WAL)
+  or a ``postgresql://`` database (`PostgresBackend`) several daemons may
+  share. This module is the same for both.
+- Values are encoded with msgspec as JSON, never pickle; this module
+  encodes and decodes (optionally into a typed Struct or attrs class). A
+  tampered value is a `StoreCodecError`, never code execution.
+- Every synchronous write is committed before the call returns.
+- Failures are `StoreError`s naming the store and the cause: a corrupt
+  file (`StoreCorruptError`, never replaced), a full disk, here or on the
+  database server (`StoreFullError`), a lost connection
+  (`StoreConnectionError`), a conflicting transaction (`StoreConflictError`),
+  a read-only standby (`StoreReadOnlyError`), a schema of another version
+  (`StoreSchemaError`).
 
 Methods block the calling thread; trio code uses the ``a``-prefixed variants,
 which run the same operation in a worker thread.
@@ -41,11 +42,11 @@ over what it gathered.
 
 Reads see their own writes: a value enqueued and not committed yet (gathered,
 being committed, or kept after a failed commit) is what every read returns
-for its key, as if it were in the file (`get`, `items`, `items_range`,
+for its key, as if it were in the store (`get`, `items`, `items_range`,
 `keys`, `scan`, `count`, ``in``). Those unsettled values are looked at
-before the file is read, so a commit that lands in between is seen in one or
-the other, never missed: a reader (``recall``, ``agent.history``, an agent's
-restore) never needs to flush first. A flush with nothing enqueued since the last
+before the database is read, so a commit that lands in between is seen in
+one or the other, never missed: a reader (``recall``, ``agent.history``, an
+agent's restore) never needs to flush first. A flush with nothing enqueued since the last
 successful commit is resolved at once, without a round trip. A synchronous
 write (`put`, `delete`, `write_batch`...) of a key with a queued write
 first waits until that is committed, so a queued older value can never land
@@ -53,62 +54,82 @@ over it; while it cannot be committed, the synchronous write fails with its
 cause. Writes to other keys do not wait.
 
 A group is one transaction across all its namespaces, written by the
-committer through its own SQLite connection to the same sqlitedict tables
-(same file, same schema; sqlitedict opens and creates them, and serves
-every read and synchronous write). sqlitedict runs each table's connection
-in a thread of its own, so committing a group through it cost a transaction
-per namespace and a thread hand-off per write: 170-430 us for an agent
-turn's 15 writes in 3 namespaces, against 80-150 us here, hand-offs to the
-committer and back included (benchmarks/bench_store.py). A group is
-therefore also atomic: after a crash either all of it is in the file or
+committer through its own connection (on sqlite, 80-150 us for an agent
+turn's 15 writes in 3 namespaces, hand-offs included, against 170-430 us
+through sqlitedict's connections: benchmarks/bench_store.py). A group is
+therefore also atomic: after a crash either all of it is in the store or
 none of it.
 
-A group that fails (the disk is full, the file is locked too long) is
-neither dropped nor allowed to stop later writes: every flush waiting on it
-fails with the cause, and the group is kept and committed together with the
-next one, which is tried at once when more work comes and every
-`RETRY_INTERVAL` seconds meanwhile. So writes succeed again, with nothing
-lost, as soon as the cause is gone; and a flush succeeds only once every
-write enqueued before it is in the file, whichever group carried it. While
-more than ``max_retained_bytes`` of writes wait this way, `enqueue_nowait`
-refuses new ones with the cause.
+A group that fails (the disk is full, the connection is lost, the file is
+locked too long) is neither dropped nor allowed to stop later writes: every
+flush waiting on it fails with the cause, and the group is kept and
+committed together with the next one, which is tried at once when more work
+comes and every `RETRY_INTERVAL` seconds meanwhile. So writes succeed again,
+with nothing lost, as soon as the cause is gone; and a flush succeeds only
+once every write enqueued before it is in the store, whichever group carried
+it. While more than ``max_retained_bytes`` of writes wait this way,
+`enqueue_nowait` refuses new ones with the cause.
 
-Synchronous writes (`put`, `write_batch`...) also run on a connection of
-the store's own, never through sqlitedict: sqlitedict's worker thread ends
-for good when a COMMIT fails (leaving its caller waiting forever), and its
-reads are the only thing it is trusted with here, besides creating tables.
+Nodes and the fence (a database several daemons share): a daemon joins the
+store as a node (`join`; its epoch: the previous start's + 1) and claims the
+sessions it runs (`claim`); each claim raises the session's epoch in the database's
+``placement`` row. A write enqueued for a session (``session=``) is
+committed only if, in the same transaction, the session's placement still
+names this node and the epoch it claimed (checked ``FOR SHARE``, so a
+takeover waits for the commit, or the commit sees the takeover). A group
+whose sessions were taken over is committed without their writes, which are
+dropped for good: that session's flushes fail with `StoreFencedError`, later
+writes for it are dropped, and ``on_fenced`` is told, so the daemon stops
+the session here. The node's lease is renewed every third of it by a thread
+of the store; a node that cannot renew it before it runs out stops
+committing for every session it holds, as if each had been taken over
+(Orleans: a silo declared dead terminates itself). On sqlite, whose file has
+one owner at a time, no fence is checked.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import itertools
 import logging
 import math
-import os
 import queue
-import re
-import sqlite3
 import threading
-from collections.abc import Callable, Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, Literal, TypeVar, cast, overload
+from typing import Any, Literal, TypeVar, overload
 
 import msgspec
 import trio
-from sqlitedict import SqliteDict
 from weald.runtime._codec import msgspec_decoder
 from weald.runtime._errors import (
     StoreClosedError,
     StoreCodecError,
-    StoreCorruptError,
     StoreError,
+    StoreFencedError,
     StoreFullError,
 )
 from weald.runtime._future import LOOP_THREADS, Future
+from weald.runtime._store_backend import (
+    BackendTransaction,
+    FencedSessions,
+    NodeLease,
+    StoreBackend,
+    TextHit,
+    check_namespace,
+    is_url,
+    query_terms,
+)
 
-__all__ = ["HANDOVER_DELAY", "HANDOVER_MAX_WRITES", "RETRY_INTERVAL", "Store"]
+__all__ = [
+    "DEFAULT_LEASE",
+    "HANDOVER_DELAY",
+    "HANDOVER_MAX_WRITES",
+    "RETRY_INTERVAL",
+    "Store",
+    "StoreTransaction",
+]
 
 logger = logging.getLogger("weald.runtime")
 
@@ -123,16 +144,16 @@ HANDOVER_DELAY = 0.005
 HANDOVER_MAX_WRITES = 1024
 """Gathered writes past which the committer is woken at once, whatever the delay."""
 
+DEFAULT_LEASE = 5.0
+"""Seconds a node's lease lasts unless configured (``[store] lease``); renewed every third of it."""
+
 _SETTLE_TIMEOUT = 120.0
 """Seconds a synchronous write waits for the queued writes before it (the committer tries each group 3 times)."""
 
-_SQLITE_FULL = 13
-_SQLITE_IOERR = 10
-_SQLITE_CANTOPEN = 14
-
-_NAMESPACE = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 _MISSING: Any = object()
-_CREATE: Any = object()
+
+FencedCallback = Callable[[tuple[str, ...], StoreFencedError], None]
+"""Told which sessions this node lost, and why: from the committer's or the lease's thread; must not block."""
 
 
 def _identity(value: Any) -> Any:
@@ -156,56 +177,125 @@ class _HandOver:
         self.scope: trio.CancelScope | None = None
 
 
+class StoreTransaction:
+    """A synchronous transaction on the store (`Store.transaction`): reads see its writes; all or nothing.
+
+    Made by the store only. Values are decoded and encoded as the store's.
+    """
+
+    __slots__ = ("_store", "_tx")
+
+    def __init__(self, store: Store, tx: BackendTransaction) -> None:
+        self._store = store
+        self._tx = tx
+
+    def get(self, namespace: str, key: str, default: Any = None, *, type: Any = None) -> Any:
+        """The value under ``key`` as this transaction sees it, or ``default``."""
+        check_namespace(namespace)
+        self._store._check_key(key)
+        raw = self._tx.get(namespace, key)
+        return default if raw is None else self._store._decode(namespace, key, raw, type)
+
+    def items(self, namespace: str, prefix: str = "", *, type: Any = None) -> list[tuple[str, Any]]:
+        """``(key, value)`` pairs whose keys start with ``prefix``, in insertion order."""
+        check_namespace(namespace)
+        return [(key, self._store._decode(namespace, key, raw, type)) for key, raw in self._tx.items(namespace, prefix)]
+
+    def write_batch(self, namespace: str, puts: Mapping[str, Any] | None = None, deletes: Iterable[str] = ()) -> int:
+        """Put and delete in this transaction; returns how many of ``deletes`` existed."""
+        check_namespace(namespace)
+        wanted = list(deletes)
+        encoded = self._store._encode_all(namespace, list((puts or {}).items()))
+        removed = self._tx.write(namespace, encoded, wanted)
+        self._store.writes += len(encoded) + removed
+        return removed
+
+
 class Store:
     """A namespaced, persistent key-value store; thread-safe.
 
     Args:
-        path: the database file; its directory is created if missing.
-        durability: ``"process"`` survives a process crash; ``"power"``
-            also survives power loss, at the cost of an fsync per write.
+        path: the sqlite database file (its directory is created if missing);
+            or a ``postgresql://`` URL, the same as ``url``.
+        url: a ``postgresql://user:password@host:port/database`` URL: the
+            data lives there, not in ``path``. Its password is never shown
+            (`location` masks it).
+        durability: on sqlite, ``"process"`` survives a process crash;
+            ``"power"`` also survives power loss, at the cost of an fsync per
+            write. PostgreSQL commits with ``synchronous_commit`` on: a commit
+            is on the server's disk before it is acknowledged.
         max_retained_bytes: how much of queued writes that failed to commit
             may wait for another attempt before new ones are refused.
         handover_delay: how long writes enqueued on a weald loop thread may
             be gathered before the committer takes them unflushed (see the
             module docstring).
 
+    Attributes:
+        path: the sqlite file; None when the data lives on a database server.
+        location: what messages name the store by (the file, or the URL with
+            its password masked).
+        on_fenced: called with the sessions this node lost (see the module
+            docstring), on the committer's or the lease's thread.
+
     Raises:
         StoreCorruptError: the file exists but is not a readable database.
-        StoreError: the file cannot be created or opened.
+        StoreConnectionError: the database server cannot be reached or refused the login.
+        StoreSchemaError: the database holds weald tables of another version.
+        StoreError: the store cannot be created or opened.
     """
 
     def __init__(
         self,
-        path: str | Path,
+        path: str | Path | None = None,
         *,
+        url: str | None = None,
         durability: Literal["process", "power"] = "process",
         max_retained_bytes: int = 64 * 1024 * 1024,
         handover_delay: float = HANDOVER_DELAY,
     ) -> None:
-        self.path = Path(path).expanduser()
+        if url is None and path is not None and is_url(path):
+            path, url = None, str(path)
         self.durability = durability
         self.max_retained_bytes = max_retained_bytes
         self.handover_delay = handover_delay
-        self._lock = threading.RLock()
-        self._tables: dict[str, SqliteDict] = {}
+        self._backend: StoreBackend
+        if url is not None:
+            from weald.runtime._store_postgres import PostgresBackend
+
+            self.path: Path | None = None
+            self._backend = PostgresBackend(url)
+        else:
+            from weald.runtime._store_sqlite import SqliteBackend
+
+            if path is None:
+                msg = "a store needs a file (path) or a database URL (url)"
+                raise StoreError(msg)
+            self.path = Path(path).expanduser()
+            self._backend = SqliteBackend(self.path, durability)
+        self.location = self._backend.location
+        # Names this store's threads and tasks.
+        self._name = self.path.name if self.path is not None else "postgresql"
         self._closed = False
         self.writes = 0
         self.reads = 0
         self.commits = 0
         self.failed_commits = 0
         self.rounds = 0  # times the committer woke up and took the gathered writes
-        # The committer's wake-ups: ("wake",), ("flush", future), ("stop",).
+        # The committer's wake-ups: ("wake",), ("flush", future, session), ("stop",).
         # The writes themselves are gathered in _pending, which it takes whole.
         self._queue: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         # Under _pending_lock: the gathered writes (namespace -> key -> encoded
-        # value) and their count; whether an item on the queue will make the
-        # committer take them (_woken); whether the committer holds writes it
-        # took and has not committed yet, retained ones included (_unsettled).
+        # value) and their count; the sessions they were written for
+        # (session -> [(namespace, key)], only writes given one); whether an
+        # item on the queue will make the committer take them (_woken); whether
+        # the committer holds writes it took and has not committed yet,
+        # retained ones included (_unsettled).
         # Invariant: every write enqueued is in _pending, or taken and then
-        # committed or retained; so with _pending empty and _unsettled False,
-        # everything enqueued so far is in the file.
+        # committed, retained or dropped as fenced; so with _pending empty and
+        # _unsettled False, everything enqueued so far is in the store (or fenced).
         self._pending_lock = threading.Lock()
         self._pending: dict[str, dict[str, bytes]] = {}
+        self._pending_sessions: dict[str, list[tuple[str, str]]] = {}
         self._pending_count = 0
         self._woken = False
         self._unsettled = False
@@ -214,116 +304,85 @@ class Store:
         self._committer: threading.Thread | None = None
         self._committer_lock = threading.Lock()
         # Queued writes whose commit failed, kept for the next attempt
-        # (namespace -> key -> value), and why it failed; while the committer
-        # commits a group, _retained is that group. Invariant: the error is
-        # set exactly while writes are retained after a round. Only the
-        # committer thread changes them, _retained under _pending_lock.
+        # (namespace -> key -> value, and their sessions), and why it failed;
+        # while the committer commits a group, _retained is that group.
+        # Invariant: the error is set exactly while writes are retained after
+        # a round. Only the committer thread changes them, _retained under
+        # _pending_lock.
         self._retained: dict[str, dict[str, bytes]] = {}
+        self._retained_sessions: dict[str, list[tuple[str, str]]] = {}
         self._retained_bytes = 0
         self._retained_count = 0  # for statistics(), which must not iterate what the committer changes
         self._retained_error: StoreError | None = None
-        self._writer: sqlite3.Connection | None = None  # the committer's connection
-        self._sync_writer: sqlite3.Connection | None = None  # synchronous writes', under _lock
         self._closing = False
         self._stopped = False  # the committer has ended (closed): nothing more will be committed
-        self._read_conn: sqlite3.Connection | None = None  # reads', under _lock
-        self._check_file()
+        # Nodes and the fence (see the module docstring). _held: the sessions
+        # this node claimed, with the epoch of each claim; _fenced: sessions it
+        # lost, and why. Both change under _fence_lock.
+        self.on_fenced: FencedCallback | None = None
+        self._node: NodeLease | None = None
+        self._fence_lock = threading.Lock()
+        self._held: dict[str, int] = {}
+        self._fenced: dict[str, StoreFencedError] = {}
+        self.fenced_writes = 0
+        # The lease: renewed by its own thread; the committer refuses session
+        # writes once time.monotonic() passes _lease_deadline.
+        self._lease_deadline = math.inf
+        self._lease_thread: threading.Thread | None = None
+        self._lease_stop = threading.Event()
+        self._lease_lost: StoreFencedError | None = None
+        self.on_lease_back: Callable[[], None] | None = None
+        self.lease_renewals = 0
+        self.lease_failures = 0
 
     def __repr__(self) -> str:
-        return f"<Store {self.path} namespaces={sorted(self._tables)}>"
+        return f"<Store {self.location}>"
 
-    # -- opening -----------------------------------------------------------------
+    @property
+    def kind(self) -> str:
+        """``"sqlite"`` or ``"postgresql"``: where the data lives."""
+        return self._backend.kind
 
-    def _check_file(self) -> None:
-        path = self.path
-        if path.is_dir():
-            msg = f"store path {path} is a directory, not a database file"
-            raise StoreError(msg)
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            blocker = next((p for p in (path.parent, *path.parent.parents) if p.exists()), None)
-            if blocker is not None and not blocker.is_dir():
-                msg = f"cannot create the store's directory {path.parent}: {blocker} is not a directory"
-            else:
-                msg = f"cannot create the store's directory {path.parent}: {exc.strerror}"
-            raise StoreError(msg) from exc
-        if path.exists():
-            try:
-                with path.open("rb"):
-                    pass
-            except OSError as exc:
-                msg = f"store file {path} cannot be read: {exc.strerror}"
-                raise StoreError(msg) from exc
-        try:
-            conn = sqlite3.connect(str(path))
-            try:
-                conn.execute("PRAGMA journal_mode=WAL")
-                rows = conn.execute("PRAGMA quick_check").fetchall()
-            finally:
-                conn.close()
-        except sqlite3.DatabaseError as exc:
-            msg = (
-                f"store file {path} is not a readable weald store ({exc}); "
-                "it was left untouched - move it aside or restore it from a backup"
-            )
-            raise StoreCorruptError(msg) from exc
-        if rows != [("ok",)]:
-            detail = "; ".join(str(r[0]) for r in rows[:3])
-            msg = f"store file {path} failed its integrity check ({detail}); it was left untouched"
-            raise StoreCorruptError(msg)
+    @property
+    def backend(self) -> StoreBackend:
+        """The database under the store (for tools that move or back up its data)."""
+        return self._backend
 
-    def _table(self, namespace: str) -> SqliteDict:
-        table = self._tables.get(namespace)
-        if table is not None:
-            return table
+    def _check_open(self) -> None:
         if self._closed:
-            msg = f"store {self.path} is closed"
+            msg = f"store {self.location} is closed"
             raise StoreClosedError(msg)
-        if not _NAMESPACE.match(namespace):
-            msg = f"bad namespace {namespace!r}: use lowercase letters, digits and _, starting with a letter"
-            raise StoreError(msg)
-        # Created here, where a failed COMMIT is an error, not in sqlitedict's
-        # thread (see the module docstring); sqlitedict's own CREATE TABLE IF
-        # NOT EXISTS then writes nothing. The schema is sqlitedict's.
-        sql = f'CREATE TABLE IF NOT EXISTS "{namespace}" (key TEXT PRIMARY KEY, value BLOB)'
-        self._write_sync(lambda conn: conn.execute(sql), f"the new namespace {namespace!r}")
-        try:
-            table = SqliteDict(
-                str(self.path),
-                tablename=namespace,
-                autocommit=False,
-                journal_mode="WAL",
-                encode=_identity,
-                decode=_identity,
-                outer_stack=False,
-            )
-            # sqlitedict turns fsync off; WAL with NORMAL is safe against a
-            # process crash, FULL against power loss too.
-            sync = "FULL" if self.durability == "power" else "NORMAL"
-            table.conn.execute(f"PRAGMA synchronous={sync}")
-            table.conn.commit(blocking=True)
-        except Exception as exc:
-            msg = f"cannot open namespace {namespace!r} in store file {self.path}: {exc}"
-            raise StoreError(msg) from exc
-        self._tables[namespace] = table
-        return table
 
-    def _exists(self, namespace: str) -> bool:
-        """Whether the file has the namespace's table (a read; under ``_lock``)."""
-        if not _NAMESPACE.match(namespace):
-            msg = f"bad namespace {namespace!r}: use lowercase letters, digits and _, starting with a letter"
-            raise StoreError(msg)
-        try:
-            if self._sync_writer is None:
-                self._sync_writer = self._connect_writer(check_same_thread=False)
-            row = self._sync_writer.execute(
-                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (namespace,)
-            ).fetchone()
-        except sqlite3.Error as exc:
-            msg = f"store {self.path}: cannot read its namespaces: {exc}"
-            raise StoreError(msg) from exc
-        return row is not None
+    # -- reading ---------------------------------------------------------------------
+
+    @overload
+    def get(self, namespace: str, key: str, default: Any = None) -> Any: ...
+    @overload
+    def get(self, namespace: str, key: str, default: Any = None, *, type: type[T]) -> T | Any: ...
+
+    def get(self, namespace: str, key: str, default: Any = None, *, type: Any = None) -> Any:
+        """Return the value under ``key``, decoded (into ``type`` if given), or ``default``."""
+        self._check_key(key)
+        self._check_open()
+        check_namespace(namespace)
+        raw = self._unsettled_value(namespace, key)
+        if raw is None:
+            raw = self._backend.get(namespace, key)
+        self.reads += 1
+        if raw is None:
+            return default
+        return self._decode(namespace, key, raw, type)
+
+    def __contains__(self, item: tuple[str, str]) -> bool:
+        namespace, key = item
+        self._check_open()
+        check_namespace(namespace)
+        return self._unsettled_value(namespace, key) is not None or self._backend.contains(namespace, key)
+
+    def keys(self, namespace: str, prefix: str = "") -> list[str]:
+        """Return the keys of a namespace (those starting with ``prefix``), in insertion order."""
+        rows = self._select(namespace, "key", prefix)
+        return [row[0] for row in rows]
 
     # -- codec -----------------------------------------------------------------------
 
@@ -339,14 +398,14 @@ class Store:
         if isinstance(raw, str):
             raw = raw.encode()
         if not isinstance(raw, bytes | memoryview):
-            msg = f"value of {namespace}/{key} in {self.path} is not weald data (a {type(raw).__name__})"
+            msg = f"value of {namespace}/{key} in {self.location} is not weald data (a {type(raw).__name__})"
             raise StoreCodecError(msg)
         try:
             if type_ is None:
                 return msgspec.json.decode(raw)
             return msgspec_decoder(type_).decode(raw)
         except msgspec.DecodeError as exc:
-            msg = f"value of {namespace}/{key} in {self.path} cannot be decoded: {exc}"
+            msg = f"value of {namespace}/{key} in {self.location} cannot be decoded: {exc}"
             raise StoreCodecError(msg) from exc
 
     @staticmethod
@@ -354,60 +413,6 @@ class Store:
         if not isinstance(key, str) or not key:
             msg = f"store keys are non-empty strings, got {key!r}"
             raise StoreError(msg)
-
-    def _run(self, namespace: str, op: Callable[[SqliteDict], T], missing: Any = _CREATE) -> T:
-        """Run ``op`` on the namespace's table; a read passes what a missing namespace reads as in ``missing``.
-
-        A namespace missing from the file is created, except for a read:
-        reading writes nothing (so reads work on a full disk).
-        """
-        with self._lock:
-            if self._closed:
-                msg = f"store {self.path} is closed"
-                raise StoreClosedError(msg)
-            if missing is not _CREATE and namespace not in self._tables and not self._exists(namespace):
-                return cast("T", missing)
-            table = self._table(namespace)
-            try:
-                return op(table)
-            except StoreError:
-                raise
-            except Exception as exc:
-                msg = f"store {self.path}, namespace {namespace!r}: {exc}"
-                raise StoreError(msg) from exc
-
-    # -- reading ---------------------------------------------------------------------
-
-    @overload
-    def get(self, namespace: str, key: str, default: Any = None) -> Any: ...
-    @overload
-    def get(self, namespace: str, key: str, default: Any = None, *, type: type[T]) -> T | Any: ...
-
-    def get(self, namespace: str, key: str, default: Any = None, *, type: Any = None) -> Any:
-        """Return the value under ``key``, decoded (into ``type`` if given), or ``default``."""
-        self._check_key(key)
-
-        def op(table: SqliteDict) -> Any:
-            sql = f'SELECT value FROM "{table.tablename}" WHERE key = ?'  # noqa: S608
-            row = self._reader().execute(sql, (key,)).fetchone()
-            return _MISSING if row is None else row[0]
-
-        raw = self._unsettled_value(namespace, key)
-        if raw is None:
-            raw = self._run(namespace, op, _MISSING)
-        self.reads += 1
-        if raw is _MISSING:
-            return default
-        return self._decode(namespace, key, raw, type)
-
-    def __contains__(self, item: tuple[str, str]) -> bool:
-        namespace, key = item
-        return self._unsettled_value(namespace, key) is not None or self._run(namespace, lambda t: key in t, False)
-
-    def keys(self, namespace: str, prefix: str = "") -> list[str]:
-        """Return the keys of a namespace (those starting with ``prefix``), in insertion order."""
-        rows = self._select(namespace, "key", prefix)
-        return [row[0] for row in rows]
 
     def items(self, namespace: str, prefix: str = "", *, type: Any = None) -> list[tuple[str, Any]]:
         """Return ``(key, value)`` pairs of a namespace, optionally by key prefix, in insertion order."""
@@ -448,9 +453,10 @@ class Store:
     ) -> list[tuple[str, Any]]:
         """Return ``(key, value)`` pairs whose keys start with ``prefix``, in key order, one page at a time.
 
-        Keys are compared as strings, so a range is meaningful for keys of
-        one fixed width (``history/<seq:08d>``). Reading a page costs the page,
-        not the namespace: the key is the table's primary key.
+        Keys are compared as strings (by code point, on every backend), so a
+        range is meaningful for keys of one fixed width (``history/<seq:08d>``).
+        Reading a page costs the page, not the namespace: the key is the
+        table's primary key.
 
         Args:
             namespace: the namespace.
@@ -464,21 +470,12 @@ class Store:
         """
         low = prefix + (start or "")
         high = prefix + stop if stop is not None else prefix + "\U0010ffff"
-        unsettled = self._unsettled_values(namespace, low, high)  # before the file: see the module docstring
-        order = "DESC" if newest_first else "ASC"
-        bound = " LIMIT ?" if limit is not None else ""
-        args: tuple[Any, ...] = (low, high) if limit is None else (low, high, max(0, limit))
-
-        def op(table: SqliteDict) -> list[tuple[Any, ...]]:
-            sql = (
-                f'SELECT key, value FROM "{table.tablename}" WHERE key >= ? AND key < ? '  # noqa: S608
-                f"ORDER BY key {order}{bound}"
-            )
-            return list(table.conn.select(sql, args))
-
-        rows = self._run(namespace, op)
+        self._check_open()
+        check_namespace(namespace)
+        unsettled = self._unsettled_values(namespace, low, high)  # before the database: see the module docstring
+        rows = self._backend.select_range(namespace, low, high, limit, newest_first=newest_first)
         if unsettled:
-            # A page of the file and every unsettled key in the range hold the page of both.
+            # A page of the database and every unsettled key in the range hold the page of both.
             merged = {key: raw for key, raw in rows if key not in unsettled}
             merged.update(unsettled)
             ordered = sorted(merged.items(), reverse=newest_first)
@@ -488,9 +485,11 @@ class Store:
 
     def count(self, namespace: str) -> int:
         """Return how many keys a namespace holds."""
+        self._check_open()
+        check_namespace(namespace)
         unsettled = self._unsettled_values(namespace, "", "\U0010ffff")
         if not unsettled:
-            return self._run(namespace, len, 0)
+            return self._backend.count(namespace)
         return len(self._select(namespace, "key", ""))
 
     def _unsettled_value(self, namespace: str, key: str) -> bytes | None:
@@ -517,53 +516,46 @@ class Store:
         return found
 
     def _select(self, namespace: str, columns: str, prefix: str) -> list[tuple[Any, ...]]:
-        # Looked at before the file is read: see the module docstring.
+        self._check_open()
+        check_namespace(namespace)
+        # Looked at before the database is read: see the module docstring.
         unsettled = self._unsettled_values(namespace, prefix, prefix + "\U0010ffff")
-
-        def op(table: SqliteDict) -> list[tuple[Any, ...]]:
-            name = table.tablename
-            reader = self._reader()
-            if prefix:
-                # Keys in [prefix, prefix + U+10FFFF) start with prefix.
-                sql = f'SELECT {columns} FROM "{name}" WHERE key >= ? AND key < ? ORDER BY rowid'  # noqa: S608
-                return reader.execute(sql, (prefix, prefix + "\U0010ffff")).fetchall()
-            sql = f'SELECT {columns} FROM "{name}" ORDER BY rowid'  # noqa: S608
-            return reader.execute(sql).fetchall()
-
-        rows: list[tuple[Any, ...]] = self._run(namespace, op, [])
+        rows = self._backend.select(namespace, prefix, values=columns != "key")
         if not unsettled:
             return rows
-        # A committed REPLACE gives its row a new rowid: a key written again moves to the end.
+        # A committed write moves its key to the end of the insertion order.
         kept = [row for row in rows if row[0] not in unsettled]
         if columns == "key":
             return kept + [(key,) for key in unsettled]
         return kept + list(unsettled.items())
 
-    def _reader(self) -> sqlite3.Connection:
-        """The read connection to the file (made on first use; closed by `close`). Called under ``_lock``.
-
-        Reads used to go through sqlitedict's worker thread, which hands the
-        rows over one by one through a queue: ~25 us a row, 5 ms for an
-        agent's 200-message history. This connection reads them in one call;
-        in WAL mode it sees every committed write. One for every reading
-        thread: reads run under the store's lock anyway, and a connection
-        per thread kept a page cache per thread (up to 2 MiB each, 90 MiB of
-        RSS with the 47 worker threads a burst of 10,000 starts left).
-        """
-        conn = self._read_conn
-        if conn is None:
-            conn = self._read_conn = sqlite3.connect(str(self.path), timeout=30, check_same_thread=False)
-        return conn
-
     def namespaces(self) -> list[str]:
-        """Return the namespaces present in the file."""
-        with self._lock:
-            return sorted(n for n in SqliteDict.get_tablenames(str(self.path)) if _NAMESPACE.match(n))
+        """Return the namespaces present in the store."""
+        self._check_open()
+        return self._backend.namespaces()
+
+    def search(self, scope: str, text: str, limit: int = 10) -> list[TextHit]:
+        """The notes of ``scope`` (in the `TEXT_NAMESPACE` namespace) most relevant to ``text``, best first.
+
+        ``text`` is free text: its words are searched for (any of them; notes
+        matching more, and rarer, words rank first), ``word*`` as a prefix,
+        and nothing of it is read as query syntax. The index is written in
+        the transaction that writes each note, so a committed note is found
+        at once, by any daemon sharing the store.
+
+        Raises:
+            StoreError: the index cannot be used (sqlite without FTS5) or the search failed.
+        """
+        self._check_open()
+        terms = query_terms(text)
+        if not terms:
+            return []
+        return self._backend.search(scope, terms, limit)
 
     # -- writing ---------------------------------------------------------------------
 
     def put(self, namespace: str, key: str, value: Any) -> None:
-        """Store ``value`` under ``key``; committed to the file before this returns."""
+        """Store ``value`` under ``key``; committed before this returns."""
         self.put_many(namespace, {key: value})
 
     def put_many(self, namespace: str, items: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> None:
@@ -607,75 +599,59 @@ class Store:
         """
         wanted = list(deletes)
         self._check_open()
-        self._settle_queued(namespace, itertools.chain(puts, wanted), f"a write to namespace {namespace!r}")
-        # `_table` checked the namespace against _NAMESPACE, so it is safe in SQL.
-        replace = f'REPLACE INTO "{namespace}" (key, value) VALUES (?,?)'  # noqa: S608
-        delete = f'DELETE FROM "{namespace}" WHERE key = ?'  # noqa: S608
-
-        def op(conn: sqlite3.Connection) -> int:
-            conn.executemany(replace, puts.items())
-            return sum(conn.execute(delete, (key,)).rowcount for key in wanted)
-
-        with self._lock:
-            self._check_open()
-            self._table(namespace)
-            removed = self._write_sync(op, f"a write to namespace {namespace!r}")
+        what = f"a write to namespace {namespace!r}"
+        self._settle_queued(namespace, itertools.chain(puts, wanted), what)
+        self._check_open()
+        check_namespace(namespace)
+        removed = self._backend.transact(namespace, puts, wanted, what)
         self.writes += len(puts) + removed
         self.commits += 1
         return removed
 
-    def _check_open(self) -> None:
-        if self._closed:
-            msg = f"store {self.path} is closed"
-            raise StoreClosedError(msg)
+    @contextlib.contextmanager
+    def transaction(self, lock: str | None = None, *, settle: Iterable[str] = ()) -> Iterator[StoreTransaction]:
+        """A synchronous transaction: what it reads stays as read until it commits its writes, or nothing.
 
-    def _write_sync(self, op: Callable[[sqlite3.Connection], T], what: str) -> T:
-        """Run ``op`` in one immediate transaction on the synchronous writer; committed or rolled back whole."""
-        with self._lock:
-            conn = self._sync_writer
-            try:
-                if conn is None:
-                    conn = self._sync_writer = self._connect_writer(check_same_thread=False)
-                conn.execute("BEGIN IMMEDIATE")
-                try:
-                    result = op(conn)
-                    conn.execute("COMMIT")
-                except BaseException:
-                    with contextlib.suppress(sqlite3.Error):
-                        conn.execute("ROLLBACK")
-                    raise
-            except sqlite3.Error as exc:
-                raise self._write_failure(exc, what) from exc
-            return result
+        With ``lock``, the transaction holds a transaction-level lock of that
+        name until it ends (PostgreSQL: ``pg_advisory_xact_lock``; sqlite:
+        the file's write lock): two transactions with the same lock never
+        overlap, in this process or in another daemon on the same database.
+        That makes read-check-write sequences (the task tracker's batches)
+        safe across daemons.
 
-    def _connect_writer(self, *, check_same_thread: bool = True) -> sqlite3.Connection:
-        """A connection for writing, in autocommit mode (transactions are explicit), synced per durability."""
-        conn = sqlite3.connect(str(self.path), timeout=30, isolation_level=None, check_same_thread=check_same_thread)
-        sync = "FULL" if self.durability == "power" else "NORMAL"
-        conn.execute(f"PRAGMA synchronous={sync}")
-        return conn
+        Args:
+            lock: the lock's name (any string), or None.
+            settle: namespaces whose queued writes are committed first, so
+                the transaction reads them.
 
-    def _write_failure(self, exc: BaseException, what: str) -> StoreError:
-        """The error a failed write is reported as: `StoreFullError` when the disk is full."""
-        if isinstance(exc, StoreError):
-            return exc
-        if _no_space(exc, self.path.parent):
-            error: StoreError = StoreFullError(
-                f"no space left on the device holding {self.path.parent}: store {self.path} "
-                f"could not commit {what}; free space there and try again"
-            )
-        else:
-            error = StoreError(f"store {self.path} could not commit {what}: {exc}")
-        error.__cause__ = exc
-        return error
+        Raises:
+            StoreError: the transaction failed (mapped as for other writes);
+                nothing of it was written.
+        """
+        self._check_open()
+        what = f"a transaction{f' holding lock {lock!r}' if lock else ''}"
+        for namespace in settle:
+            self._settle_queued(namespace, None, what)
+        with self._backend.transaction(lock, what) as tx:
+            yield StoreTransaction(self, tx)
+        self.commits += 1
 
     # -- write-behind ------------------------------------------------------------------
 
-    def enqueue_nowait(self, namespace: str, key: str, value: Any) -> None:
+    def enqueue_nowait(self, namespace: str, key: str, value: Any, *, session: str | None = None) -> None:
         """Queue a write for the committer thread; returns at once.
 
         The value is encoded here, so a value that cannot be stored fails in
         the caller. Use `flush` to learn when it is committed.
+
+        Args:
+            namespace: the namespace.
+            key: the key.
+            value: the value.
+            session: the session the write belongs to: on a database several
+                nodes share, it is committed only while this node owns the
+                session (see the module docstring). A write for a session
+                this node lost is dropped here.
 
         Raises:
             StoreCodecError: the value cannot be encoded.
@@ -684,12 +660,15 @@ class Store:
         """
         self._check_key(key)
         if self._closing:
-            msg = f"store {self.path} is closed"
+            msg = f"store {self.location} is closed"
             raise StoreClosedError(msg)
+        if session is not None and session in self._fenced:
+            self.fenced_writes += 1  # this node lost the session: its flushes say so
+            return
         failure = self._retained_error
         if failure is not None and self._retained_bytes > self.max_retained_bytes:
             msg = (
-                f"store {self.path} refuses new writes: {self._retained_bytes:,} bytes of earlier ones "
+                f"store {self.location} refuses new writes: {self._retained_bytes:,} bytes of earlier ones "
                 f"wait to be committed ({failure})"
             )
             raise type(failure)(msg) from failure
@@ -697,12 +676,17 @@ class Store:
         thread = threading.get_ident()
         with self._pending_lock:
             if self._closing:  # checked again under the lock: close() takes everything gathered before it
-                msg = f"store {self.path} is closed"
+                msg = f"store {self.location} is closed"
                 raise StoreClosedError(msg)
             values = self._pending.get(namespace)
             if values is None:
                 values = self._pending[namespace] = {}
             values[key] = raw
+            if session is not None and self._node is not None:
+                written = self._pending_sessions.get(session)
+                if written is None:
+                    written = self._pending_sessions[session] = []
+                written.append((namespace, key))
             self._pending_count += 1
             if self._woken:
                 return  # the committer is to take them anyway
@@ -724,9 +708,7 @@ class Store:
         if handover is None:
             handover = _HandOver(deadline)
             try:
-                trio.lowlevel.spawn_system_task(
-                    self._hand_over_later, handover, name=f"store hand-over {self.path.name}"
-                )
+                trio.lowlevel.spawn_system_task(self._hand_over_later, handover, name=f"store hand-over {self._name}")
             except RuntimeError:  # the run is ending: no timer any more
                 return False
             self._handovers[thread] = handover
@@ -772,20 +754,24 @@ class Store:
         except Exception:  # a system task must not fail its run; the next flush or write tries again
             with self._pending_lock:
                 self._woken = False
-            logger.exception("store %s: waking the committer failed", self.path)
+            logger.exception("store %s: waking the committer failed", self.location)
 
     def _wake_committer(self) -> None:
         self._queue.put(("wake",))
         self._ensure_committer()
 
-    def flush(self) -> Future[None]:
+    def flush(self, session: str | None = None) -> Future[None]:
         """A future resolved once every write enqueued before this call is committed.
 
-        It fails with `StoreError` (`StoreFullError` when the disk is full)
-        if those writes could not be committed yet; they are kept and
-        committed later (see the module docstring), so a later flush may
-        succeed. With nothing enqueued since the last successful commit it
-        is resolved at once. Await it from trio, or ``.get()`` it from a thread.
+        It fails with `StoreError` (`StoreFullError` when the disk is full,
+        `StoreConnectionError` when the database cannot be reached) if those
+        writes could not be committed yet; they are kept and committed later
+        (see the module docstring), so a later flush may succeed. With
+        ``session``, it fails with `StoreFencedError` once this node has lost
+        that session (its writes were dropped); without, writes of lost
+        sessions do not count. With nothing enqueued since the last
+        successful commit it is resolved at once. Await it from trio, or
+        ``.get()`` it from a thread.
         """
         future: Future[None] = Future()
         with self._pending_lock:
@@ -794,7 +780,7 @@ class Store:
             if not settled and not stopped:
                 self._woken = True
                 # Put under the lock: once the committer has stopped, it answers every flush it left on the queue.
-                self._queue.put(("flush", future))
+                self._queue.put(("flush", future, session))
                 # This loop's timer has nothing left to hand over: the committer takes it all. Left
                 # armed, it would fire in a later burst (a later turn) and wake the committer for it.
                 handover = self._handovers.get(threading.get_ident())
@@ -805,7 +791,11 @@ class Store:
                     else:
                         handover.deadline = math.inf
         if settled:
-            future.set(None)  # nothing to commit: no round trip
+            fenced = self._fenced.get(session) if session is not None else None
+            if fenced is None:
+                future.set(None)  # nothing to commit: no round trip
+            else:
+                future.set_exception((type(fenced), fenced, None))
         elif stopped:
             self._answer_unsettled(future)
         else:
@@ -820,12 +810,14 @@ class Store:
             future.set(None)
             return
         error = self._retained_error or StoreClosedError(
-            f"store {self.path} is closed; writes queued before this flush were not committed"
+            f"store {self.location} is closed; writes queued before this flush were not committed"
         )
         future.set_exception((type(error), error, None))
 
-    def _settle_queued(self, namespace: str, keys: Iterable[str], what: str) -> None:
-        """If a write to one of ``keys`` is queued, wait until it is committed: a synchronous write lands after it.
+    def _settle_queued(self, namespace: str, keys: Iterable[str] | None, what: str) -> None:
+        """If a write to one of ``keys`` (None: any key) is queued, wait until it is committed.
+
+        So a synchronous write lands after it (and a transaction reads it).
 
         Raises:
             StoreError: it cannot be committed (yet): writing now would let
@@ -834,7 +826,10 @@ class Store:
         """
         with self._pending_lock:
             gathered, held = self._pending.get(namespace), self._retained.get(namespace)
-            if not any((gathered and key in gathered) or (held and key in held) for key in keys):
+            if keys is None:
+                if not gathered and not held:
+                    return
+            elif not any((gathered and key in gathered) or (held and key in held) for key in keys):
                 return
         flushed = self.flush()
         landed = threading.Event()
@@ -842,14 +837,17 @@ class Store:
         flushed._on_done(lambda _: landed.set())
         if not landed.wait(_SETTLE_TIMEOUT):
             msg = (
-                f"store {self.path} could not commit {what}: the writes queued before it were not "
+                f"store {self.location} could not commit {what}: the writes queued before it were not "
                 f"committed within {_SETTLE_TIMEOUT:.0f} s"
             )
             raise StoreError(msg)
         try:
             flushed.get()
         except StoreError as exc:
-            msg = f"store {self.path} could not commit {what}: the writes queued before it cannot be committed ({exc})"
+            msg = (
+                f"store {self.location} could not commit {what}: the writes queued before it cannot be "
+                f"committed ({exc})"
+            )
             raise type(exc)(msg) from exc
 
     def _ensure_committer(self) -> None:
@@ -858,7 +856,7 @@ class Store:
         with self._committer_lock:
             if self._committer is None:
                 thread = threading.Thread(
-                    target=self._commit_loop, name=f"weald-store-committer {self.path.name}", daemon=True
+                    target=self._commit_loop, name=f"weald-store-committer {self._name}", daemon=True
                 )
                 thread.start()
                 self._committer = thread
@@ -877,9 +875,7 @@ class Store:
                     break
                 if item[0] == "flush":
                     self._answer_unsettled(item[1])
-            conn, self._writer = self._writer, None
-            if conn is not None:
-                conn.close()
+            self._backend.close_committer()
 
     @property
     def write_failure(self) -> StoreError | None:
@@ -903,12 +899,15 @@ class Store:
                     items.append(q.get_nowait())
                 except queue.Empty:
                     break
-            flushes: list[Future[None]] = [item[1] for item in items if item[0] == "flush"]
+            flushes: list[tuple[Future[None], str | None]] = [
+                (item[1], item[2]) for item in items if item[0] == "flush"
+            ]
             stop = any(item[0] == "stop" for item in items)
             # Taken after the items: every write enqueued before a flush taken
             # here is in it, or was in an earlier round's group.
             with self._pending_lock:
                 taken, self._pending, self._pending_count = self._pending, {}, 0
+                taken_sessions, self._pending_sessions = self._pending_sessions, {}
                 self._woken = False
                 # Retained writes go first; a newer value of the same key
                 # replaces its older one. Merged under the lock: a synchronous
@@ -920,43 +919,54 @@ class Store:
                         group[namespace] = values
                     else:
                         into.update(values)
+                sessions = self._retained_sessions
+                for session, written in taken_sessions.items():
+                    sessions.setdefault(session, []).extend(written)
                 if group:
                     self._unsettled = True
             self.rounds += 1
-            error = self._commit_group(group)
+            error = self._commit_group(group, sessions)
             if error is None:
                 with self._pending_lock:
                     self._retained = {}
+                    self._retained_sessions = {}
                     self._unsettled = False
                 self._retained_bytes, self._retained_count, self._retained_error = 0, 0, None
             else:
                 self._retained_bytes = sum(len(raw) for values in group.values() for raw in values.values())
                 self._retained_count = sum(len(values) for values in group.values())
                 self._retained_error = error
-            for future in flushes:
-                if error is None:
+            for future, flushed_for in flushes:
+                failed: StoreError | None = error
+                if failed is None and flushed_for is not None:
+                    failed = self._fenced.get(flushed_for)
+                if failed is None:
                     future.set(None)
                 else:
-                    future.set_exception((type(error), error, None))
+                    future.set_exception((type(failed), failed, None))
             if stop:
                 if error is not None:
                     count = sum(len(values) for values in group.values())
-                    logger.error("store %s closed; %d queued writes were not committed: %s", self.path, count, error)
+                    logger.error(
+                        "store %s closed; %d queued writes were not committed: %s", self.location, count, error
+                    )
                 return
 
-    def _commit_group(self, puts: dict[str, dict[str, bytes]]) -> StoreError | None:
+    def _commit_group(
+        self, group: dict[str, dict[str, bytes]], sessions: dict[str, list[tuple[str, str]]]
+    ) -> StoreError | None:
         """Commit one group in one transaction; returns why it failed, or None.
 
         A full disk fails at once; another error is tried a few times first
-        (a lock held too long, a transient I/O error).
+        (a lock held too long, a transient I/O error, a lost connection).
         """
-        if not puts:
+        if not group:
             return None
         for attempt in range(3):
             try:
-                self._write_group(puts)
+                self._write_group(group, sessions)
             except Exception as exc:  # the committer reports every failure to the flushes
-                error = self._write_failure(exc, "queued writes")
+                error = self._backend.failure(exc, "queued writes")
                 if isinstance(error, StoreFullError | StoreClosedError) or attempt == 2:
                     self.failed_commits += 1
                     return error
@@ -965,27 +975,215 @@ class Store:
                 return None
         return None  # not reached: the last attempt returns
 
-    def _write_group(self, puts: dict[str, dict[str, bytes]]) -> None:
-        with self._lock:
-            for namespace in puts:
-                self._table(namespace)  # creates the table; raises once the store is closed
-        conn = self._writer
-        if conn is None:
-            # The committer's own connection (this thread only).
-            conn = self._writer = self._connect_writer()
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            for namespace, values in puts.items():
-                # `_table` checked the namespace against _NAMESPACE above.
-                sql = f'REPLACE INTO "{namespace}" (key, value) VALUES (?,?)'  # noqa: S608
-                conn.executemany(sql, values.items())
-            conn.execute("COMMIT")
-        except BaseException:
-            with contextlib.suppress(sqlite3.Error):
-                conn.execute("ROLLBACK")
-            raise
-        self.writes += sum(len(values) for values in puts.values())
+    def _write_group(self, group: dict[str, dict[str, bytes]], sessions: dict[str, list[tuple[str, str]]]) -> None:
+        if self._closed:
+            msg = f"store {self.location} is closed"
+            raise StoreClosedError(msg)
+        for namespace in group:
+            check_namespace(namespace)
+        while True:
+            fence = self._fence(group, sessions)
+            if not group:
+                return  # every write was a lost session's
+            try:
+                self._backend.write_group(group, fence, self._node)
+            except FencedSessions as exc:
+                # Nothing was written: the sessions taken over go, the rest is tried again at once.
+                self._lose(exc.sessions, "another node claimed it (its placement's owner or epoch changed)")
+                continue
+            break
+        self.writes += sum(len(values) for values in group.values())
         self.commits += 1
+
+    # -- the fence ---------------------------------------------------------------------------
+
+    def _fence(self, group: dict[str, dict[str, bytes]], sessions: dict[str, list[tuple[str, str]]]) -> dict[str, int]:
+        """The epochs the group's sessions must still have; writes of sessions this node does not hold are dropped.
+
+        Runs on the committer thread. A node whose lease ran out holds none.
+        """
+        if not sessions or self._node is None or not self._backend.fences:
+            return {}
+        if time.monotonic() > self._lease_deadline and self._lease_lost is None:
+            self._lose_node("its lease ran out before it could be renewed")
+        fence: dict[str, int] = {}
+        dropped: list[str] = []
+        unknown: list[str] = []
+        with self._fence_lock:
+            for session in sessions:
+                epoch = self._held.get(session)
+                if epoch is not None:
+                    fence[session] = epoch
+                else:
+                    dropped.append(session)
+                    if session not in self._fenced:
+                        unknown.append(session)
+        if unknown:
+            self._lose(unknown, "this node never claimed it")
+        if dropped:
+            with self._pending_lock:  # a synchronous write looks for its keys in the group
+                for session in dropped:
+                    for namespace, key in sessions.pop(session):
+                        values = group.get(namespace)
+                        if values is not None and values.pop(key, None) is not None:
+                            self.fenced_writes += 1
+                            if not values:
+                                del group[namespace]
+        return fence
+
+    def _lose(self, sessions: Iterable[str], reason: str) -> None:
+        """Mark ``sessions`` lost to this node (their writes are dropped from now on), and tell ``on_fenced``."""
+        node = self._node
+        lost: list[str] = []
+        with self._fence_lock:
+            for session in sessions:
+                epoch = self._held.pop(session, None)
+                if session in self._fenced:
+                    continue
+                held = f", epoch {epoch}" if epoch is not None else ""
+                where = f"node {node.node_id!r}" if node is not None else "this process"
+                self._fenced[session] = StoreFencedError(
+                    f"store {self.location}: session {session!r} is no longer {where}'s{held}: {reason}; "
+                    "nothing more of it is written here",
+                    (session,),
+                )
+                lost.append(session)
+        if not lost:
+            return
+        callback = self.on_fenced
+        if callback is not None:
+            try:
+                callback(tuple(lost), self._fenced[lost[0]])
+            except Exception:  # a callback's failure must not stop the committer or the lease
+                logger.exception("store %s: the fenced-session callback failed", self.location)
+
+    def _lose_node(self, reason: str) -> None:
+        """This node lost its lease: every session it holds is lost with it."""
+        node = self._node
+        name = node.node_id if node is not None else "?"
+        self._lease_lost = StoreFencedError(f"store {self.location}: node {name!r} lost its lease: {reason}")
+        logger.error(
+            "store %s: node %s lost its lease (%s); it stops writing its sessions", self.location, name, reason
+        )
+        with self._fence_lock:
+            held = list(self._held)
+        self._lose(held, f"the node lost its lease ({reason})")
+
+    # -- nodes --------------------------------------------------------------------------------
+
+    @property
+    def node(self) -> NodeLease | None:
+        """This process's node identity (None until `join`)."""
+        return self._node
+
+    def join(self, node_id: str, *, lease: float = DEFAULT_LEASE, info: Mapping[str, Any] | None = None) -> NodeLease:
+        """Join the store as node ``node_id``: this start's epoch is the previous one + 1.
+
+        On a database several nodes share, a thread of the store renews the
+        node's lease every third of ``lease`` from now on (see the module
+        docstring). Blocking.
+
+        Raises:
+            StoreError: the database could not register the node.
+        """
+        self._check_open()
+        started = time.monotonic()
+        node = self._backend.join(node_id, lease, info or {})
+        self._node = node
+        if self._backend.fences:
+            self._lease_deadline = started + lease
+            self._lease_stop.clear()
+            thread = threading.Thread(
+                target=self._keep_lease, args=(node,), name=f"weald-store-lease {node_id}", daemon=True
+            )
+            thread.start()
+            self._lease_thread = thread
+        return node
+
+    def _require_node(self) -> NodeLease:
+        node = self._node
+        if node is None:
+            msg = f"store {self.location}: no node has joined it (Store.join)"
+            raise StoreError(msg)
+        return node
+
+    def claim(self, session_ids: Iterable[str] | None = None) -> dict[str, int]:
+        """Claim sessions for this node; returns those claimed, each with its new epoch. Blocking.
+
+        ``None`` (a start): the sessions this node owned and every orphan
+        whose owner's lease has run out. A list: exactly those, each unless
+        another live node owns it. From now on this node's writes for them
+        are committed, and their previous owner's are refused.
+
+        Raises:
+            StoreError: the database failed (nothing was claimed).
+        """
+        node = self._require_node()
+        claimed = self._backend.claim(node, None if session_ids is None else list(session_ids))
+        self.hold(claimed)
+        return claimed
+
+    def hold(self, claimed: Mapping[str, int]) -> None:
+        """Note sessions this node claimed (session -> epoch): their writes are committed again."""
+        with self._fence_lock:
+            for session, epoch in claimed.items():
+                self._held[session] = epoch
+                self._fenced.pop(session, None)
+
+    def release(self, session_ids: Iterable[str]) -> None:
+        """Give up sessions (stopped for good): they have no owner any more. Blocking."""
+        ids = list(session_ids)
+        node = self._node
+        if node is not None and ids:
+            self._backend.release(node, ids)
+        with self._fence_lock:
+            for session in ids:
+                self._held.pop(session, None)
+
+    def holds(self, session: str) -> bool:
+        """Whether this node may write ``session`` (it claimed it and has not lost it)."""
+        return session not in self._fenced and (self._node is None or not self._backend.fences or session in self._held)
+
+    def fenced_error(self, session: str) -> StoreFencedError | None:
+        """Why this node lost ``session``, or None."""
+        return self._fenced.get(session)
+
+    def _keep_lease(self, node: NodeLease) -> None:
+        """The lease's thread: renew every third of the lease; lose the node's sessions when it cannot."""
+        interval = node.lease / 3
+        while not self._lease_stop.wait(interval):
+            sent = time.monotonic()
+            try:
+                renewed = self._backend.renew(node)
+            except StoreError as exc:
+                self.lease_failures += 1
+                if time.monotonic() > self._lease_deadline and self._lease_lost is None:
+                    self._lose_node(f"the database could not be reached to renew it ({exc})")
+                continue
+            if not renewed:
+                self._lease_deadline = -math.inf
+                if self._lease_lost is None:
+                    self._lose_node(f"a newer start of node {node.node_id!r} took its place")
+                return
+            self.lease_renewals += 1
+            self._lease_deadline = sent + node.lease
+            if self._lease_lost is not None:
+                self._lease_lost = None
+                logger.warning("store %s: node %s has its lease back", self.location, node.node_id)
+                callback = self.on_lease_back
+                if callback is not None:
+                    try:
+                        callback()
+                    except Exception:
+                        logger.exception("store %s: the lease-back callback failed", self.location)
+            with self._fence_lock:
+                held = dict(self._held)
+            try:
+                lost = self._backend.lost(node, held)
+            except StoreError:
+                continue
+            if lost:
+                self._lose(lost, "another node claimed it (its placement's owner or epoch changed)")
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -995,7 +1193,11 @@ class Store:
         return self._closed
 
     def close(self) -> None:
-        """Commit what is queued, then close every namespace; later calls raise `StoreClosedError`."""
+        """Commit what is queued, then close every connection; later calls raise `StoreClosedError`.
+
+        A node that joined ends its lease (its sessions may be claimed by
+        another node at once) once the queue is committed.
+        """
         with self._pending_lock:
             self._closing = True  # refuse new queued writes; drain the ones already gathered
             gathered = self._pending_count
@@ -1005,32 +1207,29 @@ class Store:
         if committer is not None and committer is not threading.current_thread():
             self._queue.put(("stop",))
             committer.join(30)
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            tables = list(self._tables.values())
-            self._tables.clear()
-            sync_writer, self._sync_writer = self._sync_writer, None
-            reader, self._read_conn = self._read_conn, None
-        for table in tables:
-            table.close()
-        if sync_writer is not None:
-            sync_writer.close()
-        if reader is not None:
-            with contextlib.suppress(sqlite3.Error):
-                reader.close()
+        self._lease_stop.set()
+        lease = self._lease_thread
+        if lease is not None and lease is not threading.current_thread():
+            lease.join(30)
+        if self._closed:
+            return
+        node = self._node
+        if node is not None and self._lease_lost is None and self._backend.fences:
+            try:
+                self._backend.leave(node)
+            except StoreError as exc:
+                logger.warning("store %s: node %s could not end its lease: %s", self.location, node.node_id, exc)
+        self._closed = True
+        self._backend.close()
 
     def statistics(self) -> dict[str, Any]:
-        """Counts for introspection: file, size, namespaces open, reads and writes."""
-        try:
-            size = self.path.stat().st_size
-        except OSError:
-            size = 0
-        return {
-            "path": str(self.path),
-            "bytes": size,
-            "namespaces": sorted(self._tables),
+        """Counts for introspection: where, size, namespaces open, reads and writes, the node and its sessions."""
+        node = self._node
+        stats: dict[str, Any] = {
+            "kind": self._backend.kind,
+            "path": self.location,
+            "bytes": self._backend.size() if not self._closed else 0,
+            "namespaces": getattr(self._backend, "open_namespaces", []),
             "reads": self.reads,
             "writes": self.writes,
             "commits": self.commits,
@@ -1040,7 +1239,23 @@ class Store:
             "retained": self._retained_count,
             "write_failure": str(self._retained_error) if self._retained_error is not None else None,
             "closed": self._closed,
+            "node": None
+            if node is None
+            else {
+                "node_id": node.node_id,
+                "epoch": node.epoch,
+                "lease": node.lease,
+                "lease_left": None
+                if math.isinf(self._lease_deadline)
+                else round(max(0.0, self._lease_deadline - time.monotonic()), 3),
+                "lease_lost": str(self._lease_lost) if self._lease_lost is not None else None,
+                "sessions": len(self._held),
+                "fenced_sessions": len(self._fenced),
+                "fenced_writes": self.fenced_writes,
+            },
         }
+        stats.update(self._backend.describe())
+        return stats
 
     # -- trio ----------------------------------------------------------------------------
 
@@ -1073,23 +1288,3 @@ class Store:
     ) -> None:
         """`write_batch` for trio code."""
         await trio.to_thread.run_sync(lambda: self.write_batch(namespace, puts, deletes))
-
-
-def _no_space(exc: BaseException, directory: Path) -> bool:
-    """Whether a failed write failed for lack of space on the device holding ``directory``."""
-    if isinstance(exc, OSError):
-        return exc.errno in (errno.ENOSPC, errno.EDQUOT)
-    code = getattr(exc, "sqlite_errorcode", None)
-    if not isinstance(code, int):
-        return False
-    if code & 0xFF == _SQLITE_FULL:
-        return True
-    # SQLite reports some failed writes (a journal it cannot create or
-    # extend) as I/O errors: they are for lack of space if there is none.
-    if code & 0xFF in (_SQLITE_IOERR, _SQLITE_CANTOPEN):
-        try:
-            stats = os.statvfs(directory)
-        except OSError:
-            return False
-        return stats.f_bavail == 0 or stats.f_favail == 0
-    return False

@@ -4,6 +4,12 @@
 missing (as tests/mcp/conftest.py installs its npm servers); a machine where
 it cannot be installed or cannot sandbox makes the tests that need it
 *fail*, naming what is missing, never skip.
+
+``pg_cluster``: a throwaway PostgreSQL cluster (Debian's ``postgresql``,
+installed with apt-get when missing; `pg_cluster.PgCluster`), one per test
+process (so one per xdist worker), each test module taking a fresh database
+of its own (``pg_database`` in the module). fsync is off in it: these tests
+kill daemons and cut connections, never the machine under the server.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import subprocess
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from system_packages import apt_install
@@ -130,6 +137,21 @@ def path_without_bwrap(tmp_path: Path) -> str:
         if found is not None:
             (bin_dir / name).symlink_to(found)
     return str(bin_dir)
+
+
+@pytest.fixture(scope="session")
+def pg_cluster() -> Iterator[Any]:
+    """A running throwaway PostgreSQL cluster for this test process; a missing piece fails, naming it."""
+    from pg_cluster import PgCluster, PgUnavailable
+
+    try:
+        cluster = PgCluster(fsync=False).init().start()
+    except PgUnavailable as exc:
+        pytest.fail(str(exc), pytrace=False)
+    try:
+        yield cluster
+    finally:
+        cluster.remove()
 
 
 @pytest.fixture(scope="session")

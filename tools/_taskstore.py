@@ -11,11 +11,12 @@ never reused after a delete, so an id the model remembers never comes to
 mean another task. Every change goes through `apply_operations`: a batch is
 parsed and checked as a whole (unknown ids, bad fields, missing parents,
 cycles in ``parent_id`` or ``blocked_by``) against the scope's tasks as they
-will be after it, then written in one store transaction together with the
-id counter, or rejected with nothing written. Reading, checking and writing
-happen under one lock per `Store`, so concurrent batches in one process never
-hand out the same id. One process owns a store file (the daemon); other
-processes reach the tasks through it.
+will be after it, then written together with the id counter, or rejected
+with nothing written. Reading, checking and writing happen in one store
+transaction holding the scope's transaction-level lock (`Store.transaction`:
+``pg_advisory_xact_lock`` in PostgreSQL, the file's write lock in sqlite), so
+concurrent batches never hand out the same id nor lose an update, whether
+they come from one daemon or from several sharing a database.
 
 Statuses follow dependencies unless a call says otherwise: a task given
 ``blocked_by`` without a ``status`` is ``blocked`` while any blocker is not
@@ -28,16 +29,14 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import threading
 import time
-import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, Literal
 
 import attrs
 import msgspec
-from weald.runtime import Store
+from weald.runtime import Store, StoreTransaction
 from weald.tools._contract import ToolContext, ToolError
 
 __all__ = [
@@ -217,7 +216,7 @@ def _id_order(task_id: str) -> tuple[int, str]:
     return (int(task_id), "") if _DIGITS.fullmatch(task_id) else (1 << 62, task_id)
 
 
-def _load(store: Store, scope: str) -> dict[str, TaskRecord]:
+def _load(store: Store | StoreTransaction, scope: str) -> dict[str, TaskRecord]:
     rows = store.items(NAMESPACE, prefix=scope + "/", type=TaskRecord)
     tasks = {record.id: record for _, record in rows}
     return {task_id: tasks[task_id] for task_id in sorted(tasks, key=_id_order)}
@@ -448,17 +447,6 @@ def _parse(raw: Mapping[str, Any], where: str, problems: list[str]) -> _Op | Non
 
 # -- applying a batch ---------------------------------------------------------------------------
 
-_LOCKS: weakref.WeakKeyDictionary[Store, threading.Lock] = weakref.WeakKeyDictionary()
-_LOCKS_GUARD = threading.Lock()
-
-
-def _lock_for(store: Store) -> threading.Lock:
-    with _LOCKS_GUARD:
-        lock = _LOCKS.get(store)
-        if lock is None:
-            lock = _LOCKS[store] = threading.Lock()
-        return lock
-
 
 def _find_cycle(start: str, edges: Mapping[str, Sequence[str]]) -> list[str] | None:
     """A cycle through the graph reachable from ``start``, as a node path, or None."""
@@ -688,7 +676,7 @@ class _Batch:
         return outcome, puts, [i for i in self.deleted_by if i in self.before]
 
 
-def _next_id(store: Store, scope: str, tasks: Mapping[str, TaskRecord]) -> int:
+def _next_id(store: StoreTransaction, scope: str, tasks: Mapping[str, TaskRecord]) -> int:
     stored = store.get(NAMESPACE, _counter_key(scope), 1)
     highest = max((int(i) for i in tasks if _DIGITS.fullmatch(i)), default=0)
     # The counter is written with every insert; the max guards against a damaged counter.
@@ -707,9 +695,9 @@ def _apply(store: Store, scope: str, raw_ops: Sequence[Mapping[str, Any]], where
     ops = [op for op in parsed if op is not None]
     if problems:
         raise _rejected(problems, batch=len(raw_ops) > 1 or bool(wheres[0]))
-    with _lock_for(store):
-        tasks = _load(store, scope)
-        batch = _Batch(tasks, _next_id(store, scope, tasks), time.time())
+    with store.transaction(f"tasks:{scope}", settle=(NAMESPACE,)) as tx:
+        tasks = _load(tx, scope)
+        batch = _Batch(tasks, _next_id(tx, scope, tasks), time.time())
         new_ids = batch.assign_ids(ops)
         for op, new_id in zip(ops, new_ids, strict=True):
             batch.apply(op, new_id)
@@ -724,7 +712,7 @@ def _apply(store: Store, scope: str, raw_ops: Sequence[Mapping[str, Any]], where
             # Even ids of tasks the batch inserted and deleted are never handed out again.
             records[_counter_key(scope)] = batch.next_id
         if records or deletes:
-            store.write_batch(NAMESPACE, records, [_task_key(scope, i) for i in deletes])
+            tx.write_batch(NAMESPACE, records, [_task_key(scope, i) for i in deletes])
     return outcome
 
 

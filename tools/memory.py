@@ -4,8 +4,9 @@ Persistent notes by key (text and optional tags) in the runtime's store,
 for what an agent learns and wants to find again in a later session: how
 the project is built, decisions taken, pitfalls met. Notes belong to the
 project directory by default, or with ``scope: "global"`` to every project.
-``memory_search`` ranks notes by full-text relevance (sqlite FTS5, BM25);
-see `weald.tools._memstore` for how the index is kept.
+``memory_search`` ranks notes by full-text relevance, through the index the
+store keeps of them (FTS5 and BM25 in sqlite, ``tsvector`` in PostgreSQL);
+see `weald.tools._memstore`.
 """
 
 from __future__ import annotations
@@ -195,7 +196,7 @@ def _hit_line(rank: int, hit: SearchHit) -> str:
     kind="runtime",
 )
 def memory_search(ctx: ToolContext, query: str, limit: int = 10, scope: str = "project") -> ToolResult:
-    """Rank the scope's notes against ``query`` with FTS5 and BM25."""
+    """Rank the scope's notes against ``query`` by full-text relevance."""
     store = runtime_store(ctx, "memory_search")
     scope_key, where = _scope(ctx, scope)
     if not fts_query(query):

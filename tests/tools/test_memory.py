@@ -1,4 +1,4 @@
-"""The memory tools and their FTS5 index (tools/memory.py, tools/_memstore.py), on a real Store."""
+"""The memory tools and the store's index of the notes (tools/memory.py, tools/_memstore.py), on a real Store."""
 
 from __future__ import annotations
 
@@ -9,18 +9,16 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 import trio
-from weald.runtime import Store, StoreClosedError
+from weald.runtime import Store, StoreClosedError, _store_sqlite, query_terms
 from weald.tools import SessionServices, Tool, ToolContext, ToolResult, invoke
-from weald.tools import _memstore as memstore
 from weald.tools._memstore import (
     GLOBAL_SCOPE,
     NAMESPACE,
     MemoryNote,
     fts_query,
-    index_for,
-    index_path,
     search_notes,
     set_note,
 )
@@ -239,7 +237,8 @@ def test_fts_query_quotes_every_word() -> None:
     assert fts_query('"(*)":') == ""
     assert fts_query("Deploy deploy DEPLOY") == '"Deploy"'
     assert fts_query("e\u0301t\u00e9") == '"\u00e9t\u00e9"'
-    assert fts_query(" ".join(f"w{i}" for i in range(100))).count(" OR ") == memstore.MAX_QUERY_TERMS - 1
+    assert fts_query(" ".join(f"w{i}" for i in range(100))).count(" OR ") == 31
+    assert len(query_terms(" ".join(f"w{i}" for i in range(100)))) == 32
 
 
 def test_project_and_global_scopes_keep_their_notes_apart(
@@ -270,61 +269,57 @@ def test_without_a_runtime_the_tools_say_they_need_one(make_ctx: Callable[..., T
         assert f"{tool.name} needs the weald runtime's store" in result.output
 
 
-def test_a_deleted_index_is_rebuilt_from_the_store(notes: Call, store: Store, tmp_path: Path, proj: Path) -> None:
-    path = index_path(store)
-    assert path.exists()
-    assert path.parent == store.path.parent
-    store.close()
-    for leftover in tmp_path.glob(path.name + "*"):
-        leftover.unlink()
-    reopened = Store(store.path)
-    try:
-        hits = search_notes(reopened, scope_for_project(proj), "deploy")
-        assert [h.key for h in hits] == ["deploy", "db"]
-        assert index_for(reopened).rebuilds == 1
-    finally:
-        reopened.close()
-
-
-def test_an_index_behind_the_store_is_brought_up_to_date_at_first_use(notes: Call, store: Store, proj: Path) -> None:
+def test_a_note_written_by_any_path_is_searchable_once_committed(store: Store, proj: Path) -> None:
     scope = scope_for_project(proj)
-    assert keys_found(notes, "ruff") == ["style"]  # the index is in use in this process
-    # As if the process died between the store write and the index write, or the notes were edited elsewhere.
-    store.put(NAMESPACE, f"{scope}/late", MemoryNote(key="late", text="written behind the index's back"))
-    store.delete(NAMESPACE, f"{scope}/style")
-    store.put(NAMESPACE, f"{scope}/testing", MemoryNote(key="testing", text="now about hypothesis"))
+    # Not through set_note: the store indexes what its transaction writes to the namespace, whoever writes it.
+    store.put(NAMESPACE, f"{scope}/late", MemoryNote(key="late", text="written by a plain put"))
+    store.enqueue_nowait(NAMESPACE, f"{scope}/queued", MemoryNote(key="queued", text="written through the queue"))
+    store.flush().get(timeout=10)
     store.put(NAMESPACE, f"{scope}/junk", {"not": "a note"})
-    assert keys_found(notes, "behind") == []  # this process's index has not looked again
-    reopened = Store(store.path)
-    try:
-        assert [h.key for h in search_notes(reopened, scope, "behind")] == ["late"]
-        assert search_notes(reopened, scope, "ruff") == []
-        assert [h.key for h in search_notes(reopened, scope, "hypothesis")] == ["testing"]
-        assert search_notes(reopened, scope, "pytest") == []
-    finally:
-        reopened.close()
+    assert [h.key for h in search_notes(store, scope, "plain")] == ["late"]
+    assert [h.key for h in search_notes(store, scope, "queue")] == ["queued"]
+    store.delete(NAMESPACE, f"{scope}/late")
+    assert search_notes(store, scope, "plain") == []
+    with store.transaction() as tx:
+        tx.write_batch(
+            NAMESPACE, {f"{scope}/tx": MemoryNote(key="tx", text="written in a transaction")}, [f"{scope}/queued"]
+        )
+    assert [h.key for h in search_notes(store, scope, "transaction")] == ["tx"]
+    assert search_notes(store, scope, "queue") == []
 
 
-def test_a_corrupt_index_file_is_replaced(store: Store, proj: Path) -> None:
+def test_a_store_from_before_the_index_moved_in_is_indexed_when_opened(tmp_path: Path, proj: Path) -> None:
     scope = scope_for_project(proj)
-    set_note(store, scope, "k", "the quick brown fox")
-    store.close()
-    index_path(store).write_bytes(b"this is not a sqlite database" * 100)
-    for suffix in ("-wal", "-shm"):
-        Path(str(index_path(store)) + suffix).unlink(missing_ok=True)
-    reopened = Store(store.path)
+    path = tmp_path / "old.db"
+    Store(path).close()
+    # As an older weald left it: the notes in their table, no index tables, a sidecar index file beside it.
+    conn = sqlite3.connect(path)
+    conn.execute("DROP TABLE _weald_memory_fts")
+    conn.execute("DROP TABLE _weald_memory_docs")
+    conn.execute("DELETE FROM _weald_meta")
+    conn.execute('CREATE TABLE IF NOT EXISTS "memory" (key TEXT PRIMARY KEY, value BLOB)')
+    note = MemoryNote(key="old", text="a note from an older store")
+    conn.execute('INSERT INTO "memory" VALUES (?, ?)', (f"{scope}/old", msgspec.json.encode(note)))
+    conn.commit()
+    conn.close()
+    sidecar = tmp_path / "old.db.memory-index"
+    sidecar.write_bytes(b"an index of the old kind")
+    reopened = Store(path)
     try:
-        assert [h.key for h in search_notes(reopened, scope, "fox")] == ["k"]
+        assert [h.key for h in search_notes(reopened, scope, "older")] == ["old"]
+        assert not sidecar.exists()
     finally:
         reopened.close()
 
 
-def test_an_index_of_another_schema_version_is_rebuilt(store: Store, proj: Path) -> None:
+def test_an_index_of_another_version_is_rebuilt_when_the_store_opens(store: Store, proj: Path) -> None:
     scope = scope_for_project(proj)
     set_note(store, scope, "k", "versioned words")
     store.close()
-    conn = sqlite3.connect(index_path(store))
-    conn.execute("UPDATE meta SET value = '0' WHERE key = 'schema'")
+    assert store.path is not None
+    conn = sqlite3.connect(store.path)
+    conn.execute("UPDATE _weald_meta SET value = '0' WHERE key = 'memory_index'")
+    conn.execute("DELETE FROM _weald_memory_fts")
     conn.commit()
     conn.close()
     reopened = Store(store.path)
@@ -337,7 +332,7 @@ def test_an_index_of_another_schema_version_is_rebuilt(store: Store, proj: Path)
 def test_without_fts5_search_says_why_and_notes_still_save(
     monkeypatch: pytest.MonkeyPatch, call: Call, tmp_path: Path, make_ctx: Callable[..., ToolContext]
 ) -> None:
-    monkeypatch.setattr(memstore, "_FTS5", False)
+    monkeypatch.setattr(_store_sqlite, "_FTS5", False)
     fresh = Store(tmp_path / "nofts.db")
     try:
         ctx = make_ctx(session=SessionServices(output_dir=tmp_path / "o", runtime=types.SimpleNamespace(store=fresh)))
@@ -349,9 +344,9 @@ def test_without_fts5_search_says_why_and_notes_still_save(
         assert "memory_set and memory_get still work" in result.output
     finally:
         fresh.close()
-    assert memstore.fts5_available() is False
-    monkeypatch.setattr(memstore, "_FTS5", None)
-    assert memstore.fts5_available() is True
+    assert _store_sqlite.fts5_available() is False
+    monkeypatch.setattr(_store_sqlite, "_FTS5", None)
+    assert _store_sqlite.fts5_available() is True
 
 
 def test_notes_saved_by_one_store_object_are_found_through_another(store: Store, proj: Path) -> None:
