@@ -172,7 +172,8 @@ TAG_SEPARATOR: Final = ", "
 def text_note(raw: bytes) -> TextNote | None:
     """The indexed fields of an encoded value, or None when it is not a note (it is then not indexed)."""
     try:
-        return msgspec_decoder(TextNote).decode(raw)
+        note: TextNote = msgspec_decoder(TextNote).decode(raw)
+        return note
     except (msgspec.DecodeError, msgspec.ValidationError):
         return None
 
