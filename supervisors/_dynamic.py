@@ -150,6 +150,24 @@ class DynamicSupervisor(SupervisorBase):
                 raise
         return out
 
+    async def stop_child(self, child_id: str) -> bool:
+        """Stop the child called ``child_id`` in whatever state it is, and forget it; returns whether it was alive.
+
+        Running, hibernated or dormant (a `weald.runtime.Stub` at its path),
+        waking, or waiting out a restart backoff: by id, the request cannot
+        miss a child whose ref changed since the caller looked it up (a
+        session that hibernated, or woke, in between), as `terminate_child`
+        with that older ref would.
+        """
+        child = self._kids.get(child_id)
+        if child is None:
+            return False
+        alive = child.status != "stopped"
+        await self._terminate(child)
+        if self._kids.get(child_id) is child:
+            del self._kids[child_id]
+        return alive
+
     async def terminate_child(self, ref: Ref[Any]) -> None:
         """Stop the child behind ``ref`` and forget it.
 

@@ -55,7 +55,7 @@ async def sub_agent(
     snapshot: Any = ctx.snapshot
     if snapshot is None:
         raise ToolError("sub_agent needs the calling agent's snapshot; it can only be used by an agent")
-    limit = runtime.config.agent.sub_agent_timeout
+    limit = runtime.agent_config.sub_agent_timeout
     seconds = min(timeout, limit) if timeout else limit
     try:
         result = await runtime.run_sub_agent(

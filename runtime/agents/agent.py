@@ -72,7 +72,7 @@ import outcome
 import trio
 from weald.runtime import Actor, ActorDeadError, Future, Ref, StoreError, redact, redact_text
 from weald.runtime.agents.context import CompactionMark, Context, ContextConfig, ContextStats, summary_message
-from weald.runtime.agents.tool_runner import RunTools, ToolCallRequest, ToolResults
+from weald.runtime.agents.tool_runner import RunnerConfig, RunTools, ToolCallRequest, ToolResults
 from weald.runtime.llm import (
     Completed,
     ContextLengthExceeded,
@@ -104,6 +104,7 @@ __all__ = [
     "SampleModel",
     "TurnRecord",
     "TurnResult",
+    "TurnSettings",
     "WithdrawQuestion",
     "history_key",
     "load_history",
@@ -139,6 +140,30 @@ class AgentConfig:
     debug_state: bool = False
     sub_agent_timeout: float = 600.0
     context: ContextConfig = attrs.field(default=ContextConfig())  # frozen: one shared default
+
+
+@attrs.frozen(eq=False)
+class TurnSettings:
+    """The configuration an agent's next turn runs under: its session's project's, as it stands now.
+
+    An agent given a ``settings`` callable asks it for one of these at the
+    start of every turn (a call and a comparison: no file is read); when the
+    ``generation`` differs from the one it runs under, it takes the new
+    configuration before the turn's first model call. Shared by the sessions
+    of a project: treat it as read-only.
+
+    Attributes:
+        generation: Changes whenever the configuration does (never reused in a process).
+        agent: The agent's configuration (model, prompt, tools, limits).
+        runner: The tool runner's (permissions, timeouts, tool options), sent with each batch of calls.
+        model_key: Equal for two configurations whose model resolves alike;
+            when it changes, the agent builds its model provider again.
+    """
+
+    generation: int
+    agent: AgentConfig
+    runner: RunnerConfig
+    model_key: object = None
 
 
 class AgentRecord(msgspec.Struct, kw_only=True):
@@ -270,6 +295,7 @@ class AgentSnapshot:
     message_count: int
     messages: tuple[Message, ...]
     context: ContextStats | None = None
+    config_generation: int | None = None
 
 
 @attrs.frozen
@@ -418,6 +444,13 @@ class _IdleFor:
 @attrs.frozen
 class _HibernateAnswer:
     result: outcome.Outcome[bool]
+
+
+@attrs.frozen
+class _Reconfigured:
+    turn: Any  # the _Turn it was started for
+    result: outcome.Outcome[tuple[str | None, Provider | None]]
+    model_key: object
 
 
 class _Turn:
@@ -587,6 +620,10 @@ class Agent(Actor):
         idle_after: seconds of idleness before ``hibernate`` is called; None: never.
         skills_nowait: the skill catalog when it is at hand without a scan,
             else None (then ``skills`` is called in a worker thread).
+        settings: the session's current configuration (see `TurnSettings`),
+            asked at the start of every turn; when given, its ``agent`` is the
+            agent's configuration and ``config`` is not used. None: ``config``
+            for good, and the runner's own configuration for tool calls.
     """
 
     def __init__(
@@ -604,11 +641,20 @@ class Agent(Actor):
         hibernate: Callable[[], Awaitable[bool]] | None = None,
         idle_after: float | None = None,
         skills_nowait: Callable[[], str | None] | None = None,
+        settings: Callable[[], TurnSettings] | None = None,
     ) -> None:
         super().__init__()
         self._session_id = session_id
         self._agent_id = agent_id
         self._working_dir = str(Path(working_dir).resolve())
+        self._settings = settings
+        self._generation: int | None = None
+        self._runner_config: RunnerConfig | None = None
+        self._model_key: object = None
+        if settings is not None:
+            live = settings()
+            config = live.agent
+            self._generation, self._runner_config, self._model_key = live.generation, live.runner, live.model_key
         self._config = config
         self._registry = registry if registry is not None else default_registry
         self._runner_path = runner_path
@@ -994,6 +1040,7 @@ class Agent(Actor):
             message_count=record.next_seq if record else len(history),
             messages=tuple(history[-messages:]) if messages else (),
             context=self._context.stats(self._system_prompt, specs),
+            config_generation=self._generation,
         )
 
     # -- messages ------------------------------------------------------------------------------------
@@ -1033,6 +1080,8 @@ class Agent(Actor):
             self._on_idle_for(message.token)
         elif isinstance(message, _HibernateAnswer):
             self._on_hibernate_answer(message)
+        elif isinstance(message, _Reconfigured):
+            self._on_reconfigured(message)
         elif isinstance(message, PermissionState):
             if message.open:
                 if self._permissions is None:
@@ -1054,7 +1103,64 @@ class Agent(Actor):
         self._write_turn(turn, "running")
         self._take_queue(turn)
         self._set_state("streaming")
-        self._step(first=True)
+        live = self._settings() if self._settings is not None else None
+        if live is not None and live.generation != self._generation:
+            self._reconfigure(turn, live)
+        else:
+            self._step(first=True)
+
+    def _reconfigure(self, turn: _Turn, live: TurnSettings) -> None:
+        """Take the session's new configuration, then start the turn (its first step).
+
+        The tool runner gets the new rules with this turn's calls; the
+        system prompt is composed again when what it depends on changed,
+        and the model provider built again (in a worker thread) when the
+        model resolves differently. A provider that cannot be built ends
+        the turn with the reason; the next turn tries again.
+        """
+        old = self._config
+        new = live.agent
+        self._generation, self._runner_config = live.generation, live.runner
+        self._config = new
+        self._context.config = new.context
+        rebuild = live.model_key != self._model_key or new.model != old.model
+        recompose = (new.system_prompt, new.tool_filter, new.debug_state, new.max_depth) != (
+            old.system_prompt,
+            old.tool_filter,
+            old.debug_state,
+            old.max_depth,
+        )
+        self._publish("agent.config_changed", {"generation": live.generation, "model": new.model})
+        if not rebuild and not recompose:
+            self._step(first=True)
+            return
+        key = live.model_key if rebuild else self._model_key
+
+        async def rebuilt() -> tuple[str | None, Provider | None]:
+            prompt = await self._compose_system_prompt() if recompose else self._system_prompt
+            provider = await trio.to_thread.run_sync(self._provider_factory, new.model) if rebuild else None
+            return prompt, provider
+
+        self.run_io(rebuilt, reply=lambda result: _Reconfigured(turn, result, key), name="reconfigure")
+
+    def _on_reconfigured(self, message: _Reconfigured) -> None:
+        turn = message.turn
+        try:
+            prompt, provider = message.result.unwrap()
+        except Exception as exc:
+            if self._turn is turn:
+                self._generation = None  # try again at the next turn
+                self._end_turn(ok=False, error=f"the changed configuration could not be applied: {exc}")
+            return
+        self._system_prompt = prompt
+        self._model_key = message.model_key
+        if provider is not None:
+            self._provider = provider
+            self._context.limits = provider_limits(provider)
+            if self._record is not None:
+                self._record.provider_position = None  # a new model: a script starts from its beginning
+        if self._turn is turn:
+            self._step(first=True)
 
     def _take_queue(self, turn: _Turn) -> None:
         for prompt in self._queue:
@@ -1251,6 +1357,7 @@ class Agent(Actor):
                 agent_path=self.path,
                 depth=self._config.depth,
                 tool_filter=self._allowed_filter(),
+                config=self._runner_config,
             )
         )
 

@@ -38,7 +38,7 @@ import attrs
 import trio
 from pykka.messages import ProxyCall
 from weald.runtime import Actor, ActorSystem, Event, Future, Ref, Store, Stub, redact
-from weald.runtime.agents.agent import Agent, AgentConfig, AskUser, TurnResult
+from weald.runtime.agents.agent import Agent, AgentConfig, AskUser, TurnResult, TurnSettings
 from weald.runtime.agents.tool_runner import RunnerConfig, ToolRunner
 from weald.runtime.llm import Provider, Recorder, ReplayDivergence, ScriptedProvider, make_provider
 from weald.supervisors import ChildSpec, DynamicSupervisor, Supervisor
@@ -56,12 +56,15 @@ __all__ = [
     "valid_session_id",
 ]
 
-_SESSION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 
 def valid_session_id(session_id: str) -> bool:
-    """A session id is 1-64 letters, digits, ``_``, ``.`` or ``-`` (it names a path in the tree)."""
-    return bool(_SESSION_ID.match(session_id))
+    """A session id is 1-64 letters, digits, ``_``, ``.`` or ``-`` (it names a path in the tree).
+
+    The whole string must match: ``$`` would also match before a final newline, letting an id and a newline in.
+    """
+    return _SESSION_ID.fullmatch(session_id) is not None
 
 
 @attrs.frozen
@@ -80,6 +83,13 @@ class SessionConfig:
         mcp_servers: MCP servers of this session alone (an editor's, through
             ACP): `weald.runtime.mcp.ServerConfig`s, run under the session's
             ``mcp`` supervisor; their tools are this session's only.
+        settings: the session's configuration as it stands, asked by the
+            top-level agent at each turn's start (see `TurnSettings`): a
+            changed project configuration applies from the next turn. When
+            given, ``agent`` and ``runner`` must be what it returns now.
+            None: ``agent`` and ``runner`` for good.
+        skill_dirs: where skills are looked for, highest precedence first;
+            None: the working directory's ``.weald/skills``, then ``~/.weald/skills``.
     """
 
     session_id: str
@@ -90,6 +100,8 @@ class SessionConfig:
     output_dir: str | None = None
     hibernate_after: float | None = None
     mcp_servers: tuple[Any, ...] = ()
+    settings: Callable[[], TurnSettings] | None = attrs.field(default=None, eq=False)
+    skill_dirs: tuple[str, ...] | None = None
 
 
 class _SessionTools(ToolRegistry):
@@ -201,8 +213,16 @@ class SessionRuntime(RuntimeView):
         return self.config.session_id
 
     @property
+    def agent_config(self) -> AgentConfig:
+        """The top-level agent's configuration as it stands (its project's, which may change between turns)."""
+        settings = self.config.settings
+        return settings().agent if settings is not None else self.config.agent
+
+    @property
     def skill_dirs(self) -> tuple[Path, ...]:
         """Where ``use_skill`` and the skill catalog look for skills, highest precedence first."""
+        if self.config.skill_dirs is not None:
+            return tuple(Path(d) for d in self.config.skill_dirs)
         return default_skill_dirs(self.config.working_dir)
 
     def skills_prompt(self) -> str:
@@ -300,7 +320,8 @@ class SessionRuntime(RuntimeView):
         allowed = {t.name for t in self._registry.select(parent_filter)}
         if tools is not None:
             allowed &= {t.name for t in self._registry.select(tools)}
-        base = self.config.agent
+        live = self.config.settings() if self.config.settings is not None else None
+        base = live.agent if live is not None else self.config.agent
         agent_id = await self._next_sub_agent_id(call_id)
         config = AgentConfig(
             model=model or parent_model,
@@ -313,6 +334,8 @@ class SessionRuntime(RuntimeView):
             sub_agent_timeout=base.sub_agent_timeout,
             context=base.context,
         )
+        # The sub-agent runs under the session's configuration as of its start, for its whole life.
+        fixed = None if live is None else TurnSettings(live.generation, config, live.runner, live.model_key)
         spec = ChildSpec(
             agent_id,
             Agent,
@@ -323,6 +346,7 @@ class SessionRuntime(RuntimeView):
                 "parent": parent,
                 "provider_factory": self._provider_factory,
                 "skills": self.skills_prompt,
+                "settings": None if fixed is None else (lambda: fixed),
             },
             restart="temporary",
             shutdown=5.0,
@@ -536,6 +560,7 @@ def session_spec(
                 "skills_nowait": runtime.skills_prompt_nowait,
                 "hibernate": runtime.hibernate if config.hibernate_after is not None else None,
                 "idle_after": config.hibernate_after,
+                "settings": config.settings,
             },
             shutdown=15.0,
         ),

@@ -140,6 +140,9 @@ class RunTools:
         agent_path: its path (events and permission prompts name it).
         depth: 0 for the top-level agent, 1 for a sub-agent...
         tool_filter: which tools this agent may call (patterns; None = all).
+        config: the permissions, timeouts and tool options these calls run
+            under (the session's configuration as of the agent's turn); None:
+            the runner's own.
     """
 
     batch_id: str
@@ -150,6 +153,7 @@ class RunTools:
     agent_path: str = ""
     depth: int = 0
     tool_filter: tuple[str, ...] | None = None
+    config: RunnerConfig | None = None
 
 
 @attrs.frozen
@@ -292,10 +296,11 @@ class _Pending:
 
 
 class _Batch:
-    __slots__ = ("dispatching", "msg", "pending", "results")
+    __slots__ = ("config", "dispatching", "msg", "pending", "results")
 
-    def __init__(self, msg: RunTools) -> None:
+    def __init__(self, msg: RunTools, config: RunnerConfig) -> None:
         self.msg = msg
+        self.config = config  # what its calls run under (the turn's, or the runner's own)
         self.results: list[CallOutcome | None] = [None] * len(msg.calls)
         self.pending: dict[int, _Pending] = {}
         # Invariant: no reply while the batch's calls are still being dispatched,
@@ -487,9 +492,8 @@ class ToolRunner(Actor):
         self._working_dir = _resolved(working_dir)
         config = config or RunnerConfig()
         # Commands in the OS sandbox never see the store (histories, tasks, tokens).
-        tool_config = config.tool_config
-        private = (*tool_config.private_paths, str(self.system.store_path.parent))
-        self._config = attrs.evolve(config, tool_config=attrs.evolve(tool_config, private_paths=private))
+        self._config = self._with_store_private(config)
+        self._last_given: tuple[RunnerConfig, RunnerConfig] = (config, self._config)  # (as sent, as used)
         self._registry = registry if registry is not None else default_registry
         out = Path(output_dir) if output_dir else self.system.store_path.parent / "weald-outputs" / session_id
         self._output_dir = out
@@ -543,6 +547,24 @@ class ToolRunner(Actor):
         """After a crash, kill background jobs at once (no grace)."""
         if self._services is not None and self._services.jobs is not None:
             self._services.jobs.close_nowait()
+
+    def _with_store_private(self, config: RunnerConfig) -> RunnerConfig:
+        """``config`` with the store's directory among the paths no sandboxed command may see."""
+        tool_config = config.tool_config
+        store_dir = str(self.system.store_path.parent)
+        if store_dir in tool_config.private_paths:
+            return config
+        private = (*tool_config.private_paths, store_dir)
+        return attrs.evolve(config, tool_config=attrs.evolve(tool_config, private_paths=private))
+
+    def _config_for(self, msg: RunTools) -> RunnerConfig:
+        """What a batch runs under: the configuration it was sent with (the last one is kept made), or the runner's."""
+        given = msg.config
+        if given is None:
+            return self._config
+        if given is not self._last_given[0]:
+            self._last_given = (given, self._with_store_private(given))
+        return self._last_given[1]
 
     def _spawn_job(self, async_fn: Callable[..., Any], *args: Any) -> Any:
         # Background jobs live as long as the runner, not the call that started them.
@@ -647,7 +669,7 @@ class ToolRunner(Actor):
             self._decided(message)
 
     def _run(self, msg: RunTools) -> None:
-        batch = _Batch(msg)
+        batch = _Batch(msg, self._config_for(msg))
         self._batches[msg.batch_id] = batch
         allowed = {t.name: t for t in self._registry.select(msg.tool_filter)}
         launches: list[_Launch] = []
@@ -668,13 +690,13 @@ class ToolRunner(Actor):
                 continue
             assert tool is not None
             arguments = call.arguments or {}
-            if self._decides_slowly(tool, arguments):
+            if self._decides_slowly(batch.config, tool, arguments):
                 self._decide_in_thread(batch, pending, arguments)
                 continue
             perm, why = decide_permission(
                 tool,
                 arguments,
-                self._config.permissions,
+                batch.config.permissions,
                 frozenset(self._allowed_always) if self._allowed_always else _NONE_ALLOWED,
                 scope=self._permission_scope,
             )
@@ -705,9 +727,9 @@ class ToolRunner(Actor):
             return None
         return self._prepare(batch, pending)
 
-    def _decides_slowly(self, tool: Tool, arguments: Mapping[str, Any]) -> bool:
+    def _decides_slowly(self, config: RunnerConfig, tool: Tool, arguments: Mapping[str, Any]) -> bool:
         """Whether deciding this call's permission may take long (a long shell command line)."""
-        rule = self._config.permissions.get(tool.name)
+        rule = config.permissions.get(tool.name)
         if tool.match_patterns is None or tool.subject is None or rule is None or isinstance(rule, str):
             return False
         subject = tool.subject(arguments)
@@ -721,7 +743,7 @@ class ToolRunner(Actor):
         """
         tool = pending.tool
         assert tool is not None
-        rules = self._config.permissions
+        rules = batch.config.permissions
         allowed = frozenset(self._allowed_always) if self._allowed_always else _NONE_ALLOWED
         scope = self._permission_scope
         batch_id, index = batch.msg.batch_id, pending.index
@@ -758,7 +780,7 @@ class ToolRunner(Actor):
             return ToolResult.error(f"there is no tool named {call.name!r} available here. Available tools: {names}.")
         return None
 
-    def _limits_for(self, tool: Tool, arguments: Mapping[str, Any]) -> tuple[float, float]:
+    def _limits_for(self, config: RunnerConfig, tool: Tool, arguments: Mapping[str, Any]) -> tuple[float, float]:
         """The call's time limit, and the runner's own deadline for it, in seconds.
 
         The limit is the call's ``timeout`` argument (for a tool that takes
@@ -768,13 +790,13 @@ class ToolRunner(Actor):
         group and reports the timeout), so the runner's deadline is ``grace``
         seconds later, for the case where the tool does not stop in time.
         """
-        limit = float(self._config.timeouts.get(tool.name, tool.timeout))
+        limit = float(config.timeouts.get(tool.name, tool.timeout))
         if tool.max_timeout is None:
             return limit, limit
         asked = arguments.get("timeout")
         if isinstance(asked, int | float) and not isinstance(asked, bool) and asked > 0:
             limit = min(float(asked), tool.max_timeout)
-        return limit, limit + self._config.grace
+        return limit, limit + config.grace
 
     def _prepare(self, batch: _Batch, pending: _Pending) -> _Launch:
         """The call's child spec, and what to do once the supervisor has (or has not) started it."""
@@ -791,7 +813,8 @@ class ToolRunner(Actor):
                 {"call_id": call.id, "tool": tool.name, "agent": msg.agent_path, **data},
             )
 
-        limit, deadline = self._limits_for(tool, call.arguments or {})
+        config = batch.config
+        limit, deadline = self._limits_for(config, tool, call.arguments or {})
         ctx = ToolContext(
             working_dir=self._working_dir,
             allowed_dirs=self._allowed_dirs,
@@ -799,7 +822,7 @@ class ToolRunner(Actor):
             agent_id=msg.agent_id,
             call_id=call.id,
             depth=msg.depth,
-            config=self._config.tool_config,
+            config=config.tool_config,
             snapshot=msg.snapshot,
             abort=pending.abort,
             emit=emit,
@@ -818,7 +841,7 @@ class ToolRunner(Actor):
             kwargs={
                 "limit": _OutputLimit(
                     tool.truncate,
-                    self._config.tool_config,
+                    config.tool_config,
                     save_dir=self._output_dir,
                     call_id=f"{call.id}-{pending.index}",
                     spill=self._spill,
@@ -929,13 +952,13 @@ class ToolRunner(Actor):
             tool=tool.name,
             subject=tool.subject(arguments) if tool.subject else None,
             arguments=redact(dict(arguments)),
-            timeout=self._config.permission_timeout,
+            timeout=batch.config.permission_timeout,
             reason=why,
         )
         self.system.events.publish("permission.requested", self.path, attrs.asdict(request))
         self.run_io(
             trio.sleep,
-            self._config.permission_timeout,
+            batch.config.permission_timeout,
             reply=lambda _: _PermissionTimeout(request_id),
             name=f"permission {request_id}",
         )
@@ -954,7 +977,7 @@ class ToolRunner(Actor):
             where[1],
             ToolResult.error(
                 f"nobody answered the permission request for {pending.call.name} within "
-                f"{self._config.permission_timeout:g} s, so it counts as denied. Do not retry it unasked."
+                f"{batch.config.permission_timeout:g} s, so it counts as denied. Do not retry it unasked."
             ),
         )
 

@@ -95,14 +95,18 @@ def _say(line: str, *, err: bool = False) -> None:
 
 
 def _target(args: argparse.Namespace) -> Path:
+    """The file to edit: ``$WEALD_CONFIG``; else the user file, or the project's (found upward, else here)."""
+    from weald.runtime.daemon._config_load import find_project_root, weald_home
     from weald.runtime.daemon.config import CONFIG_ENV, CONFIG_FILE_NAME
 
     explicit = os.environ.get(CONFIG_ENV, "")
     if explicit:
         return Path(explicit).expanduser().absolute()
     if getattr(args, "scope", "project") == "user":
-        return Path.home() / ".weald" / CONFIG_FILE_NAME
-    return (Path(args.project or Path.cwd()) / CONFIG_FILE_NAME).absolute()
+        return weald_home() / CONFIG_FILE_NAME
+    start = Path(args.project or Path.cwd()).absolute()
+    root, _ = find_project_root(start)
+    return (root or start) / CONFIG_FILE_NAME
 
 
 def _read(path: Path) -> str:

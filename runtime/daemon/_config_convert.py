@@ -54,6 +54,7 @@ from weald.runtime.daemon._config_model import (
     ModelsConfig,
     ProviderConfig,
     SpillConfig,
+    StateConfig,
     StoreConfig,
     ToolsConfig,
     check_full_model_spec,
@@ -92,6 +93,7 @@ _SECTIONS: Final = (
     SpillConfig,
     DaemonConfig,
     FaultsConfig,
+    StateConfig,
 )
 
 #: The keys ``[tools]`` itself takes; any other key is a ``[tools.NAME]`` options table.
@@ -582,31 +584,31 @@ def structure_config(data: Mapping[str, object]) -> Config:
 _SECRET_TABLES: Final = frozenset({"env", "headers", "extra_headers"})
 
 
-def _clean(value: object, key: str | None = None) -> object:
+def _clean(value: object, key: str | None = None, *, hide: bool = True) -> object:
     if isinstance(value, Mapping):
         cleaned: dict[str, object] = {}
         for name, item in value.items():
             if item is None:
                 continue
-            if key in _SECRET_TABLES and is_secret_name(name) and isinstance(item, str):
+            if hide and key in _SECRET_TABLES and is_secret_name(name) and isinstance(item, str):
                 cleaned[name] = REDACTED
             else:
-                cleaned[name] = _clean(item, name)
+                cleaned[name] = _clean(item, name, hide=hide)
         return cleaned
     if isinstance(value, list | tuple):
-        return [_clean(item) for item in value]
+        return [_clean(item, hide=hide) for item in value]
     return value
 
 
-def unstructure_config(config: Config) -> dict[str, object]:
+def unstructure_config(config: Config, *, redact: bool = True) -> dict[str, object]:
     """The config as plain TOML-compatible data, for ``weald config show``.
 
     Paths become strings, tuples lists, and keys whose value is None are left out (TOML has no
     null; None is every such key's default), so `config_from_dict` reads the result back to an
     equal config. Values of secret-looking names in ``env``, ``headers`` and ``extra_headers``
-    tables are replaced by ``[redacted]``.
+    tables are replaced by ``[redacted]`` unless ``redact`` is false (data kept in memory, never shown).
     """
-    cleaned = _clean(converter.unstructure(config))
+    cleaned = _clean(converter.unstructure(config), hide=redact)
     assert isinstance(cleaned, dict)
     return cleaned
 

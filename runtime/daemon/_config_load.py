@@ -1,6 +1,12 @@
 """Finding, reading, merging and checking ``weald.toml`` files.
 
-The pipeline, for one or more sources (home first, then project):
+Which files: the user file (``~/.weald/weald.toml``; ``$WEALD_HOME/weald.toml``
+when ``WEALD_HOME`` is set; the file ``$WEALD_CONFIG`` names when that is set),
+then the project file: ``weald.toml`` in the project directory, the nearest
+directory at or above the start (a session's working directory, the CLI's
+current one) that holds ``weald.toml`` or ``.weald/`` (`find_project_root`).
+
+The pipeline, for one or more sources (user first, then project):
 
 1. parse each file with `tomllib` (a syntax error names the file, line and column);
 2. structure each source on its own, so a wrong type or unknown key is
@@ -19,9 +25,11 @@ as one `ConfigError`.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import os
 import re
+import stat
 import tomllib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -42,6 +50,7 @@ from weald.runtime.daemon._config_convert import (
 from weald.runtime.daemon._config_model import (
     Config,
     ConfigError,
+    ConfigFile,
     ConfigProblem,
 )
 from weald.runtime.llm import MAX_SCRIPT_BYTES, PROVIDERS
@@ -49,19 +58,31 @@ from weald.runtime.llm import MAX_SCRIPT_BYTES, PROVIDERS
 __all__ = [
     "CONFIG_ENV",
     "CONFIG_FILE_NAME",
+    "HOME_ENV",
+    "PROJECT_DIR_NAME",
+    "LoadedConfig",
+    "ProjectFiles",
     "Source",
     "config_from_dict",
     "config_from_sources",
     "find_config_files",
+    "find_project_files",
+    "find_project_root",
     "load_config",
+    "load_files",
     "parse_config",
     "source_from_data",
+    "weald_home",
 ]
 
 #: The config file's name, in a project directory and in ``~/.weald``.
 CONFIG_FILE_NAME = "weald.toml"
-#: The environment variable naming a config file to read instead of the usual ones.
+#: The directory of a project's weald files (skills), beside its ``weald.toml``.
+PROJECT_DIR_NAME = ".weald"
+#: The environment variable naming a config file to read instead of the user file.
 CONFIG_ENV = "WEALD_CONFIG"
+#: The environment variable naming the directory to use instead of ``~/.weald``.
+HOME_ENV = "WEALD_HOME"
 
 
 @attrs.frozen
@@ -73,11 +94,13 @@ class Source:
         data: Its tables, as `tomllib` returns them.
         base_dir: The directory relative paths in it are relative to; None
             leaves them relative.
+        digest: For a file, ``sha256:`` and the hex digest of its bytes.
     """
 
     label: str
     data: Mapping[str, object]
     base_dir: Path | None = None
+    digest: str = ""
 
 
 def source_from_data(data: Mapping[str, object], label: str, base_dir: Path | None = None) -> Source:
@@ -145,7 +168,8 @@ def _read_file(path: Path, *, required: bool) -> Source | None:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigError([ConfigProblem(label, "", f"not UTF-8 text (byte {exc.start})")]) from exc
-    return Source(label=label, data=_parse_toml(text, label), base_dir=path.parent)
+    digest = "sha256:" + hashlib.sha256(raw).hexdigest()
+    return Source(label=label, data=_parse_toml(text, label), base_dir=path.parent, digest=digest)
 
 
 def _expand_home(path: Path, home: Path) -> Path:
@@ -157,6 +181,137 @@ def _expand_home(path: Path, home: Path) -> Path:
     return path
 
 
+def weald_home(*, home: Path | None = None, environ: Mapping[str, str] = os.environ) -> Path:
+    """Weald's own directory: ``$WEALD_HOME`` when set (and not empty), else ``~/.weald``.
+
+    It holds the user file (``weald.toml``), the user's skills (``skills/``)
+    and, unless ``[daemon] state_dir`` says otherwise, the daemon's state.
+    """
+    home_dir = Path.home() if home is None else home
+    explicit = environ.get(HOME_ENV, "")
+    if explicit:
+        return _expand_home(Path(explicit), home_dir).absolute()
+    return home_dir / ".weald"
+
+
+def _trusted(info: os.stat_result) -> bool:
+    """Whether a project marker may configure weald: yours (or root's), and not writable by everyone."""
+    return info.st_uid in (os.geteuid(), 0) and not info.st_mode & stat.S_IWOTH
+
+
+def find_project_root(start: Path, *, home: Path | None = None) -> tuple[Path | None, tuple[str, ...]]:
+    """The project directory of ``start``: the nearest directory at or above it holding ``weald.toml`` or ``.weald/``.
+
+    The walk stops below the home directory (``~/.weald`` is the user's, not a
+    project's), below a directory anyone may write to (``/tmp``: whoever
+    wrote ``/tmp/weald.toml`` must not configure every project under it), and
+    below ``/``. A marker that is not yours (or root's), or that anyone may
+    write to, is passed over and named in the second value, as git refuses a
+    repository another user owns. Blocking (it stats each directory).
+
+    Returns:
+        The project directory (None: no project file or directory up to where
+        the walk stops), and the markers passed over.
+    """
+    home_dir = Path.home() if home is None else home
+    ignored: list[str] = []
+    directory = Path(os.path.abspath(start))
+    while True:
+        if directory in (home_dir, directory.parent):
+            return None, tuple(ignored)
+        try:
+            if os.stat(directory).st_mode & stat.S_IWOTH:
+                return None, tuple(ignored)
+        except OSError:
+            return None, tuple(ignored)
+        found = False
+        for name, kind in ((CONFIG_FILE_NAME, stat.S_ISREG), (PROJECT_DIR_NAME, stat.S_ISDIR)):
+            marker = directory / name
+            try:
+                info = os.stat(marker)
+            except OSError:
+                continue
+            if not kind(info.st_mode):
+                continue
+            if _trusted(info):
+                found = True
+            else:
+                ignored.append(str(marker))
+        if found:
+            return directory, tuple(ignored)
+        directory = directory.parent
+
+
+@attrs.frozen
+class ProjectFiles:
+    """Where the configuration of one directory comes from.
+
+    Attributes:
+        start: The directory the project was looked for from.
+        root: The project directory (holding ``weald.toml`` or ``.weald/``);
+            None when there is none.
+        user: The user file: the file ``$WEALD_CONFIG`` names, else
+            ``weald.toml`` in `weald_home`; None when it does not exist.
+        project: ``weald.toml`` in ``root``, when it exists (and is not the user file).
+        explicit: Whether ``user`` comes from ``$WEALD_CONFIG`` (then it must exist).
+        ignored: Project markers passed over (see `find_project_root`).
+    """
+
+    start: Path
+    root: Path | None
+    user: Path | None
+    project: Path | None
+    explicit: bool = False
+    ignored: tuple[str, ...] = ()
+
+    @property
+    def paths(self) -> tuple[Path, ...]:
+        """The files to read, lowest precedence first."""
+        return tuple(path for path in (self.user, self.project) if path is not None)
+
+
+def find_project_files(
+    start: Path | None,
+    *,
+    home: Path | None = None,
+    environ: Mapping[str, str] = os.environ,
+) -> ProjectFiles:
+    """The files the configuration of ``start`` is read from (see `ProjectFiles`); blocking.
+
+    Args:
+        start: The directory (a session's working directory, the CLI's
+            current one); None: no project, the user file only.
+        home: The user's home directory; None means `Path.home`.
+        environ: The environment, for ``WEALD_CONFIG`` and ``WEALD_HOME``.
+    """
+    home_dir = Path.home() if home is None else home
+    explicit = environ.get(CONFIG_ENV, "")
+    if explicit:
+        user: Path | None = _expand_home(Path(explicit), home_dir).absolute()
+    else:
+        candidate = weald_home(home=home_dir, environ=environ) / CONFIG_FILE_NAME
+        user = candidate if candidate.exists() else None
+    root, ignored = (None, ()) if start is None else find_project_root(start, home=home_dir)
+    project = None if root is None else root / CONFIG_FILE_NAME
+    if project is not None and (not project.is_file() or (user is not None and _same_file(project, user))):
+        project = None
+    return ProjectFiles(
+        start=Path(os.path.abspath(start)) if start is not None else home_dir,
+        root=root,
+        user=user,
+        project=project,
+        explicit=bool(explicit),
+        ignored=ignored,
+    )
+
+
+def _same_file(one: Path, other: Path) -> bool:
+    try:
+        return os.path.samefile(one, other)
+    except OSError:
+        return False
+
+
 def find_config_files(
     project_dir: Path | None = None,
     *,
@@ -165,29 +320,22 @@ def find_config_files(
 ) -> tuple[Path, ...]:
     """The config files `load_config` reads, lowest precedence first.
 
-    ``$WEALD_CONFIG``, when set and not empty, is the only one (and must
-    exist); otherwise ``~/.weald/weald.toml`` then ``<project_dir>/weald.toml``,
-    whichever exist.
+    The user file (the file ``$WEALD_CONFIG`` names, which must exist, else
+    ``weald.toml`` in `weald_home` if it exists), then the project file of
+    ``project_dir`` (see `find_project_root`), if there is one.
 
     Args:
-        project_dir: The project's directory; None reads no project file.
+        project_dir: Where to look for the project from; None reads no project file.
         home: The user's home directory; None means `Path.home`.
-        environ: The environment, for ``WEALD_CONFIG``.
+        environ: The environment, for ``WEALD_CONFIG`` and ``WEALD_HOME``.
     """
-    home_dir = Path.home() if home is None else home
-    explicit = environ.get(CONFIG_ENV, "")
-    if explicit:
-        return (_expand_home(Path(explicit), home_dir).absolute(),)
-    candidates = [home_dir / ".weald" / CONFIG_FILE_NAME]
-    if project_dir is not None:
-        candidates.append(Path(project_dir) / CONFIG_FILE_NAME)
-    return tuple(path for path in candidates if path.exists())
+    return find_project_files(project_dir, home=home, environ=environ).paths
 
 
 # --- Normalizing and merging ----------------------------------------------------------------------
 
 # Keys holding paths: (section, key), or ("mcp", "servers", *, key).
-_PATH_KEYS = (("store", "path"), ("spill", "dir"), ("server", "socket"), ("faults", "file"))
+_PATH_KEYS = (("store", "path"), ("spill", "dir"), ("server", "socket"), ("faults", "file"), ("daemon", "state_dir"))
 
 
 def _resolve_relative(value: object, base_dir: Path) -> object:
@@ -344,12 +492,29 @@ def _mcp_problems(config: Config) -> list[tuple[KeyPath, str]]:
 
 
 def _finalize(config: Config, merged: Mapping[str, object], home: Path, environ: Mapping[str, str]) -> Config:
-    server = merged.get("server")
-    socket = config.server.socket
-    if not (isinstance(server, Mapping) and "socket" in server):
+    """``~`` expanded, and the state directory's defaults filled: the store, the socket.
+
+    The state directory is ``[daemon] state_dir``, else ``$WEALD_HOME``, else
+    ``~/.weald``. The store goes in it unless ``[store] path`` is set; the
+    socket too unless ``[server] socket`` is set, except that with neither
+    ``state_dir`` nor ``WEALD_HOME`` it goes in ``$XDG_RUNTIME_DIR`` when that is set.
+    """
+
+    def given(section: str, key: str) -> bool:
+        table = merged.get(section)
+        return isinstance(table, Mapping) and key in table
+
+    configured = config.daemon.state_dir
+    relocated = configured is not None or bool(environ.get(HOME_ENV, ""))
+    state_dir = _expand_home(configured, home) if configured is not None else weald_home(home=home, environ=environ)
+    store_path = _expand_home(config.store.path, home) if given("store", "path") else state_dir / "store.db"
+    socket = _expand_home(config.server.socket, home)
+    if not given("server", "socket"):
         runtime_dir = environ.get("XDG_RUNTIME_DIR", "")
-        if runtime_dir and Path(runtime_dir).is_absolute():
+        if not relocated and runtime_dir and Path(runtime_dir).is_absolute():
             socket = Path(runtime_dir) / "weald.sock"
+        else:
+            socket = state_dir / "weald.sock"
     servers = {
         name: attrs.evolve(server, cwd=None if server.cwd is None else _expand_home(server.cwd, home))
         for name, server in config.mcp.servers.items()
@@ -358,11 +523,12 @@ def _finalize(config: Config, merged: Mapping[str, object], home: Path, environ:
     spill_dir = config.spill.dir
     return attrs.evolve(
         config,
-        store=attrs.evolve(config.store, path=_expand_home(config.store.path, home)),
+        store=attrs.evolve(config.store, path=store_path),
         spill=attrs.evolve(config.spill, dir=None if spill_dir is None else _expand_home(spill_dir, home)),
-        server=attrs.evolve(config.server, socket=_expand_home(socket, home)),
+        server=attrs.evolve(config.server, socket=socket),
         faults=attrs.evolve(config.faults, file=None if faults_file is None else _expand_home(faults_file, home)),
         mcp=attrs.evolve(config.mcp, servers=servers),
+        daemon=attrs.evolve(config.daemon, state_dir=state_dir),
     )
 
 
@@ -533,23 +699,80 @@ def parse_config(
     return config_from_sources([Source(label=source, data=data, base_dir=base_dir)], home=home, environ=environ)
 
 
+@attrs.frozen
+class LoadedConfig:
+    """A configuration and the files it was read from.
+
+    Attributes:
+        config: The merged configuration.
+        files: The files read, lowest precedence first, each with its digest.
+        sources: Their parsed contents (for where each value came from).
+    """
+
+    config: Config
+    files: tuple[ConfigFile, ...]
+    sources: tuple[Source, ...] = ()
+
+
+def load_files(
+    files: ProjectFiles,
+    *,
+    home: Path | None = None,
+    environ: Mapping[str, str] = os.environ,
+) -> LoadedConfig:
+    """Read, check and merge the files of `find_project_files` (blocking).
+
+    Raises:
+        ConfigError: Every problem in every file, each line naming the file
+            and the key path (or the line and column of a TOML syntax error).
+    """
+    home_dir = Path.home() if home is None else home
+    sources: list[Source] = []
+    layers: list[ConfigFile] = []
+    problems: list[ConfigProblem] = []
+    for path, layer in ((files.user, "user"), (files.project, "project")):
+        if path is None:
+            continue
+        try:
+            source = _read_file(path, required=files.explicit and layer == "user")
+        except ConfigError as exc:
+            problems.extend(exc.problems)
+            continue
+        if source is not None:
+            sources.append(source)
+            layers.append(ConfigFile(path=str(path), digest=source.digest, layer=layer))  # type: ignore[arg-type]
+    if problems:
+        # Check the files that did parse too, so one run shows everything.
+        for source in sources:
+            problems.extend(
+                ConfigProblem(source.label, format_path(path), message)
+                for path, message in _structure_problems(source.data)
+            )
+        raise ConfigError(problems)
+    config = config_from_sources(sources, home=home_dir, environ=environ)
+    return LoadedConfig(config=config, files=tuple(layers), sources=tuple(sources))
+
+
 def load_config(
     project_dir: Path | None = None,
     *,
     home: Path | None = None,
     environ: Mapping[str, str] = os.environ,
 ) -> Config:
-    """Load the configuration: ``~/.weald/weald.toml``, then the project's ``weald.toml`` over it.
+    """Load the configuration: the user file, then the project's ``weald.toml`` over it.
 
-    Project values override home values key by key: tables merge, any
-    other value (arrays included) is replaced. ``$WEALD_CONFIG``, when set,
-    names the one file to read instead of both. Missing files are fine:
-    with none, every value is its default.
+    The user file is ``~/.weald/weald.toml`` (``$WEALD_HOME/weald.toml``, or
+    the file ``$WEALD_CONFIG`` names, which must exist); the project file is
+    ``weald.toml`` in the nearest directory at or above ``project_dir`` that
+    holds ``weald.toml`` or ``.weald/`` (`find_project_root`). Project values
+    override user values key by key: tables merge, any other value (arrays
+    included) is replaced. Missing files are fine: with none, every value is
+    its default.
 
     Args:
-        project_dir: The project's directory; None reads no project file.
+        project_dir: Where to look for the project from; None reads no project file.
         home: The user's home directory (``~``); None means `Path.home`.
-        environ: The environment (``WEALD_CONFIG``, ``XDG_RUNTIME_DIR``).
+        environ: The environment (``WEALD_CONFIG``, ``WEALD_HOME``, ``XDG_RUNTIME_DIR``).
 
     Returns:
         The merged config.
@@ -559,23 +782,5 @@ def load_config(
             and the key path (or the line and column of a TOML syntax error).
     """
     home_dir = Path.home() if home is None else home
-    explicit = bool(environ.get(CONFIG_ENV, ""))
-    sources: list[Source] = []
-    problems: list[ConfigProblem] = []
-    for path in find_config_files(project_dir, home=home_dir, environ=environ):
-        try:
-            source = _read_file(path, required=explicit)
-        except ConfigError as exc:
-            problems.extend(exc.problems)
-            continue
-        if source is not None:
-            sources.append(source)
-    if problems:
-        # Check the files that did parse too, so one run shows everything.
-        for source in sources:
-            problems.extend(
-                ConfigProblem(source.label, format_path(path), message)
-                for path, message in _structure_problems(source.data)
-            )
-        raise ConfigError(problems)
-    return config_from_sources(sources, home=home_dir, environ=environ)
+    files = find_project_files(project_dir, home=home_dir, environ=environ)
+    return load_files(files, home=home_dir, environ=environ).config

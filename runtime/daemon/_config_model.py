@@ -47,12 +47,14 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CHECK",
+    "DAEMON_WIDE",
     "DEFAULT_MODEL",
     "TOML_KEY",
     "AgentConfig",
     "AliasLimits",
     "Config",
     "ConfigError",
+    "ConfigFile",
     "ConfigProblem",
     "ContextConfig",
     "DaemonConfig",
@@ -68,6 +70,7 @@ __all__ = [
     "PermissionRule",
     "ProviderConfig",
     "SpillConfig",
+    "StateConfig",
     "StoreConfig",
     "ToolsConfig",
     "ValueProblem",
@@ -607,6 +610,21 @@ class DaemonConfig:
 
 
 @attrs.frozen(kw_only=True)
+class StateConfig:
+    """``[daemon]``: where the daemon keeps its state.
+
+    Attributes:
+        state_dir: The directory the store, the socket and the spill
+            directory go in unless ``[store] path``, ``[server] socket`` or
+            ``[spill] dir`` say otherwise. None: ``$WEALD_HOME`` when that
+            variable is set, else ``~/.weald``. Relative paths are relative to
+            the config file's directory; ``~`` is the home directory.
+    """
+
+    state_dir: Path | None = None
+
+
+@attrs.frozen(kw_only=True)
 class FaultsConfig:
     """``[faults]``: fault injection (carried here; the feature reads it).
 
@@ -651,6 +669,7 @@ class Config:
         store: ``[store]``.
         server: ``[server]``.
         faults: ``[faults]``.
+        daemon: ``[daemon]``.
     """
 
     models: ModelsConfig = attrs.field(factory=ModelsConfig)
@@ -664,6 +683,7 @@ class Config:
     spill: SpillConfig = attrs.field(factory=SpillConfig)
     server: DaemonConfig = attrs.field(factory=DaemonConfig)
     faults: FaultsConfig = attrs.field(factory=FaultsConfig)
+    daemon: StateConfig = attrs.field(factory=StateConfig)
 
     def resolve_model(self, name: str | None = None) -> ModelChoice | None:
         """Resolve a model name (an alias or a ``provider:model`` spec) to a `ModelChoice`.
@@ -698,6 +718,27 @@ class Config:
         if configured is None:
             return ModelChoice(spec=spec, settings=settings)
         return ModelChoice(spec=f"{configured.kind}:{model.strip()}", settings=settings)
+
+
+#: The sections (and keys) the daemon reads once for itself, from its own configuration (the files
+#: ``weald serve`` found); every other key is read per session, from the session's project. A
+#: project file may set these too: its sessions ignore them (``weald config show`` says so).
+DAEMON_WIDE: Final = frozenset({"server", "store", "spill", "limits", "faults", "daemon"})
+
+
+@attrs.frozen
+class ConfigFile:
+    """One file a configuration was read from.
+
+    Attributes:
+        path: The file's absolute path.
+        digest: ``sha256:`` and the hex digest of its bytes as read.
+        layer: ``"user"`` (``~/.weald/weald.toml``, or the file ``$WEALD_CONFIG`` names) or ``"project"``.
+    """
+
+    path: str
+    digest: str
+    layer: Literal["user", "project"]
 
 
 # --- Errors ---------------------------------------------------------------------------------------

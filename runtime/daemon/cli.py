@@ -43,6 +43,7 @@ import attrs
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 from weald.runtime.daemon._render import (
     PrintableFormatter,
     SafeConsole,
@@ -74,9 +75,21 @@ def _print_error(err: Console, text: str) -> None:
 
 
 def _load_config(args: argparse.Namespace) -> Any:
-    from weald.runtime.daemon.config import load_config
+    return _load_config_files(args)[0]
 
-    return load_config(Path(getattr(args, "project", None) or Path.cwd()))
+
+def _load_config_files(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The configuration of ``--project`` (default: the current directory), and the files it came from."""
+    from weald.runtime.daemon._config_load import find_project_files, load_files
+
+    files = find_project_files(_project_dir(args) or Path.cwd())
+    return load_files(files).config, files
+
+
+def _project_dir(args: argparse.Namespace) -> Path | None:
+    """``--project``, made absolute against the current directory; None when not given."""
+    project = getattr(args, "project", None)
+    return Path(project).expanduser().absolute() if project else None
 
 
 def _socket_path(args: argparse.Namespace, config: Any | None = None) -> Path:
@@ -103,7 +116,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from weald.runtime.daemon.tree import Daemon
     from weald.runtime.faults import FaultSpecError
 
-    config = _load_config(args)
+    config, files = _load_config_files(args)
     err = _console(stderr=True)
     _log_warnings_to_stderr()
     try:
@@ -124,7 +137,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
             return EXIT_USAGE
     socket_path = None if args.stdio and not args.socket else _socket_path(args, config)
     log: Literal["terminal"] | bool = "terminal" if sys.stderr.isatty() else True
-    daemon = Daemon(config, socket_path=socket_path, stdio=args.stdio, faults=faults, http=args.http, log=log)
+    daemon = Daemon(
+        config,
+        socket_path=socket_path,
+        stdio=args.stdio,
+        faults=faults,
+        http=args.http,
+        log=log,
+        config_files=files,
+    )
     stop = threading.Event()
 
     def on_signal(_signum: int, _frame: object) -> None:
@@ -220,9 +241,9 @@ def _connect(args: argparse.Namespace, *, embedded: bool = False, faults: Any = 
 
     With ``faults`` (a fault injector), always start one, with a temporary store.
     """
-    config = _load_config(args)
+    config, files = _load_config_files(args)
     if faults is not None:
-        with _embedded_client(config, faults=faults) as client:
+        with _embedded_client(config, files, faults=faults) as client:
             yield client
         return
     path = _socket_path(args, config)
@@ -231,7 +252,7 @@ def _connect(args: argparse.Namespace, *, embedded: bool = False, faults: Any = 
     except DaemonUnavailableError:
         if not embedded:
             raise
-        with _embedded_client(config) as client:
+        with _embedded_client(config, files) as client:
             yield client
         return
     try:
@@ -241,9 +262,9 @@ def _connect(args: argparse.Namespace, *, embedded: bool = False, faults: Any = 
 
 
 @contextlib.contextmanager
-def _embedded_client(config: Any, *, faults: Any = None) -> Iterator[Client]:
+def _embedded_client(config: Any, files: Any, *, faults: Any = None) -> Iterator[Client]:
     """A client of a daemon started in this process for the command (see `_embedded_daemon`)."""
-    with _embedded_daemon(config, faults=faults) as socket_path:
+    with _embedded_daemon(config, files, faults=faults) as socket_path:
         client = Client.connect(socket_path)
         client.embedded = True
         try:
@@ -253,7 +274,7 @@ def _embedded_client(config: Any, *, faults: Any = None) -> Iterator[Client]:
 
 
 @contextlib.contextmanager
-def _embedded_daemon(config: Any, *, faults: Any = None) -> Iterator[Path]:
+def _embedded_daemon(config: Any, files: Any, *, faults: Any = None) -> Iterator[Path]:
     import attrs
     from weald.runtime.daemon.tree import Daemon
 
@@ -262,7 +283,7 @@ def _embedded_daemon(config: Any, *, faults: Any = None) -> Iterator[Path]:
         if faults is not None:
             # A fault run starts from an empty store: the same run again finds the same state.
             config = attrs.evolve(config, store=attrs.evolve(config.store, path=Path(tmp) / "store.db"))
-        daemon = Daemon(config, socket_path=socket_path, faults=faults)
+        daemon = Daemon(config, socket_path=socket_path, faults=faults, config_files=files)
         daemon.start(restore=False)
         _warn_sandbox(daemon, _console(stderr=True))
         try:
@@ -302,6 +323,10 @@ def cmd_run(args: argparse.Namespace) -> int:
             agent_id = args.agent
             if agent_id is None:
                 params: dict[str, Any] = {"working_dir": str(Path(args.cwd or Path.cwd()).resolve())}
+                project = _project_dir(args)
+                if project is not None:
+                    # The daemon runs where it was started: it is told which project's rules apply.
+                    params["project"] = str(project)
                 if args.model:
                     params["model"] = args.model
                 if args.tools:
@@ -544,8 +569,26 @@ def cmd_agents(args: argparse.Namespace) -> int:
             safe_text(a.get("restarts", "")),
             safe_text(a["working_dir"]),
         )
-    _console().print(table)
+    out = _console()
+    out.print(table)
+    if args.long:
+        for a in agents:
+            out.print(Text(a["agent_id"], style="bold"))
+            out.print(Text(f"  configuration: {_describe_config(a.get('config') or {})}"), soft_wrap=True)
     return EXIT_OK
+
+
+def _describe_config(state: dict[str, Any]) -> str:
+    """Which files an agent's configuration comes from, each with its digest, in one line per file."""
+    files = state.get("files") or []
+    lines = [f"{file['path']} ({file['layer']}, {str(file['digest'])[:19]})" for file in files]
+    if not lines:
+        lines = ["no file: built-in defaults"]
+    if state.get("project"):
+        lines.insert(0, f"project {state['project']}")
+    for problem in state.get("refused") or []:
+        lines.append(f"REFUSED (the configuration above stays): {problem}")
+    return "\n    ".join(lines)
 
 
 def _short_model(model: str) -> str:
@@ -789,6 +832,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_acp)
 
     p = sub.add_parser("agents", parents=[common], help="list agents", description=_doc(cmd_agents))
+    p.add_argument("--long", action="store_true", help="also show the configuration files each agent runs under")
     p.set_defaults(func=cmd_agents)
 
     p = sub.add_parser("tree", parents=[common], help="draw the supervision tree", description=_doc(cmd_tree))

@@ -2,13 +2,15 @@
 
 Where it comes from, lowest precedence first::
 
-    ~/.weald/weald.toml           the user's defaults
+    ~/.weald/weald.toml           the user's defaults ($WEALD_HOME/weald.toml, or $WEALD_CONFIG)
     <project>/weald.toml          the project's, merged over them key by key
 
-``$WEALD_CONFIG`` names one file to read instead of both. Tables merge
+The project is the nearest directory at or above the one weald runs for
+that holds ``weald.toml`` or ``.weald/`` (`find_project_root`). Tables merge
 recursively; any other value (a string, a number, an array) in the project
-file replaces the home one. Every key has a default, so no file at all is a
-valid configuration::
+file replaces the user one. Every key has a default, so no file at all is a
+valid configuration. A daemon runs each session under its own project's
+files (``weald.runtime.daemon._projects``)::
 
     config = load_config(Path.cwd())
     config.agent.max_steps                   # 50 unless configured
@@ -33,17 +35,25 @@ from weald.runtime.daemon._config_convert import unstructure_config as config_to
 from weald.runtime.daemon._config_load import (
     CONFIG_ENV,
     CONFIG_FILE_NAME,
+    HOME_ENV,
+    PROJECT_DIR_NAME,
+    ProjectFiles,
     config_from_dict,
     find_config_files,
+    find_project_files,
+    find_project_root,
     load_config,
     parse_config,
+    weald_home,
 )
 from weald.runtime.daemon._config_model import (
+    DAEMON_WIDE,
     DEFAULT_MODEL,
     AgentConfig,
     AliasLimits,
     Config,
     ConfigError,
+    ConfigFile,
     ConfigProblem,
     ContextConfig,
     DaemonConfig,
@@ -58,6 +68,7 @@ from weald.runtime.daemon._config_model import (
     PermissionRule,
     ProviderConfig,
     SpillConfig,
+    StateConfig,
     StoreConfig,
     ToolsConfig,
 )
@@ -65,11 +76,15 @@ from weald.runtime.daemon._config_model import (
 __all__ = [
     "CONFIG_ENV",
     "CONFIG_FILE_NAME",
+    "DAEMON_WIDE",
     "DEFAULT_MODEL",
+    "HOME_ENV",
+    "PROJECT_DIR_NAME",
     "AgentConfig",
     "AliasLimits",
     "Config",
     "ConfigError",
+    "ConfigFile",
     "ConfigProblem",
     "ContextConfig",
     "DaemonConfig",
@@ -82,13 +97,18 @@ __all__ = [
     "ModelsConfig",
     "Permission",
     "PermissionRule",
+    "ProjectFiles",
     "ProviderConfig",
     "SpillConfig",
+    "StateConfig",
     "StoreConfig",
     "ToolsConfig",
     "config_from_dict",
     "config_to_dict",
     "find_config_files",
+    "find_project_files",
+    "find_project_root",
     "load_config",
     "parse_config",
+    "weald_home",
 ]

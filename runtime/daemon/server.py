@@ -150,6 +150,7 @@ class AgentStartParams(_Params):
     record: Annotated[str, msgspec.Meta(min_length=1, max_length=4096)] | None = None
     asleep: bool | None = None  # None: asleep when hibernation is on (`Sessions.start_asleep`)
     mcp_servers: Annotated[list[SessionMCPServer], msgspec.Meta(max_length=32)] | None = None
+    project: Annotated[str, msgspec.Meta(min_length=1, max_length=4096)] | None = None
 
 
 MAX_BATCH_STARTS = 1000
@@ -901,6 +902,7 @@ class Server(Actor):
             record=p.record,
             asleep=self._sessions.start_asleep if p.asleep is None else p.asleep,
             mcp_servers=p.mcp_servers,
+            project=p.project,
         )
         return {"agent_id": agent_id}
 
@@ -1053,6 +1055,7 @@ class Server(Actor):
                 }
                 if record.record is not None:
                     row["record"] = record.record
+                row["config"] = self._sessions.config_state(record)
                 out.append(row)
                 nursery.start_soon(one, record, row)
         for session_id, stored in (await self._asleep_records(list(asleep))).items():
@@ -1132,6 +1135,12 @@ class Server(Actor):
         if p.agent_id is not None:
             snapshot = await self._agent(p.agent_id).proxy().snapshot(p.messages)
             state: dict[str, Any] = describe_state(snapshot, view, events=p.events, messages=p.messages)
+            record = await self._sessions.stored(p.agent_id)
+            if record is not None:
+                state["config"] = {
+                    **self._sessions.config_state(record),
+                    "generation_in_use": snapshot.config_generation,
+                }
             return state
         stats = self.system.statistics()
         report: dict[str, Any] = redact(

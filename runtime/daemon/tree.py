@@ -80,12 +80,15 @@ from weald.runtime import (
     register_secret,
     restore_environ,
 )
-from weald.runtime.agents.agent import AgentConfig, AgentRecord, TurnResult
+from weald.runtime.agents.agent import AgentConfig, AgentRecord, TurnResult, TurnSettings
+from weald.runtime.agents.context import ContextConfig
 from weald.runtime.agents.session import SessionConfig, agent_path, session_shape, session_spec, valid_session_id
 from weald.runtime.agents.tool_runner import RunnerConfig
+from weald.runtime.daemon._config_load import ProjectFiles, source_from_data, weald_home
 from weald.runtime.daemon._hygiene import SandboxReport, prepare_process, stop_leftovers
+from weald.runtime.daemon._projects import ProjectConfig, Projects
 from weald.runtime.daemon._runlog import DaemonLog, PreviousRun
-from weald.runtime.daemon.config import CONFIG_ENV, Config
+from weald.runtime.daemon.config import CONFIG_ENV, Config, ConfigError, config_to_dict
 from weald.runtime.daemon.server import SHUTDOWN_REASON, Server, SessionMCPServer, prepare_socket
 from weald.runtime.llm import Image, Provider, Recorder, RecordingError, ReplayDivergence, Usage, make_provider
 from weald.supervisors import ChildExistsError, ChildSpec, DynamicSupervisor, MaxChildrenError
@@ -140,8 +143,23 @@ DEMO_MODEL = "scripted:" + str(demo_script_path())
 """The model used when none is configured: a script that says it is scripted."""
 
 
+class StoredConfigFile(msgspec.Struct, kw_only=True):
+    """A configuration file a session was started under: its path, digest and layer (user or project)."""
+
+    path: str
+    digest: str
+    layer: str
+
+
 class SessionRecord(msgspec.Struct, kw_only=True):
-    """A session as stored in the ``sessions`` namespace; restored on start while active."""
+    """A session as stored in the ``sessions`` namespace; restored on start while active.
+
+    ``model`` is the model it was started with; with ``follows_default``
+    (no model was asked for) the session follows its project's
+    ``[models] default`` as it changes. ``project`` is the directory whose
+    configuration it runs under when ``agent.start`` named one (else its
+    working directory's); ``config_files`` the files it was started under.
+    """
 
     session_id: str
     working_dir: str
@@ -152,6 +170,14 @@ class SessionRecord(msgspec.Struct, kw_only=True):
     status: str = "active"
     record: str | None = None
     mcp_servers: list[SessionMCPServer] | None = None
+    project: str | None = None
+    follows_default: bool = False
+    config_files: list[StoredConfigFile] = msgspec.field(default_factory=list)
+
+    @property
+    def config_dir(self) -> str:
+        """The directory its configuration is found from (`Projects`)."""
+        return self.project or self.working_dir
 
 
 @attrs.frozen
@@ -395,39 +421,48 @@ class Sessions:
         faults: Any = None,
         roots: Roots | None = None,
         private_paths: tuple[str, ...] = (),
+        projects: Projects | None = None,
     ) -> None:
         self.system = system
         self.config = config
         self.roots = roots if roots is not None else Roots(system)
         # What no sandboxed command may see: the state directory, the socket, the config file.
         self.private_paths = private_paths
+        # Each session's own configuration: its project's (the daemon's config is its base when built by hand).
+        self.projects = projects if projects is not None else Projects(base=_base_source(config))
         # Tool calls see the faulting view when fault injection is on.
         self.registry = faults.wrap_registry(registry) if faults is not None else registry
         self._faults = faults
         self._supervisor = supervisor
         self._proxy = supervisor.proxy()
         self.gate = TurnGate(system, config.limits.max_concurrent_turns)
-        self._context = config.context.to_context_config()  # one frozen value for every agent
         # Touched only on the loop thread (RPC handlers and their tasks).
         self._starts: list[tuple[Any, Future[Ref[Any]]]] = []
         self._starting = False
         self._sleepers: list[tuple[SessionRecord, AgentRecord, ChildSpec, Future[None]]] = []
         self._adding = False
         self._resolving: dict[str, Future[str]] = {}
-        self._models_checked: set[str] = set()
-        self._home_skills: tuple[float, str | None] = (-1e9, None)  # (looked at, ~/.weald/skills if a directory)
-        self._runner_config: RunnerConfig | None = None
+        self._models_checked: set[tuple[int, str]] = set()
+        self._session_dirs: dict[str, str] = {}  # session id -> the configuration directory it holds
+        self._home_skills: tuple[float, str | None] = (-1e9, None)  # (looked at, <weald home>/skills if a directory)
+        self._weald_home = weald_home()
+        # One frozen value per project configuration (generation), shared by its sessions.
+        self._per_generation: dict[int, tuple[RunnerConfig, ContextConfig]] = {}
+        self._turn_settings: dict[tuple[int, str | None, tuple[str, ...] | None, str | None], TurnSettings] = {}
         self._spill_dir = str(self.spill_root)
 
     # -- configuration -----------------------------------------------------------------
 
-    def provider_factory(self, model: str) -> Provider:
+    def provider_factory(self, model: str, directory: str | None = None) -> Provider:
         """Build the provider for ``model`` (an alias, ``provider:model``, or the demo).
 
+        Names resolve under the configuration of ``directory`` (a session's
+        `SessionRecord.config_dir`, acquired), as it stands when called; None: the daemon's.
         With fault injection on, the provider consults the injector before each call.
         Blocking (a script is read from its file): call it from a worker thread.
         """
-        choice = self.config.resolve_model(model)
+        config = self.config if directory is None else self.projects.current(directory).config
+        choice = config.resolve_model(model)
         spec, settings = (DEMO_MODEL, None) if choice is None else (choice.spec, choice.settings)
         if self._faults is not None:
             build = self._faults.wrap_provider_factory(lambda s: make_provider(s, settings))
@@ -435,25 +470,65 @@ class Sessions:
             return provider
         return make_provider(spec, settings)
 
-    def default_model(self) -> str:
-        """The configured default model, or the bundled demo script."""
-        return self.config.models.default or DEMO_MODEL
+    def default_model(self, project: ProjectConfig | None = None) -> str:
+        """The configured default model (of ``project``, else the daemon's), or the bundled demo script."""
+        config = self.config if project is None else project.config
+        return config.models.default or DEMO_MODEL
+
+    def _per_project(self, project: ProjectConfig) -> tuple[RunnerConfig, ContextConfig]:
+        """The tool runner's and the context's configuration of ``project``: made once per generation."""
+        made = self._per_generation.get(project.generation)
+        if made is None:
+            if len(self._per_generation) >= 1024:
+                self._per_generation.clear()
+            config = project.config
+            tools = config.tools
+            runner = RunnerConfig(
+                timeouts=dict(tools.timeouts),
+                permissions=dict(tools.permissions),
+                permission_timeout=tools.permission_timeout,
+                tool_config=attrs.evolve(tools.to_tool_config(), private_paths=self.private_paths),
+                spill=self.config.spill.to_limits(),  # daemon-wide: the daemon's disk
+            )
+            made = self._per_generation[project.generation] = (runner, config.context.to_context_config())
+        return made
+
+    def turn_settings(self, project: ProjectConfig, record: SessionRecord) -> TurnSettings:
+        """What a session's turns run under with ``project``'s configuration: its parameters over the project's."""
+        model = None if record.follows_default else record.model
+        tools = tuple(record.tools) if record.tools is not None else None
+        key = (project.generation, model, tools, record.system_prompt)
+        settings = self._turn_settings.get(key)
+        if settings is not None:
+            return settings
+        config = project.config
+        agent = config.agent
+        runner, context = self._per_project(project)
+        model = model or self.default_model(project)
+        settings = TurnSettings(
+            generation=project.generation,
+            agent=AgentConfig(
+                model=model,
+                system_prompt=record.system_prompt if record.system_prompt is not None else agent.system_prompt,
+                tool_filter=tools if tools is not None else tuple(config.tools.enabled),
+                max_steps=agent.max_steps,
+                max_depth=agent.sub_agent_depth,
+                debug_state=agent.debug_state,
+                sub_agent_timeout=agent.sub_agent_timeout,
+                context=context,
+            ),
+            runner=runner,
+            model_key=config.resolve_model(model),
+        )
+        if len(self._turn_settings) >= 4096:
+            self._turn_settings.clear()
+        self._turn_settings[key] = settings
+        return settings
 
     def runner_config(self) -> RunnerConfig:
-        """The tool runner configuration from ``[tools]``: one frozen value, shared by every session."""
-        if self._runner_config is None:
-            self._runner_config = self._make_runner_config()
-        return self._runner_config
-
-    def _make_runner_config(self) -> RunnerConfig:
-        tools = self.config.tools
-        return RunnerConfig(
-            timeouts=dict(tools.timeouts),
-            permissions=dict(tools.permissions),
-            permission_timeout=tools.permission_timeout,
-            tool_config=attrs.evolve(tools.to_tool_config(), private_paths=self.private_paths),
-            spill=self.config.spill.to_limits(),
-        )
+        """The tool runner configuration of the daemon's own ``[tools]`` (sessions use their project's)."""
+        project = ProjectConfig(key=(), root=None, files=(), config=self.config, generation=0)
+        return self._per_project(project)[0]
 
     @property
     def spill_root(self) -> Path:
@@ -461,32 +536,33 @@ class Sessions:
         return self.config.spill.root(self.system.store_path)
 
     def session_config(self, record: SessionRecord) -> SessionConfig:
-        """The full configuration of a stored session, from the current daemon config."""
-        agent = self.config.agent
+        """The full configuration of a stored session, from its project's configuration as it stands.
+
+        No I/O: the session's `SessionRecord.config_dir` must be acquired (`Projects.acquire`).
+
+        Raises:
+            KeyError: it is not.
+        """
+        project = self.projects.current(record.config_dir)
+        live = self.turn_settings(project, record)
         checked, home_skills = self._home_skills
         if time.monotonic() - checked > 5.0:  # one look per 5 s, not one per session
-            found = Path.home() / ".weald" / "skills"
+            found = self._weald_home / "skills"
             home_skills = str(found) if found.is_dir() else None
             self._home_skills = (time.monotonic(), home_skills)
+        root = project.root or record.working_dir
         return SessionConfig(
             session_id=record.session_id,
             working_dir=record.working_dir,
-            agent=AgentConfig(
-                model=record.model,
-                system_prompt=record.system_prompt if record.system_prompt is not None else agent.system_prompt,
-                tool_filter=tuple(record.tools) if record.tools is not None else tuple(self.config.tools.enabled),
-                max_steps=agent.max_steps,
-                max_depth=agent.sub_agent_depth,
-                debug_state=agent.debug_state,
-                sub_agent_timeout=agent.sub_agent_timeout,
-                context=self._context,
-            ),
-            runner=self.runner_config(),
+            agent=live.agent,
+            runner=live.runner,
             # Skills in ~/.weald/skills may be read by file tools too.
             allowed_dirs=(home_skills,) if home_skills is not None else (),
             output_dir=f"{self._spill_dir}/{record.session_id}",
             hibernate_after=self.config.limits.hibernate_after or None,  # 0: never
             mcp_servers=_session_mcp_configs(record.mcp_servers or ()),
+            settings=_SessionSettings(self, record),
+            skill_dirs=(f"{root}/.weald/skills", str(self._weald_home / "skills")),
         )
 
     @property
@@ -514,6 +590,7 @@ class Sessions:
         record: str | None = None,
         asleep: bool = False,
         mcp_servers: Sequence[SessionMCPServer] | None = None,
+        project: str | None = None,
     ) -> str:
         """Store and start a new session; returns its agent id.
 
@@ -535,11 +612,16 @@ class Sessions:
             asleep: add the session hibernated, its actors built by its first message.
             mcp_servers: MCP servers of this session alone, run under its
                 ``mcp`` supervisor (the session then starts awake).
+            project: the directory whose configuration the session runs under
+                (absolute); default: the working directory's (its project is
+                the nearest directory at or above it with ``weald.toml`` or ``.weald/``).
 
         Raises:
-            InvalidRequestError: a relative working dir, a malformed or empty id, a model that cannot be used.
-            DaemonError: a working dir that is not a directory, a bad recording file, an id in use, a
-                recording file another agent records into, or too many agents.
+            InvalidRequestError: a relative working dir or project, a malformed or empty id, a model that
+                cannot be used.
+            DaemonError: a working dir or project that is not a directory, a project configuration with
+                errors, a bad recording file, an id in use, a recording file another agent records into,
+                or too many agents.
         """
         session = await self._checked(
             working_dir,
@@ -549,13 +631,19 @@ class Sessions:
             agent_id=agent_id,
             record=record,
             mcp_servers=mcp_servers,
+            project=project,
         )
-        if asleep and session.record is None and not session.mcp_servers:
-            await self._queue_asleep(session)
-        elif session.mcp_servers:
-            await self._start_with_mcp(session)
-        else:
-            await self._start_awake(session)
+        try:
+            if asleep and session.record is None and not session.mcp_servers:
+                await self._queue_asleep(session)
+            elif session.mcp_servers:
+                await self._start_with_mcp(session)
+            else:
+                await self._start_awake(session)
+        except BaseException:
+            self.projects.release_nowait(session.config_dir)
+            raise
+        self._configured_nowait(session)
         return session.session_id
 
     async def _start_with_mcp(self, session: SessionRecord) -> None:
@@ -607,8 +695,10 @@ class Sessions:
             try:
                 await self._start_awake(session)
             except Exception as exc:
+                self.projects.release_nowait(session.config_dir)
                 out[index] = exc
             else:
+                self._configured_nowait(session)
                 out[index] = session.session_id
 
         added: list[tuple[int, str, Future[None]]] = []
@@ -625,10 +715,21 @@ class Sessions:
                 try:
                     await future
                 except Exception as exc:
+                    session = checked[index]
+                    assert isinstance(session, SessionRecord)
+                    self.projects.release_nowait(session.config_dir)
                     out[index] = exc
                 else:
+                    self._configured_nowait(checked[index])  # type: ignore[arg-type]
                     out[index] = session_id
         return out
+
+    def _configured_nowait(self, session: SessionRecord) -> None:
+        """Note the configuration directory a started session holds (`Projects.acquire`), released at its stop."""
+        previous = self._session_dirs.get(session.session_id)
+        if previous is not None:  # started again without a stop (a restore): one hold is enough
+            self.projects.release_nowait(previous)
+        self._session_dirs[session.session_id] = session.config_dir
 
     async def _checked(
         self,
@@ -640,8 +741,13 @@ class Sessions:
         agent_id: str | None = None,
         record: str | None = None,
         mcp_servers: Sequence[SessionMCPServer] | None = None,
+        project: str | None = None,
     ) -> SessionRecord:
-        """The record of a new session once everything `start` checks is checked (see there)."""
+        """The record of a new session once everything `start` checks is checked (see there).
+
+        On success the session's configuration directory is acquired (`Projects.acquire`):
+        whoever does not start the session releases it.
+        """
         if mcp_servers:
             try:
                 await trio.to_thread.run_sync(_prepare_session_mcp, mcp_servers)
@@ -655,28 +761,46 @@ class Sessions:
             )
             raise InvalidRequestError("agent_id", msg)
         resolved = await self._resolve(working_dir)
+        project_dir = None if project is None else await self._resolve(project, field="project")
         recording = None
         if record is not None:
             recording = await trio.to_thread.run_sync(_recording_path, record, resolved)
             await self._check_recording_free(recording)
         session_id = agent_id or "a" + uuid.uuid4().hex[:10]
-        model = model or self.default_model()
-        # Building the provider may read a file (a script): not on the loop.
-        # A model checked already needs no thread hop (10,000 starts, one model).
-        if model not in self._models_checked:
-            await trio.to_thread.run_sync(self._check_model, model)
+        config_dir = project_dir or resolved
+        try:
+            configured = await self.projects.acquire(config_dir)
+        except ConfigError as exc:
+            where = f"the project of {config_dir}" if project_dir is None else f"the project {config_dir}"
+            msg = f"{where} has a configuration weald cannot use; fix it and start the agent again:\n{exc}"
+            raise DaemonError(msg) from exc
+        chosen = model or self.default_model(configured)
+        try:
+            # Building the provider may read a file (a script): not on the loop.
+            # A model checked already needs no thread hop (10,000 starts, one model).
+            if (configured.generation, chosen) not in self._models_checked:
+                await trio.to_thread.run_sync(self._check_model, chosen, config_dir, configured.generation)
+        except BaseException:
+            self.projects.release_nowait(config_dir)
+            raise
         if self.system.whereis(f"/sessions/{session_id}") is not None:
+            self.projects.release_nowait(config_dir)
             msg = f"an agent {session_id!r} is already running; stop it first or choose another agent_id"
             raise DaemonError(msg)
         return SessionRecord(
             session_id=session_id,
             working_dir=resolved,
-            model=model,
+            model=chosen,
             tools=tools,
             system_prompt=system_prompt,
             created=time.time(),
             record=recording,
             mcp_servers=list(mcp_servers) if mcp_servers else None,
+            project=project_dir,
+            follows_default=model is None,
+            config_files=[
+                StoredConfigFile(path=file.path, digest=file.digest, layer=file.layer) for file in configured.files
+            ],
         )
 
     async def _start_awake(self, session: SessionRecord) -> None:
@@ -690,34 +814,34 @@ class Sessions:
         store.enqueue_nowait("sessions", session.session_id, session)
         await store.flush()
 
-    async def _resolve(self, working_dir: str) -> str:
+    async def _resolve(self, working_dir: str, *, field: str = "working_dir") -> str:
         """`_resolve_working_dir` in a worker thread, one look per directory for concurrent starts."""
-        pending = self._resolving.get(working_dir)
+        pending = self._resolving.get(f"{field}:{working_dir}")
         if pending is None:
-            pending = self._resolving[working_dir] = Future()
+            pending = self._resolving[f"{field}:{working_dir}"] = Future()
 
             async def look() -> None:
                 try:
-                    pending.set(await trio.to_thread.run_sync(_resolve_working_dir, working_dir))
+                    pending.set(await trio.to_thread.run_sync(_resolve_working_dir, working_dir, field))
                 except BaseException:
                     pending.set_exception()
                 finally:
-                    self._resolving.pop(working_dir, None)
+                    self._resolving.pop(f"{field}:{working_dir}", None)
 
             self.system.loop.spawn_nowait(look)
         resolved: str = await pending
         return resolved
 
-    def _check_model(self, model: str) -> None:
-        if model in self._models_checked:
+    def _check_model(self, model: str, directory: str, generation: int) -> None:
+        if (generation, model) in self._models_checked:
             return
         try:
-            self.provider_factory(model)
+            self.provider_factory(model, directory)
         except Exception as exc:
             raise InvalidRequestError("model", f"cannot use model {model!r}: {exc}") from exc
         if len(self._models_checked) >= 256:
             self._models_checked.clear()
-        self._models_checked.add(model)
+        self._models_checked.add((generation, model))
 
     async def _check_recording_free(self, path: str) -> None:
         records = await trio.to_thread.run_sync(self.records)
@@ -772,7 +896,7 @@ class Sessions:
             config if config is not None else self.session_config(record),
             system=self.system,
             registry=self.registry,
-            provider_factory=self.provider_factory,
+            provider_factory=functools.partial(self.provider_factory, directory=record.config_dir),
             recorder=recorder,
             on_divergence=self._divergence_reporter(record.session_id) if self._faults is not None else None,
             rebuild=functools.partial(Sessions._spec, self, record, recorder),  # no bound method kept
@@ -947,13 +1071,37 @@ class Sessions:
             await self.system.store.aput("sessions", session_id, record)
         self.gate.cancel_waiting_nowait(session_id, "the agent was stopped")
         self.roots.set_nowait(session_id, None)
-        ref = self.system.whereis(f"/sessions/{session_id}")
-        if ref is not None:
-            await self._proxy.terminate_child(ref)
+        # By id: a session that hibernates (or wakes) meanwhile has another ref than one looked up here.
+        ran: bool = await self._proxy.stop_child(session_id)
+        held = self._session_dirs.pop(session_id, None)
+        if held is not None:
+            self.projects.release_nowait(held)
         if record is not None:
             # Stopped for good: its saved tool outputs go with it.
             await trio.to_thread.run_sync(remove_spill_dir, self.spill_root / session_id)
-        return ref is not None
+        return ran
+
+    async def stored(self, session_id: str) -> SessionRecord | None:
+        """The stored record of a session, if any."""
+        record: SessionRecord | None = await self.system.store.aget("sessions", session_id, type=SessionRecord)
+        return record
+
+    def config_state(self, record: SessionRecord) -> dict[str, Any]:
+        """Which configuration a session runs under, as plain data (``agent.list``, ``debug_state``).
+
+        ``project`` is its project directory, ``files`` the files its next
+        turn runs under (each with its digest and layer), ``generation``
+        their configuration's, ``refused`` the problems of a newer text that
+        could not be used, ``started_with`` the files it was started under.
+        No I/O.
+        """
+        started = [msgspec.structs.asdict(file) for file in record.config_files]
+        directory = self._session_dirs.get(record.session_id)
+        if directory is not None and self.projects.known(directory):
+            state = self.projects.current(directory).describe()
+        else:  # not running here: what it was started with
+            state = {"project": None, "files": started, "generation": None, "refused": [], "ignored": []}
+        return {**state, "started_with": started}
 
     def sweep_spill(self) -> list[Path]:
         """Remove the spill directories of sessions that are not active, once ``spill.retention`` has passed.
@@ -1017,6 +1165,18 @@ class Sessions:
             clean = await trio.to_thread.run_sync(stopped_cleanly)
             asleep = [r for r in todo if r.session_id in clean and r.record is None]
             todo = [r for r in todo if r.session_id not in clean or r.record is not None]
+        unusable = await self._configure_all([r.config_dir for r in (*todo, *asleep)])
+        for record in (*todo, *asleep):
+            if record.config_dir in unusable:
+                error = (
+                    "its project's configuration has errors; fix it, then restart the daemon or start the agent "
+                    f"again:\n{unusable[record.config_dir]}"
+                )
+                self.system.events.publish(
+                    "daemon.restore_failed", "/sessions", {"session_id": record.session_id, "error": error}
+                )
+        todo = [r for r in todo if r.config_dir not in unusable]
+        asleep = [r for r in asleep if r.config_dir not in unusable]
         hibernated = await self._restore_asleep(asleep)
         started = 0
         limiter = trio.CapacityLimiter(64)
@@ -1030,7 +1190,9 @@ class Sessions:
                     self.system.events.publish(
                         "daemon.restore_failed", "/sessions", {"session_id": record.session_id, "error": str(exc)}
                     )
+                    self.projects.release_nowait(record.config_dir)
                     return
+                self._configured_nowait(record)
                 started += 1
                 if on_progress is not None:
                     on_progress(started, len(todo))
@@ -1054,10 +1216,42 @@ class Sessions:
                 if isinstance(outcome, Exception):
                     data = {"session_id": record.session_id, "error": str(outcome)}
                     self.system.events.publish("daemon.restore_failed", "/sessions", data)
+                    self.projects.release_nowait(record.config_dir)
                     continue
                 added += 1
+                self._configured_nowait(record)
                 self.roots.set_nowait(record.session_id, record.working_dir)
         return added
+
+    async def _configure_all(self, directories: list[str]) -> dict[str, str]:
+        """Acquire each directory's configuration once per entry (one read per directory); returns those that failed.
+
+        Returns:
+            The directories whose configuration cannot be used, each with why (not acquired).
+        """
+        counts: dict[str, int] = {}
+        for directory in directories:
+            counts[directory] = counts.get(directory, 0) + 1
+        failed: dict[str, str] = {}
+        limiter = trio.CapacityLimiter(16)
+
+        async def one(directory: str, count: int) -> None:
+            async with limiter:
+                try:
+                    await self.projects.acquire(directory)
+                except ConfigError as exc:
+                    failed[directory] = str(exc)
+                    return
+                except Exception as exc:  # a directory gone since: its sessions say so
+                    failed[directory] = f"cannot read it: {exc}"
+                    return
+            for _ in range(count - 1):
+                self.projects.hold_nowait(directory)
+
+        async with trio.open_nursery() as nursery:
+            for directory, count in counts.items():
+                nursery.start_soon(one, directory, count)
+        return failed
 
     def prompt_nowait(self, agent_id: str, text: str, images: tuple[Image, ...] = ()) -> Future[TurnResult]:
         """Prompt a running top-level agent through the turn gate; returns the turn's future.
@@ -1122,6 +1316,39 @@ class Sessions:
         return ref
 
 
+class _SessionSettings:
+    """A session's `TurnSettings` as its project's configuration stands: two lookups a turn, made anew on a change.
+
+    Called on the loop thread (the agent at each turn's start, the session's
+    sub-agent starts). A session whose directory is no longer known (it is
+    being stopped) keeps what it had.
+    """
+
+    __slots__ = ("_generation", "_record", "_sessions", "_settings")
+
+    def __init__(self, sessions: Sessions, record: SessionRecord) -> None:
+        self._sessions = sessions
+        self._record = record
+        project = sessions.projects.current(record.config_dir)
+        self._generation = project.generation
+        self._settings = sessions.turn_settings(project, record)
+
+    def __call__(self) -> TurnSettings:
+        try:
+            project = self._sessions.projects.current(self._record.config_dir)
+        except KeyError:
+            return self._settings
+        if project.generation != self._generation:
+            self._settings = self._sessions.turn_settings(project, self._record)
+            self._generation = project.generation
+        return self._settings
+
+
+def _base_source(config: Config) -> Any:
+    """A configuration built by hand, as the lowest file layer of every session's configuration."""
+    return source_from_data(config_to_dict(config, redact=False), "<the daemon's configuration>")
+
+
 class Daemon:
     """The long-running daemon: the system, its tree, the sessions and the server.
 
@@ -1136,6 +1363,11 @@ class Daemon:
             fatal crash and weald's warnings, and the record of how the
             previous run ended (`weald.runtime.daemon._runlog`). ``"terminal"``
             also writes a fatal crash's tracebacks to stderr.
+        config_files: the files ``config`` was read from (`find_project_files`
+            of the directory ``weald serve`` ran in): each session then reads
+            the user file and its own project's file, and ``config.reload``
+            reads these again for the daemon-wide settings. None (a config
+            built by hand): ``config`` is every session's base, under its project's file.
     """
 
     def __init__(
@@ -1148,10 +1380,16 @@ class Daemon:
         registry: ToolRegistry | None = None,
         http: str | None = None,
         log: bool | Literal["terminal"] = False,
+        config_files: ProjectFiles | None = None,
     ) -> None:
         self.config = config
         self._log_mode = log
         self.log: DaemonLog | None = None
+        self.config_files = config_files
+        # Read with the environment as it is now, before secrets leave it at start.
+        self.projects = Projects(
+            base=None if config_files is not None else _base_source(config), on_loaded=register_config_secrets
+        )
         self.socket_path = Path(socket_path) if socket_path else None
         self.stdio = stdio
         self.http = http or config.server.http
@@ -1232,6 +1470,7 @@ class Daemon:
                 faults=self.faults,
                 roots=self.roots,
                 private_paths=self._private_paths(),
+                projects=self.projects,
             )
             self.sessions.sweep_spill()
             if restore:
@@ -1482,12 +1721,12 @@ def _flock_holder(stat: os.stat_result) -> str | None:
     return None
 
 
-def _resolve_working_dir(working_dir: str) -> str:
+def _resolve_working_dir(working_dir: str, field: str = "working_dir") -> str:
     path = Path(working_dir).expanduser()
     if not path.is_absolute():
-        raise InvalidRequestError("working_dir", f"must be an absolute path, got {working_dir!r}")
+        raise InvalidRequestError(field, f"must be an absolute path, got {working_dir!r}")
     if not path.is_dir():
-        msg = f"working_dir {working_dir} is not a directory"
+        msg = f"{field} {working_dir} is not a directory"
         raise DaemonError(msg)
     return str(path.resolve())
 
@@ -1512,11 +1751,3 @@ def _recording_path(record: str, working_dir: str) -> str:
         msg = f"cannot record to {path}: it exists and is not a regular file (a recording replaces only a file)"
         raise DaemonError(msg)
     return str(path)
-
-
-def default_socket() -> Path:
-    """``$XDG_RUNTIME_DIR/weald.sock``, else ``~/.weald/weald.sock``."""
-    runtime_dir = os.environ.get("XDG_RUNTIME_DIR")
-    if runtime_dir:
-        return Path(runtime_dir) / "weald.sock"
-    return Path.home() / ".weald" / "weald.sock"

@@ -62,8 +62,12 @@ def test_doctor_warns_about_a_state_directory_in_memory_and_fails_a_missing_mcp_
         config = f'[store]\npath = "{shm / "store.db"}"\n[mcp.servers.ghost]\ncommand = "weald-no-such-mcp-server"\n'
         toml = tmp_path / "doctor.toml"
         toml.write_text(config)
-        env = {**isolated_env(tmp_path), "WEALD_CONFIG": str(toml)}
-        run = weald("doctor", "--json", cwd=tmp_path, env=env)
+        # From a directory of its own: the weald.toml isolated_env writes would be its project's file.
+        here = tmp_path / "elsewhere"
+        here.mkdir()
+        env = {**isolated_env(here), "WEALD_CONFIG": str(toml)}
+        (here / "weald.toml").unlink()
+        run = weald("doctor", "--json", cwd=here, env=env)
     finally:
         shm.rmdir()
     assert run.returncode == 1

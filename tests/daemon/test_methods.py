@@ -157,6 +157,8 @@ def test_agent_start_answers_a_wrong_param_with_32602_naming_it_and_a_failure_wi
         ({"working_dir": "project"}, "working_dir", "must be an absolute path, got 'project'"),
         ({"working_dir": project, "agent_id": "no spaces"}, "agent_id", "'no spaces' is not an agent id"),
         ({"working_dir": project, "agent_id": ""}, "agent_id", "an empty agent_id is not an agent id"),
+        # A final newline: a pattern ending in "$" would let it through beside "x".
+        ({"working_dir": project, "agent_id": "x\n"}, "agent_id", "'x\\n' is not an agent id"),
         ({"working_dir": project, "model": "nosuchkind:x"}, "model", "cannot use model 'nosuchkind:x'"),
     ]
     with daemon.client() as client:

@@ -447,16 +447,19 @@ def test_project_values_override_home_values_key_by_key(tmp_path: Path) -> None:
     assert find_config_files(project, home=home, environ={}) == (home / ".weald" / "weald.toml", project / "weald.toml")
 
 
-def test_weald_config_names_the_one_file_to_read(tmp_path: Path) -> None:
+def test_weald_config_names_the_file_read_instead_of_the_user_file_and_the_project_still_counts(
+    tmp_path: Path,
+) -> None:
     home, project = tmp_path / "home", tmp_path / "project"
     write(home / ".weald" / "weald.toml", "[agent]\nmax_steps = 10\n")
     write(project / "weald.toml", "[agent]\nsub_agent_depth = 5\n")
     explicit = write(tmp_path / "ci" / "weald.toml", '[agent]\nmax_steps = 1\n[store]\npath = "state/store.db"\n')
     environ = {"WEALD_CONFIG": str(explicit)}
     config = load_config(project, home=home, environ=environ)
-    assert (config.agent.max_steps, config.agent.sub_agent_depth) == (1, 2)
+    # The home file is not read; the project's rules still apply over the named file.
+    assert (config.agent.max_steps, config.agent.sub_agent_depth) == (1, 5)
     assert config.store.path == tmp_path / "ci" / "state" / "store.db"
-    assert find_config_files(project, home=home, environ=environ) == (explicit,)
+    assert find_config_files(project, home=home, environ=environ) == (explicit, project / "weald.toml")
 
 
 def test_a_missing_weald_config_file_is_an_error(tmp_path: Path) -> None:
@@ -563,7 +566,7 @@ def test_unknown_keys_are_reported_with_their_paths_at_every_level() -> None:
         "tools.max_output_line: unknown key; did you mean max_output_lines? (a [tools.NAME] table holds a tool's options)",
         "mcp.servers.s.argz: unknown key; did you mean args?",
         "agent.max_step: unknown key; did you mean max_steps?",
-        "colour: unknown section; expected one of: agent, context, faults, limits, mcp, models, providers, server, spill, store, tools",
+        "colour: unknown section; expected one of: agent, context, daemon, faults, limits, mcp, models, providers, server, spill, store, tools",
         "modles: unknown section; did you mean models?",
     ]
 
@@ -805,11 +808,15 @@ def test_the_public_names_are_exactly_these() -> None:
     assert config_module.__all__ == [
         "CONFIG_ENV",
         "CONFIG_FILE_NAME",
+        "DAEMON_WIDE",
         "DEFAULT_MODEL",
+        "HOME_ENV",
+        "PROJECT_DIR_NAME",
         "AgentConfig",
         "AliasLimits",
         "Config",
         "ConfigError",
+        "ConfigFile",
         "ConfigProblem",
         "ContextConfig",
         "DaemonConfig",
@@ -822,15 +829,20 @@ def test_the_public_names_are_exactly_these() -> None:
         "ModelsConfig",
         "Permission",
         "PermissionRule",
+        "ProjectFiles",
         "ProviderConfig",
         "SpillConfig",
+        "StateConfig",
         "StoreConfig",
         "ToolsConfig",
         "config_from_dict",
         "config_to_dict",
         "find_config_files",
+        "find_project_files",
+        "find_project_root",
         "load_config",
         "parse_config",
+        "weald_home",
     ]
 
 
@@ -860,3 +872,78 @@ def test_the_spill_defaults_are_the_tools_own() -> None:
     assert config.spill.root(Path("/state/store.db")) == Path("/proj/out")
     assert Config().spill.root(Path("/state/store.db")) == Path("/state/weald-outputs")
     assert config.spill.to_limits().max_call_bytes == 0
+
+
+# --- where the files are: the project found upward, the state directory ------------------------------
+
+
+def test_the_project_is_the_nearest_directory_at_or_above_with_weald_toml_or_dot_weald(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    project = tmp_path / "work" / "proj"
+    write(project / "weald.toml", "[agent]\nmax_steps = 7\n")
+    deep = project / "src" / "pkg"
+    deep.mkdir(parents=True)
+    assert config_module.find_project_root(deep, home=home) == (project, ())
+    assert load_config(deep, home=home, environ={}).agent.max_steps == 7
+    # A nearer .weald/ makes a nearer project, with no file of its own.
+    (project / "src" / ".weald").mkdir()
+    assert config_module.find_project_root(deep, home=home) == (project / "src", ())
+    assert load_config(deep, home=home, environ={}).agent.max_steps == 50
+    assert find_config_files(deep, home=home, environ={}) == ()
+
+
+def test_the_search_for_the_project_stops_below_home_and_below_a_directory_anyone_may_write(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    write(home / ".weald" / "weald.toml", "[agent]\nmax_steps = 3\n")
+    inside = home / "code" / "x"
+    inside.mkdir(parents=True)
+    # ~/.weald is the user's directory, not the marker of a project at ~.
+    assert config_module.find_project_root(inside, home=home) == (None, ())
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    write(shared / "weald.toml", "[agent]\nmax_steps = 9\n")
+    os.chmod(shared, 0o777)
+    mine = shared / "mine"
+    mine.mkdir()
+    assert config_module.find_project_root(mine, home=home) == (None, ())
+    assert load_config(mine, home=home, environ={}).agent.max_steps == 3  # the user file only
+
+
+def test_a_weald_toml_anyone_may_write_is_passed_over_and_named(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    outer = tmp_path / "outer"
+    write(outer / "weald.toml", "[agent]\nmax_steps = 4\n")
+    inner = outer / "inner"
+    planted = write(inner / "weald.toml", "[agent]\nmax_steps = 5\n")
+    os.chmod(planted, 0o666)
+    assert config_module.find_project_root(inner, home=home) == (outer, (str(planted),))
+    assert load_config(inner, home=home, environ={}).agent.max_steps == 4
+
+
+def test_weald_home_moves_the_user_file_and_the_state_directory(tmp_path: Path) -> None:
+    home, elsewhere = tmp_path / "home", tmp_path / "wh"
+    write(home / ".weald" / "weald.toml", "[agent]\nmax_steps = 10\n")
+    write(elsewhere / "weald.toml", "[agent]\nmax_steps = 11\n")
+    environ = {"WEALD_HOME": str(elsewhere), "XDG_RUNTIME_DIR": str(tmp_path / "run")}
+    config = load_config(None, home=home, environ=environ)
+    assert config.agent.max_steps == 11
+    assert config.daemon.state_dir == elsewhere
+    assert config.store.path == elsewhere / "store.db"
+    assert config.server.socket == elsewhere / "weald.sock"  # not $XDG_RUNTIME_DIR: the state directory is set
+    assert config_module.weald_home(home=home, environ=environ) == elsewhere
+    # Without it: ~/.weald, and the socket in $XDG_RUNTIME_DIR as before.
+    plain = load_config(None, home=home, environ={"XDG_RUNTIME_DIR": str(tmp_path / "run")})
+    assert (plain.store.path, plain.server.socket) == (home / ".weald" / "store.db", tmp_path / "run" / "weald.sock")
+
+
+def test_state_dir_moves_the_store_and_the_socket_and_explicit_paths_still_win(tmp_path: Path) -> None:
+    config = parse('[daemon]\nstate_dir = "state"\n', base_dir=tmp_path, environ={"XDG_RUNTIME_DIR": "/run/u"})
+    assert config.daemon.state_dir == tmp_path / "state"
+    assert (config.store.path, config.server.socket) == (
+        tmp_path / "state" / "store.db",
+        tmp_path / "state" / "weald.sock",
+    )
+    assert config.spill.root(config.store.path) == tmp_path / "state" / "weald-outputs"
+    explicit = parse('[daemon]\nstate_dir = "~/s"\n[store]\npath = "/db/x.db"\n[server]\nsocket = "/run/x.sock"\n')
+    assert explicit.daemon.state_dir == HOME / "s"
+    assert (explicit.store.path, explicit.server.socket) == (Path("/db/x.db"), Path("/run/x.sock"))

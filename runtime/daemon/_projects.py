@@ -1,0 +1,382 @@
+"""Each project's configuration, as the daemon's sessions use it: read when it changes, never per turn.
+
+A session runs under its own project's configuration::
+
+    built-in defaults < the user file < the project's weald.toml < agent.start's parameters
+
+`Projects` keeps, for every directory sessions were started from (a working
+directory, or the ``project`` that ``agent.start`` named), which files
+configure it (`find_project_files`: the user file, then the nearest
+``weald.toml`` / ``.weald/`` at or above the directory) and the
+configuration they make (`ProjectConfig`). Sessions whose directories are
+configured by the same files share one `ProjectConfig`.
+
+Nothing is read on the loop thread. `Projects.acquire` reads a directory's
+files in a worker thread when a session starts; afterwards a session finds
+its project's configuration with two dictionary lookups (`Projects.current`).
+`Projects.refresh` looks again (a worker thread): the files found upward
+(a ``weald.toml`` created nearer counts), each file's identity (device,
+inode, size, modification and change times) and, when forced (``weald
+reload``), each file's digest; only what changed is read and parsed again. A
+file whose new text has errors is refused as a whole: its sessions keep the
+configuration they had, and the problems are kept (`ProjectConfig.refused`)
+for ``weald reload`` and ``debug_state`` to show. A changed configuration
+gets a new ``generation``; each session's agent compares it at the start of
+its next turn and takes the new one then.
+
+Threads: every method not ending in ``_blocking`` runs on the loop thread,
+which alone changes the tables; the ``_blocking`` ones run in worker threads
+on copies handed to them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import attrs
+import trio
+from weald.runtime import ActorSystem, Future
+from weald.runtime.daemon._config_load import (
+    LoadedConfig,
+    ProjectFiles,
+    Source,
+    config_from_sources,
+    find_project_files,
+    load_files,
+)
+from weald.runtime.daemon._config_model import Config, ConfigError, ConfigFile
+
+__all__ = ["ProjectChange", "ProjectConfig", "Projects"]
+
+_generations = itertools.count(1)  # never reused in a process: an agent compares them across projects
+
+#: A file's identity as `os.stat` sees it: (device, inode, size, mtime_ns, ctime_ns); None: missing.
+_Identity = tuple[int, int, int, int, int] | None
+
+
+@attrs.frozen(eq=False)
+class ProjectConfig:
+    """The configuration of the sessions whose directories the same files configure.
+
+    Attributes:
+        key: The files' paths, lowest precedence first (names it).
+        root: The project directory (holding ``weald.toml`` or ``.weald/``); None: none was found.
+        files: The files read, with their digests, lowest precedence first.
+        config: The configuration they make (the daemon-wide sections are the daemon's own business).
+        generation: Changes whenever ``config`` does.
+        refused: The problems of the files' newest text, which could not be
+            used (the configuration above stays); empty when the files are fine.
+        ignored: Project markers passed over (not yours, or writable by anyone).
+    """
+
+    key: tuple[str, ...]
+    root: str | None
+    files: tuple[ConfigFile, ...]
+    config: Config
+    generation: int
+    refused: tuple[str, ...] = ()
+    ignored: tuple[str, ...] = ()
+
+    def describe(self) -> dict[str, Any]:
+        """As plain data, for ``agent.list``, ``debug_state`` and ``config.reload``."""
+        return {
+            "project": self.root,
+            "files": [attrs.asdict(file) for file in self.files],
+            "generation": self.generation,
+            "refused": list(self.refused),
+            "ignored": list(self.ignored),
+        }
+
+
+@attrs.frozen
+class ProjectChange:
+    """What a refresh did to one project's configuration.
+
+    Attributes:
+        project: The project directory (or, with none, the directory looked from).
+        status: ``changed`` (the new configuration applies from its sessions'
+            next turns), ``refused`` (the new text has errors; the old one
+            stays) or ``unchanged``.
+        files: The files now in use.
+        problems: For ``refused``, every problem, each naming its file and key.
+        directories: The session directories it configures.
+    """
+
+    project: str
+    status: Literal["changed", "refused", "unchanged"]
+    files: tuple[ConfigFile, ...]
+    problems: tuple[str, ...] = ()
+    directories: tuple[str, ...] = ()
+
+
+@attrs.frozen
+class _Look:
+    """What a worker thread found for one directory (`Projects.look_blocking`)."""
+
+    directory: str
+    files: ProjectFiles
+    identity: tuple[_Identity, ...]  # the files', then their [mcp] import files'
+    loaded: LoadedConfig | None = None  # None: not read (unchanged), or refused
+    error: ConfigError | None = None  # why it was refused
+    unchanged: ProjectConfig | None = None  # not read: this one is still right
+
+    @property
+    def problems(self) -> tuple[str, ...]:
+        return () if self.error is None else tuple(str(problem) for problem in self.error.problems)
+
+
+class _Directory:
+    """A directory sessions were started from: which files configure it, and how many sessions use it."""
+
+    __slots__ = ("files", "identity", "key", "users")
+
+    def __init__(self, files: ProjectFiles, key: tuple[str, ...], identity: tuple[_Identity, ...]) -> None:
+        self.files = files
+        self.key = key
+        self.identity = identity
+        self.users = 0
+
+
+def _key(files: ProjectFiles) -> tuple[str, ...]:
+    return tuple(str(path) for path in files.paths)
+
+
+def _identity(path: Path) -> _Identity:
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+
+
+class Projects:
+    """The configurations of the daemon's projects (see the module docstring).
+
+    Args:
+        base: The lowest file layer as data, used instead of reading the
+            user file (a daemon built from a `Config` rather than from files:
+            that config is every session's base). None: the user file is read.
+        home: The user's home directory.
+        environ: The environment the files are found with (``WEALD_CONFIG``, ``WEALD_HOME``).
+        on_loaded: Called (in a worker thread) with each configuration read,
+            before it is used: registers its secrets.
+    """
+
+    def __init__(
+        self,
+        *,
+        base: Source | None = None,
+        home: Path | None = None,
+        environ: Mapping[str, str] | None = None,
+        on_loaded: Callable[[Config], None] | None = None,
+    ) -> None:
+        self._base = base
+        self._home = Path.home() if home is None else home
+        self._environ = dict(os.environ if environ is None else environ)
+        self._on_loaded = on_loaded
+        self._directories: dict[str, _Directory] = {}
+        self._configs: dict[tuple[str, ...], ProjectConfig] = {}
+        self._looking: dict[str, Future[_Look]] = {}
+
+    # -- on the loop thread ------------------------------------------------------------------------
+
+    def current(self, directory: str) -> ProjectConfig:
+        """The configuration of a directory sessions were started from (`acquire`d): no I/O.
+
+        Raises:
+            KeyError: the directory was never acquired (or was released by all).
+        """
+        return self._configs[self._directories[directory].key]
+
+    def known(self, directory: str) -> bool:
+        """Whether sessions of ``directory`` have a configuration here."""
+        return directory in self._directories
+
+    async def acquire(self, directory: str, *, use: bool = True) -> ProjectConfig:
+        """The configuration of ``directory``, read (in a worker thread) unless known and unchanged.
+
+        With ``use``, one more session uses it (`release_nowait` when it
+        stops); the directory then stays known, and its configuration is
+        found without I/O by `current`.
+
+        Raises:
+            ConfigError: its files have errors and no earlier version of them is in use.
+        """
+        look = await self._look(directory)
+        config = self._install(look)
+        if use:
+            self._directories[directory].users += 1
+        return config
+
+    def hold_nowait(self, directory: str) -> None:
+        """One more session uses ``directory``, acquired already (with ``use=False``)."""
+        self._directories[directory].users += 1
+
+    def release_nowait(self, directory: str) -> None:
+        """One session of ``directory`` stopped; once none uses it, it is forgotten."""
+        known = self._directories.get(directory)
+        if known is None:
+            return
+        known.users -= 1
+        if known.users <= 0:
+            self._forget(directory)
+
+    def _forget(self, directory: str) -> None:
+        known = self._directories.pop(directory)
+        if not any(other.key == known.key for other in self._directories.values()):
+            self._configs.pop(known.key, None)
+
+    async def refresh(self, *, force: bool = False) -> list[ProjectChange]:
+        """Look at every known directory's files again; apply what changed (see the module docstring).
+
+        Args:
+            force: read every file again and compare digests (``weald
+                reload``), not only the files whose identity changed.
+
+        Returns:
+            One change per project configuration in use, in no set order.
+        """
+        known = {directory: (entry.files, entry.identity) for directory, entry in self._directories.items()}
+        if not known:
+            return []
+        configs = dict(self._configs)
+        looks = await trio.to_thread.run_sync(self._look_all_blocking, known, configs, force)
+        changes: dict[tuple[str, ...], ProjectChange] = {}
+        for directory in [d for d, entry in self._directories.items() if entry.users <= 0]:
+            self._forget(directory)  # acquired for sessions that did not start (a failed restore)
+        for look in looks:
+            if look.directory not in self._directories:
+                continue  # released meanwhile
+            before = self.current(look.directory)
+            try:
+                after = self._install(look)
+            except ConfigError:  # now configured by other files, which have errors: keep what it had
+                after = self._configs[before.key] = attrs.evolve(before, refused=look.problems)
+            status: Literal["changed", "refused", "unchanged"] = (
+                "refused" if after.refused else "changed" if after.generation != before.generation else "unchanged"
+            )
+            previous = changes.get(after.key)
+            directories = (*(previous.directories if previous else ()), look.directory)
+            if previous is not None and previous.status != "unchanged":
+                status = previous.status
+            project = after.root or look.directory
+            changes[after.key] = ProjectChange(project, status, after.files, after.refused, directories)
+        return list(changes.values())
+
+    def _install(self, look: _Look) -> ProjectConfig:
+        """Make what a worker thread found the directory's configuration (on the loop).
+
+        Raises:
+            ConfigError: the files have errors and no earlier version of them is in use.
+        """
+        key = _key(look.files)
+        existing = self._configs.get(key)
+        if look.loaded is not None:
+            if existing is None or existing.files != look.loaded.files:
+                existing = ProjectConfig(
+                    key=key,
+                    root=None if look.files.root is None else str(look.files.root),
+                    files=look.loaded.files,
+                    config=look.loaded.config,
+                    generation=next(_generations),
+                    ignored=look.files.ignored,
+                )
+            elif existing.refused:
+                existing = attrs.evolve(existing, refused=())
+        elif look.error is not None:
+            if existing is None:
+                raise look.error
+            existing = attrs.evolve(existing, refused=look.problems)
+        elif existing is None:  # unchanged, and forgotten meanwhile (its last session stopped)
+            assert look.unchanged is not None
+            existing = look.unchanged
+        self._configs[key] = existing
+        known = self._directories.get(look.directory)
+        if known is None:
+            self._directories[look.directory] = _Directory(look.files, key, look.identity)
+        else:
+            known.files, known.key, known.identity = look.files, key, look.identity
+        return existing
+
+    async def _look(self, directory: str) -> _Look:
+        """`look_blocking` in a worker thread, once for concurrent requests of one directory."""
+        pending = self._looking.get(directory)
+        if pending is None:
+            pending = self._looking[directory] = Future()
+            known = self._directories.get(directory)
+            previous = None if known is None else (known.files, known.identity)
+            configs = dict(self._configs)
+
+            async def look() -> None:
+                try:
+                    pending.set(await trio.to_thread.run_sync(self.look_blocking, directory, previous, configs, False))
+                except BaseException:
+                    pending.set_exception()
+                finally:
+                    self._looking.pop(directory, None)
+
+            ActorSystem.current().loop.spawn_nowait(look)
+        found: _Look = await pending
+        return found
+
+    # -- in worker threads -------------------------------------------------------------------------
+
+    def look_blocking(
+        self,
+        directory: str,
+        previous: tuple[ProjectFiles, tuple[_Identity, ...]] | None,
+        configs: Mapping[tuple[str, ...], ProjectConfig],
+        force: bool,
+    ) -> _Look:
+        """Find ``directory``'s files and read them if they changed since ``previous`` (or with ``force``)."""
+        files = find_project_files(Path(directory), home=self._home, environ=self._environ)
+        key = _key(files)
+        identity = tuple(_identity(path) for path in files.paths)
+        known = configs.get(key)
+        if known is not None and not force:
+            imports = tuple(_identity(path) for path in known.config.mcp.imports)
+            if previous is not None and previous[0] == files and previous[1] == (*identity, *imports):
+                return _Look(directory, files, (*identity, *imports), unchanged=known)
+        try:
+            loaded = self._load_blocking(files)
+        except ConfigError as exc:
+            return _Look(directory, files, identity, error=exc)
+        imports = tuple(_identity(path) for path in loaded.config.mcp.imports)
+        # Same digests as the configuration in use: `_install` keeps it, and its generation.
+        return _Look(directory, files, (*identity, *imports), loaded=loaded)
+
+    def _look_all_blocking(
+        self,
+        known: Mapping[str, tuple[ProjectFiles, tuple[_Identity, ...]]],
+        configs: Mapping[tuple[str, ...], ProjectConfig],
+        force: bool,
+    ) -> list[_Look]:
+        looks: list[_Look] = []
+        read: dict[tuple[tuple[str, ...], tuple[_Identity, ...]], _Look] = {}
+        for directory, previous in known.items():
+            files = find_project_files(Path(directory), home=self._home, environ=self._environ)
+            identity = tuple(_identity(path) for path in files.paths)
+            shared = read.get((_key(files), identity))
+            if shared is not None:  # the same files, read already for another directory
+                looks.append(attrs.evolve(shared, directory=directory, files=files))
+                continue
+            look = self.look_blocking(directory, previous, configs, force)
+            read[(_key(files), identity)] = look
+            looks.append(look)
+        return looks
+
+    def _load_blocking(self, files: ProjectFiles) -> LoadedConfig:
+        if self._base is None:
+            loaded = load_files(files, home=self._home, environ=self._environ)
+        else:
+            project = attrs.evolve(files, user=None, explicit=False)
+            on_disk = load_files(project, home=self._home, environ=self._environ)
+            config = config_from_sources([self._base, *on_disk.sources], home=self._home, environ=self._environ)
+            loaded = attrs.evolve(on_disk, config=config, sources=(self._base, *on_disk.sources))
+        if self._on_loaded is not None:
+            self._on_loaded(loaded.config)
+        return loaded
