@@ -25,6 +25,7 @@ command line is a concern.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import os
 import posixpath
@@ -136,6 +137,7 @@ def analyze(
     """
     walker = _Walker(cwd if cwd is not None else _PROJECT, tuple(roots) if roots else (_PROJECT,))
     walker.script(command, depth=0)
+    walker.finish()
     return CommandLine(tuple(walker.commands), tuple(dict.fromkeys(walker.concerns)))
 
 
@@ -158,36 +160,45 @@ def _parser() -> tree_sitter.Parser:
 
 
 # A backslash-newline not itself escaped: bash removes it before it splits words.
-_CONTINUATION = re.compile(r"(?<!\\)((?:\\\\)*)\\\n")
+# On bytes (a backslash or a newline is never part of a longer UTF-8 sequence),
+# so each match's offset is the tree's byte offset as it is.
+_CONTINUATION = re.compile(rb"(?<!\\)((?:\\\\)*)\\\n")
 # Where a backslash-newline is kept as it is.
 _LITERAL_SPANS = frozenset({"raw_string", "heredoc_body", "heredoc_content", "comment", "ansi_c_string"})
 
 
 def _join_continuations(source: bytes, tree: tree_sitter.Tree) -> bytes | None:
-    """``source`` with every backslash-newline outside quotes removed, or None if it has none."""
+    """``source`` with every backslash-newline outside quotes removed, or None if it has none.
+
+    Linear in the length of ``source``: the quoted spans (which never
+    overlap: the walk does not enter one) are sorted once and each
+    backslash-newline is looked up among them by bisection.
+    """
     if b"\\\n" not in source:
         return None
-    kept: list[tuple[int, int]] = []
+    spans: list[tuple[int, int]] = []
     stack = [tree.root_node]
     while stack:
         node = stack.pop()
         if node.type in _LITERAL_SPANS:
-            kept.append((node.start_byte, node.end_byte))
+            spans.append((node.start_byte, node.end_byte))
         else:
             stack.extend(node.children)
-    text = source.decode("utf-8", "surrogateescape")
-    out: list[str] = []
+    spans.sort()
+    starts = [a for a, _ in spans]
+    out: list[bytes] = []
     last = 0
-    for match in _CONTINUATION.finditer(text):
-        start = len(text[: match.start()].encode("utf-8", "surrogateescape")) + len(match.group(1))
-        if any(a <= start < b for a, b in kept):
-            continue
-        out.append(text[last : match.end() - 2])
+    for match in _CONTINUATION.finditer(source):
+        start = match.start() + len(match.group(1))
+        index = bisect.bisect_right(starts, start) - 1
+        if index >= 0 and start < spans[index][1]:
+            continue  # inside quotes: kept
+        out.append(source[last : match.end() - 2])
         last = match.end()
     if not out:
         return None
-    out.append(text[last:])
-    return "".join(out).encode("utf-8", "surrogateescape")
+    out.append(source[last:])
+    return b"".join(out)
 
 
 # -- words --------------------------------------------------------------------------
@@ -469,32 +480,151 @@ def flag_form(program: str, args: Iterable[str]) -> tuple[frozenset[str], tuple[
 
 # -- wrappers -----------------------------------------------------------------------
 
-# Options taking a value, per wrapper, in their short and long spellings.
-_WRAPPER_VALUE_OPTIONS: dict[str, frozenset[str]] = {
-    "nice": frozenset({"-n", "--adjustment"}),
-    "ionice": frozenset({"-c", "-n", "--class", "--classdata"}),
-    "timeout": frozenset({"-s", "-k", "--signal", "--kill-after"}),
-    "stdbuf": frozenset({"-i", "-o", "-e", "--input", "--output", "--error"}),
-    "sudo": frozenset(
-        {"-u", "-g", "-h", "-p", "-C", "-D", "-r", "-t", "-T", "-U", "--user", "--group", "--host", "--prompt"}
+
+@attrs.frozen
+class _Wrapper:
+    """How a program that runs another one reads its command line: ``WRAPPER [OPTIONS] [OPERANDS] COMMAND...``.
+
+    Attributes:
+        values: its options that take a value, short (``-u``, also glued:
+            ``-uroot``, or last in a cluster: ``-Eu root``) and long
+            (``--user root`` or ``--user=root``).
+        operands: words between its options and the command (timeout's
+            duration, chroot's new root, flock's lock file).
+        scripts: options whose value is a command line it runs with ``sh -c``.
+        idle: options with which it runs no command (``taskset -p``).
+        shell: options with which it runs a shell (``sudo -s``): the
+            command's words as its script, or, with none, commands read from
+            its input.
+        bare_shell: with no command it starts a shell reading its input.
+        runs_operands: False for a wrapper whose words after the options are
+            files, not a command (``script -c CMD FILE``).
+    """
+
+    values: frozenset[str] = frozenset()
+    operands: int = 0
+    scripts: frozenset[str] = frozenset()
+    idle: frozenset[str] = frozenset()
+    shell: frozenset[str] = frozenset()
+    bare_shell: bool = False
+    runs_operands: bool = True
+
+
+def _wrapper(
+    values: str = "",
+    *,
+    operands: int = 0,
+    scripts: str = "",
+    idle: str = "",
+    shells: str = "",
+    bare_shell: bool = False,
+    runs_operands: bool = True,
+) -> _Wrapper:
+    return _Wrapper(
+        frozenset(values.split()) | frozenset(scripts.split()),
+        operands,
+        frozenset(scripts.split()),
+        frozenset(idle.split()),
+        frozenset(shells.split()),
+        bare_shell,
+        runs_operands,
+    )
+
+
+# Programs that run a command given on their command line, and how they read it.
+# A deny pattern sees the command each runs, as it sees `rm` in `nice rm`.
+_WRAPPERS: dict[str, _Wrapper] = {
+    "nice": _wrapper("-n --adjustment"),
+    "ionice": _wrapper("-c -n -p -P -u --class --classdata --pid --pgid --uid", idle="-p -P -u --pid --pgid --uid"),
+    "timeout": _wrapper("-s -k --signal --kill-after", operands=1),
+    "stdbuf": _wrapper("-i -o -e --input --output --error"),
+    "sudo": _wrapper(
+        "-u -g -h -p -C -D -r -R -t -T -U --user --group --host --prompt --close-from --chdir --chroot --role "
+        "--type --other-user --command-timeout",
+        idle="-l -v -K -e -V --list --validate --remove-timestamp --edit --version",
+        shells="-s -i --shell --login",
     ),
-    "doas": frozenset({"-u", "-C"}),
-    "xargs": frozenset(
-        {"-a", "-d", "-E", "-I", "-L", "-n", "-P", "-s", "--arg-file", "--delimiter", "--max-args", "--max-procs"}
+    "doas": _wrapper("-u -C", idle="-L", shells="-s"),
+    "pkexec": _wrapper("--user"),
+    "xargs": _wrapper(
+        "-a -d -E -I -L -n -P -s --arg-file --delimiter --eof --max-args --max-procs --max-chars --max-lines "
+        "--process-slot-var"
     ),
-    "env": frozenset({"-u", "-C", "--unset", "--chdir"}),
-    "setsid": frozenset(),
-    "nohup": frozenset(),
-    "time": frozenset({"-f", "-o", "--format", "--output"}),
-    "command": frozenset(),
-    "builtin": frozenset(),
-    "exec": frozenset({"-a"}),
-    "chronic": frozenset(),
-    "unbuffer": frozenset(),
-    "coproc": frozenset(),
-    "flock": frozenset({"-w", "-E", "--timeout", "--conflict-exit-code"}),
-    "taskset": frozenset(),
-    "chrt": frozenset(),
+    "env": _wrapper("-u -C -S --unset --chdir --split-string"),
+    "setsid": _wrapper(),
+    "nohup": _wrapper(),
+    "time": _wrapper("-f -o --format --output"),
+    "command": _wrapper(idle="-v -V"),
+    "builtin": _wrapper(),
+    "exec": _wrapper("-a"),
+    "chronic": _wrapper(),
+    "unbuffer": _wrapper(),
+    "coproc": _wrapper(),
+    "flock": _wrapper("-w -E --timeout --conflict-exit-code", operands=1, scripts="-c --command"),
+    "taskset": _wrapper(operands=1, idle="-p --pid"),
+    "chrt": _wrapper("-T -P -D --sched-runtime --sched-period --sched-deadline", operands=1, idle="-p --pid -m --max"),
+    "setpriv": _wrapper(
+        "--ruid --euid --rgid --egid --reuid --regid --groups --inh-caps --ambient-caps --bounding-set "
+        "--securebits --pdeathsig --selinux-label --apparmor-profile --landlock-access --landlock-rule "
+        "--seccomp-filter"
+    ),
+    "prlimit": _wrapper("-p -o --pid --output"),
+    "unshare": _wrapper(
+        "-S -G -R -w -l --setuid --setgid --root --wd --propagation --setgroups --map-user --map-group "
+        "--map-users --map-groups --monotonic --boottime --load-interp",
+        bare_shell=True,
+    ),
+    "nsenter": _wrapper("-t -S -G -N --target --setuid --setgid --net-socket", bare_shell=True),
+    "script": _wrapper(
+        "-E -I -O -B -T -m -o --echo --log-in --log-out --log-io --log-timing --logging-format --output-limit",
+        scripts="-c --command",
+        bare_shell=True,
+        runs_operands=False,
+    ),
+    "strace": _wrapper(
+        "-a -b -e -E -I -o -O -p -P -s -S -u -U -X --output --attach --trace-path --string-limit --summary-sort-by "
+        "--user --env --instruction-pointer --decode-fds"
+    ),
+    "ltrace": _wrapper("-a -A -D -e -F -l -n -o -p -s -u -x -w --output --align --indent --library"),
+    "valgrind": _wrapper(),
+    "chroot": _wrapper("--userspec --groups", operands=1, bare_shell=True),
+    "systemd-run": _wrapper(
+        "-u -p -E -M -H --unit --property --description --slice --setenv --uid --gid --nice --working-directory "
+        "--machine --host --on-active --on-boot --on-startup --on-unit-active --on-unit-inactive --on-calendar "
+        "--timer-property --path-property --socket-property --service-type --json --expand-environment",
+        shells="-S --shell",
+    ),
+    "systemd-inhibit": _wrapper("--what --who --why --mode"),
+    "fakeroot": _wrapper("-l -s -i -b --lib --faked", bare_shell=True),
+    "faketime": _wrapper("-p --date-prog", operands=1),
+    "numactl": _wrapper(
+        "-i -m -N -C -p -P -w --interleave --membind --cpunodebind --physcpubind --preferred --preferred-many "
+        "--weighted-interleave",
+        idle="-s -H --show --hardware",
+    ),
+    "cgexec": _wrapper("-g"),
+    "cpulimit": _wrapper("-l -p -e -P --limit --pid --exe --path"),
+    "xvfb-run": _wrapper(
+        "-n -s -f -e -p -w --server-num --server-args --auth-file --error-file --xauth-protocol --wait"
+    ),
+    "dbus-run-session": _wrapper("--config-file --dbus-daemon"),
+    "catchsegv": _wrapper(),
+    "tini": _wrapper("-p -e"),
+    "dumb-init": _wrapper("-r --rewrite"),
+    "torsocks": _wrapper("-u -p -a -P --user --pass --address --port"),
+    "proxychains": _wrapper("-f"),
+    "proxychains4": _wrapper("-f"),
+    "firejail": _wrapper(bare_shell=True),
+    "chpst": _wrapper("-u -U -b -e -n -l -L -m -d -o -p -f -c"),
+    "eatmydata": _wrapper(),
+    "nocache": _wrapper(),
+    "linux32": _wrapper(bare_shell=True),
+    "linux64": _wrapper(bare_shell=True),
+    "setarch": _wrapper(operands=1, bare_shell=True),  # `setarch ARCH [options] [program]`: options after ARCH
+    "runcon": _wrapper("-u -r -t -l --user --role --type --range"),  # `runcon CONTEXT CMD` without options
+    "sg": _wrapper(operands=1, scripts="-c"),  # `sg [-] GROUP [-c] COMMAND`: COMMAND is run by /bin/sh -c
+    "busybox": _wrapper(),  # `busybox rm -rf x`: the applet is the command
+    "toybox": _wrapper(),
 }
 
 # Wrappers that run the wrapped command as it is, in the same environment and
@@ -503,8 +633,13 @@ _HARMLESS_WRAPPERS = frozenset({"nice", "ionice", "timeout", "stdbuf", "nohup", 
 
 
 def _split_options(name: str, args: list[_Word]) -> tuple[list[_Word], list[_Word]] | None:
-    """A wrapper's own options, and the command after them (None if one is computed)."""
-    takes_value = _WRAPPER_VALUE_OPTIONS.get(name, frozenset())
+    """A wrapper's own options, and the words after them (None if an option is computed).
+
+    Short options may be clustered (``-qc``); one that takes a value takes
+    the rest of its cluster, or else the next word. Options end at ``--``
+    or at the first word that is not one, as each of these programs reads them.
+    """
+    takes_value = _WRAPPERS[name].values
     i = 0
     while i < len(args):
         word = args[i]
@@ -518,38 +653,114 @@ def _split_options(name: str, args: list[_Word]) -> tuple[list[_Word], list[_Wor
         if name == "nice" and _SHORT_NUMBER.fullmatch(text):
             i += 1
             continue
-        if name in ("taskset", "chrt") and not text.startswith("-"):
-            break
-        option = text.split("=", 1)[0]
-        i += 2 if option in takes_value and "=" not in text else 1
+        if text.startswith("--"):
+            i += 2 if text in takes_value else 1  # `--user root`; `--user=root` is one word
+            continue
+        step = 1
+        for index, letter in enumerate(text[1:], 1):
+            if "-" + letter in takes_value:
+                step = 1 if index < len(text) - 1 else 2  # the value: the cluster's rest, or the next word
+                break
+        i += step
     return args[:i], args[i:]
 
 
-def _peel(name: str, args: list[_Word]) -> tuple[list[_Word] | None, str | None]:
+def _option_value(options: list[_Word], wanted: frozenset[str]) -> _Word | bool | None:
+    """The value of the first of ``wanted`` among a wrapper's options; True if present without one; else None."""
+    for i, word in enumerate(options):
+        text = word.text
+        if text.startswith("--"):
+            option, glued, value = text.partition("=")
+            if option in wanted:
+                if glued:
+                    return _Word(value, "1" * len(value))
+                return options[i + 1] if i + 1 < len(options) else True
+            continue
+        if not text.startswith("-") or text == "--":
+            continue
+        for index, letter in enumerate(text[1:], 1):
+            if "-" + letter in wanted:
+                rest = text[index + 1 :]
+                if rest:
+                    return _Word(rest, "1" * len(rest))
+                return options[i + 1] if i + 1 < len(options) else True
+    return None
+
+
+def _has_option(options: list[_Word], wanted: frozenset[str]) -> bool:
+    if not wanted:
+        return False
+    for word in options:
+        text = word.text
+        if text.startswith("--"):
+            if text.partition("=")[0] in wanted:
+                return True
+        elif text.startswith("-") and any("-" + letter in wanted for letter in text[1:]):
+            return True
+    return False
+
+
+@attrs.frozen
+class _Peeled:
+    """What a wrapper runs: a command (its words), or a script for ``sh -c``; and a concern if it hides one."""
+
+    command: list[_Word] | None = None
+    script: _Word | None = None
+    concern: str | None = None
+
+
+def _peel(name: str, args: list[_Word]) -> _Peeled:
     """The command a wrapper runs (None if none or unknown), and a concern if it hides one."""
+    spec = _WRAPPERS[name]
+    if name == "setarch" and args:
+        args = args[1:]  # its ARCH comes first, then its options
+        spec = attrs.evolve(spec, operands=0)
+    if name == "runcon" and args and not args[0].text.startswith("-"):
+        spec = attrs.evolve(spec, operands=1)  # `runcon CONTEXT COMMAND`
+    if name == "sg" and args and args[0].text == "-":
+        args = args[1:]
     split = _split_options(name, args)
     if split is None:
-        return None, f"{name} with computed options"
+        return _Peeled(concern=f"{name} with computed options")
     options, rest = split
     texts = {w.text.split("=", 1)[0] for w in options}
-    if name == "command" and texts & {"-v", "-V"}:
-        return None, None
     if name == "env" and texts & {"-S", "--split-string"}:
-        return None, "env -S runs a command line weald cannot check"
+        return _Peeled(concern="env -S runs a command line weald cannot check")
+    if name == "systemd-run":
+        for word in options:
+            if "Exec" in word.text:
+                return _Peeled(concern="systemd-run runs the commands its unit properties name")
+    script = _option_value(options, spec.scripts)
+    if _has_option(options, spec.idle) and script is None:
+        return _Peeled()
     if name in ("env", "sudo", "doas"):
         while rest and not rest[0].dynamic and _ASSIGNMENT.match(rest[0].text):
             rest = rest[1:]
-    if name == "timeout":
-        rest = rest[1:]  # the duration
-    if name in ("taskset", "chrt"):
-        rest = rest[1:]  # the mask or priority
-    if name == "flock":
-        if texts & {"-c", "--command"}:
-            return None, "flock -c runs a command line weald cannot check"
-        rest = rest[1:]  # the lock file
-    if name == "sudo" and (texts & {"-i", "-s", "--login", "--shell"}) and not rest:
-        return None, "sudo starts a shell"
-    return (rest or None), None
+    rest = rest[spec.operands :]
+    if script is None and spec.scripts and rest and rest[0].text in spec.scripts:
+        script = rest[1] if len(rest) > 1 else True  # `flock FILE -c CMD`, `sg GROUP -c CMD`
+        rest = []
+    if name == "sg" and script is None and rest:
+        script = _joined(rest)  # `sg GROUP COMMAND...`: /bin/sh -c runs it too
+        rest = []
+    if isinstance(script, _Word):
+        return _Peeled(script=script)
+    if script is True:
+        return _Peeled(concern=f"{name} runs a command line weald cannot find")
+    if _has_option(options, spec.shell):
+        if rest:
+            return _Peeled(script=_joined(rest))  # `sudo -s CMD...`: the shell runs them as its script
+        return _Peeled(concern=f"{name} starts a shell")
+    if not spec.runs_operands:
+        rest = []
+    if not rest and spec.bare_shell:
+        return _Peeled(concern=f"{name} starts a shell reading the commands it runs from its input")
+    return _Peeled(command=rest or None)
+
+
+def _joined(words: list[_Word]) -> _Word:
+    text = " ".join(w.text for w in words)
+    return _Word(text, "1" * len(text), dynamic=any(w.dynamic for w in words))
 
 
 _ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\+?=")
@@ -665,6 +876,66 @@ _STATEMENT_PARENTS = frozenset(
 )
 
 
+def _split_backquotes(text: str) -> list[str]:
+    """``text`` split at each backquote no backslash escapes: bash's reading of backquotes."""
+    parts: list[str] = []
+    start = i = 0
+    while i < len(text):
+        if text[i] == "\\":
+            i += 2
+            continue
+        if text[i] == "`":
+            parts.append(text[start:i])
+            start = i + 1
+        i += 1
+    parts.append(text[start:])
+    return parts
+
+
+# Constructs whose text bash expands a second time (`_Walker.reread`); `((` is a compound_statement.
+_REREAD_ROOTS = frozenset({"arithmetic_expansion", "subscript", "expansion", "c_style_for_statement"})
+# `[[ a -eq b ]]` compares a and b as arithmetic; `[[ -v a[i] ]]` expands the subscript.
+_ARITHMETIC_TESTS = frozenset({"-eq", "-ne", "-lt", "-le", "-gt", "-ge", "-v"})
+_SINK_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|[0-9]+|[@*_]")
+_SINK_NAME_IN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# Variables bash sets from the command line's own words (the last argument,
+# a regex match, what read read, the positional parameters...): arithmetic
+# naming one reads text the command line chose.
+_SHELL_SET_VARIABLES = frozenset(
+    {
+        "*",
+        "@",
+        "_",
+        "BASH_ARGV",
+        "BASH_COMMAND",
+        "BASH_REMATCH",
+        "COPROC",
+        "DIRSTACK",
+        "FUNCNAME",
+        "MAPFILE",
+        "OLDPWD",
+        "OPTARG",
+        "PWD",
+        "READLINE_LINE",
+        "REPLY",
+    }
+)
+
+
+def _arithmetic_test(node: tree_sitter.Node) -> bool:
+    return any(c.type == "test_operator" and _node_text(c) in _ARITHMETIC_TESTS for c in node.children)
+
+
+def _rereads(node: tree_sitter.Node) -> bool:
+    """Whether bash expands this construct's text a second time (`_Walker.reread`)."""
+    kind = node.type
+    if kind in _REREAD_ROOTS:
+        return True
+    if kind == "compound_statement":
+        return bool(node.children) and node.children[0].type == "(("
+    return kind in ("binary_expression", "unary_expression") and _arithmetic_test(node)
+
+
 class _Walker:
     """Collects the simple commands and concerns of a command line and the scripts inside it."""
 
@@ -673,6 +944,14 @@ class _Walker:
         self.concerns: list[str] = []
         self.cwd: PurePosixPath | None = cwd
         self.roots = roots
+        # Text bash reads a second time (see `reread`): the syntax nodes already
+        # scanned, the variables whose values arithmetic (or ``${!x}``,
+        # ``${x@P}``) reads as code, and the values this command line gives
+        # variables that such a read could run (`taint`).
+        self.scanned: set[int] = set()
+        self.sinks: set[str] = set()
+        self.tainted: list[str] = []
+        self.tainted_texts: list[str] = []
 
     # -- scripts
 
@@ -727,14 +1006,204 @@ class _Walker:
                 self.heredoc(current)
             elif kind == "command_substitution" and self.backquotes(current, depth):
                 continue
+            elif kind in ("for_statement", "select_statement"):
+                self.loop_values(current)
+            if _rereads(current):
+                self.reread(current, depth)
+            if kind == "variable_assignment":
+                self.assigned(current)
+            elif kind == "expansion":
+                self.expansion_effects(current)
             # Children in source order: reversed onto the stack.
             stack.extend(reversed(current.children))
+
+    # -- text bash reads again
+
+    def reread(self, root: tree_sitter.Node, depth: int) -> None:
+        """Scan a construct whose text bash expands a second time, the way the grammar cannot.
+
+        In arithmetic (``$((...))``, ``$[...]``, ``((...))``, ``for ((...))``,
+        an array subscript, ``${s:offset:length}``, ``[[ a -eq b ]]``,
+        ``[[ -v name ]]``) and in a parameter expansion, bash expands the
+        text as if it were double-quoted, so ``'$(cmd)'`` there runs cmd,
+        though the grammar reads a single-quoted string; and arithmetic reads
+        every variable it names as arithmetic again, where ``a[$(cmd)]`` in
+        its value runs cmd. So text the grammar left whole (a word, a
+        quoted string) that holds ``$`` or a backquote is a concern, and the
+        substitutions in it are walked (`hidden`) so that deny patterns see
+        them; and each variable named in arithmetic is a *sink* (`finish`).
+
+        Each syntax node is scanned once: a nested construct is scanned with
+        its parent and not again.
+        """
+        if root.id in self.scanned:
+            return
+        self.scanned.add(root.id)
+        stack: list[tuple[tree_sitter.Node, bool]] = [(root, False)]
+        while stack:
+            node, arithmetic = stack.pop()
+            kind = node.type
+            if kind == "process_substitution" and arithmetic:
+                # Bash does no process substitution in arithmetic: `<(...)` there is text it expands.
+                self.reread_leaf(node, kind, depth, arithmetic=arithmetic)
+                continue
+            if kind in ("command_substitution", "process_substitution", "do_group"):
+                continue  # real scripts, walked as such
+            if node is not root and _rereads(node):
+                self.scanned.add(node.id)
+            children = node.children
+            if kind == "simple_expansion":
+                if arithmetic:
+                    self.sinks.update(_node_text(c) for c in children if c.is_named)
+                continue
+            if kind in ("arithmetic_expansion", "compound_statement", "c_style_for_statement"):
+                stack.extend((child, True) for child in children)
+            elif kind == "subscript":
+                # The array's name keeps its context (`${a[i]}` reads a[i] as text), the index is arithmetic.
+                stack.extend((child, arithmetic or index > 0) for index, child in enumerate(children))
+            elif kind == "expansion":
+                # After a lone `:` come the offset and length of `${s:offset:length}`: arithmetic.
+                offset = False
+                for child in children:
+                    offset = offset or child.type == ":"
+                    stack.append((child, arithmetic or offset))
+            elif kind in ("binary_expression", "unary_expression") and _arithmetic_test(node):
+                stack.extend((child, True) for child in children if child.type != "test_operator")
+            elif not children or kind in ("raw_string", "ansi_c_string"):
+                if node.is_named:
+                    self.reread_leaf(node, kind, depth, arithmetic=arithmetic)
+            else:
+                stack.extend((child, arithmetic) for child in children)
+
+    def reread_leaf(self, node: tree_sitter.Node, kind: str, depth: int, *, arithmetic: bool) -> None:
+        raw = _node_text(node)
+        value = _ansi_c(raw[2:-1]) if kind == "ansi_c_string" else raw
+        if "$" in raw or "`" in raw or "$" in value or "`" in value:
+            self.concerns.append(f"bash expands this text again where weald cannot follow it ({_excerpt(raw)})")
+            self.hidden(value, depth)
+        elif arithmetic and kind in ("variable_name", "special_variable_name", "word") and _SINK_NAME.fullmatch(raw):
+            self.sinks.add(raw)
+
+    def hidden(self, text: str, depth: int) -> None:
+        """Walk the substitutions bash runs in ``text`` when it expands it as double-quoted, for deny patterns.
+
+        What is found is only added to the commands (the caller raised the
+        concern): ``echo $(( '$(rm -rf x)' ))`` is then denied by
+        ``"rm *" = "deny"``, not only asked about.
+        """
+        if depth >= MAX_DEPTH or ("$" not in text and "`" not in text):
+            return
+        source = ('"' + text + '"').encode("utf-8", "surrogateescape")
+        if len(source) > MAX_COMMAND_BYTES:
+            return
+        stack = [_parser().parse(source).root_node]
+        while stack:
+            node = stack.pop()
+            if node.type in ("command_substitution", "process_substitution"):
+                self.walk(node, depth + 1)
+            else:
+                stack.extend(node.children)
+
+    def taint(self, name: str, words: list[_Word]) -> None:
+        """Note a value this command line gives ``name`` that arithmetic reading it could run as a command."""
+        for word in words:
+            if word.dynamic or word.unquoted_has("*?[") or "$" in word.text or "`" in word.text:
+                self.tainted.append(f"{name}={_excerpt(word.text, 40)}")
+                if not word.dynamic:
+                    self.tainted_texts.append(word.text)
+
+    def assigned(self, node: tree_sitter.Node) -> None:
+        """``x=VALUE``, ``a[i]=VALUE``, ``a=(...)``, alone, before a command or in a declaration."""
+        name = node.child_by_field_name("name")
+        value = node.child_by_field_name("value")
+        label = _node_text(name) if name is not None else "?"
+        if value is None:
+            return
+        parts = [c for c in value.children if c.is_named] if value.type == "array" else [value]
+        self.taint(label, [w for part in parts for w in _words(part)])
+
+    def loop_values(self, node: tree_sitter.Node) -> None:
+        """``for x in WORDS`` and ``select x in WORDS``: x takes each word (a file name, for a glob)."""
+        name = node.child_by_field_name("variable")
+        label = _node_text(name) if name is not None else "?"
+        words: list[_Word] = []
+        for index, child in enumerate(node.children):
+            if node.field_name_for_child(index) == "value":
+                words.extend(_words(child))
+        if not any(node.field_name_for_child(i) == "value" for i in range(node.child_count)):
+            self.tainted.append(f"{label} (the positional parameters)")  # `for x; do`: "$@"
+        self.taint(label, words)
+
+    def expansion_effects(self, node: tree_sitter.Node) -> None:
+        """``${x:=WORD}`` assigns, ``${!x}`` reads x's value as a name, ``${x@P}`` expands it as a prompt."""
+        children = node.children
+        tokens = [c.type for c in children if not c.is_named]
+        name = next((c for c in children if c.type in ("variable_name", "subscript")), None)
+        label = _node_text(name) if name is not None else "?"
+        if name is not None and name.type == "subscript" and name.children:
+            label = _node_text(name.children[0])
+        if "!" in tokens[:2] or ("@" in tokens and _node_text(children[-2]) in ("P", "A", "K", "a")):
+            self.sinks.add(label)
+        for op in (":=", "="):
+            if op in tokens:
+                after = children[[c.type for c in children].index(op) + 1 :]
+                self.taint(label, [w for c in after if c.is_named for w in _words(c)])
+
+    def name_operands(self, name: str, args: list[_Word], depth: int) -> None:
+        """Builtins that read arguments as variable names (with a subscript bash expands) or as arithmetic."""
+        operands: list[_Word] = []
+        if name == "let":
+            operands = args
+        elif name in ("declare", "typeset", "local", "export", "readonly"):
+            # With -i each value is arithmetic, with -n a variable's name (a subscript in a name being
+            # assigned is a `subscript` node, scanned apart).
+            if any(w.text.startswith("-") and ("i" in w.text or "n" in w.text) for w in args):
+                operands = [w for w in args if not w.text.startswith(("-", "+"))]
+        elif name in ("read", "mapfile", "readarray", "getopts"):
+            operands = [w for w in args if not w.text.startswith("-")]
+            self.tainted.append(f"what {name} reads")
+        elif name in ("printf", "wait", "test", "["):
+            flag = "-p" if name == "wait" else "-v"
+            operands = [args[i + 1] for i, w in enumerate(args[:-1]) if w.text == flag]
+            if name == "printf" and operands:
+                self.tainted.append("what printf -v writes")
+        for word in operands:
+            if "$" in word.text or "`" in word.text:
+                self.concerns.append(
+                    f"{name} expands this text again where weald cannot follow it ({_excerpt(word.text)})"
+                )
+                self.hidden(word.text, depth)
+            elif name == "let":
+                self.sinks.update(_SINK_NAME_IN.findall(word.text))
+
+    def finish(self) -> None:
+        """Raise the concern of arithmetic reading a variable this command line gave a value weald cannot check."""
+        if not self.sinks:
+            return
+        special = sorted(self.sinks & _SHELL_SET_VARIABLES | {n for n in self.sinks if n.isdigit()})
+        if not special and not self.tainted:
+            return
+        read = ", ".join(sorted(self.sinks)[:5])
+        why = f"{', '.join(special)} set by bash" if special else "; ".join(self.tainted[:3])
+        self.concerns.append(f"bash reads the value of {read} as code again (arithmetic), and it comes from {why}")
+        for text in self.tainted_texts[:64]:
+            self.hidden(text, 0)
 
     def backquotes(self, node: tree_sitter.Node, depth: int) -> bool:
         """Parse backquotes with backslashes again, as bash does; True if done (skip the children)."""
         source = _node_text(node)
         inner = source[1:-1]
-        if not source.startswith("`") or "\\" not in inner:
+        if not source.startswith("`"):
+            return False
+        parts = _split_backquotes(source)
+        if len(parts) > 3:
+            # Bash ends backquotes at the next backquote no backslash escapes, quotes or
+            # not (`echo '`x`'` runs x); the grammar honours the quotes. Read it as bash does.
+            self.concerns.append(f"backquotes inside backquotes without backslashes ({_excerpt(source)})")
+            for script in parts[1::2]:
+                self.script(re.sub(r"\\([\\`$])", r"\1", script), depth=depth + 1)
+            return True
+        if "\\" not in inner:
             return False
         # Inside backquotes bash removes one level of backslashes and parses
         # again: `echo \`id\`` runs id. The grammar's own children miss that.
@@ -806,6 +1275,7 @@ class _Walker:
                 if bare is not None:
                     forms.append(("git", *(w.text for w in bare)))
             self.track_directory(current, current_args)
+            self.name_operands(current, current_args, depth)
             inner, harmless, transparent = self.look_inside(
                 current,
                 inner,
@@ -867,10 +1337,13 @@ class _Walker:
             for run in _find_exec(args):
                 self.simple([], run, depth, stdin_script=None)
             return None, False, False
-        if name in _WRAPPER_VALUE_OPTIONS:
-            wrapped, concern = _peel(name, args)
-            if concern is not None:
-                self.concerns.append(concern)
+        if name in _WRAPPERS:
+            peeled = _peel(name, args)
+            if peeled.concern is not None:
+                self.concerns.append(peeled.concern)
+            if peeled.script is not None:
+                self.nested(peeled.script, f"{name}'s command line", depth)
+            wrapped = peeled.command
             if name == "exec" and wrapped is not None:
                 self.concerns.append("exec replaces the shell with another program")
             if wrapped is None:
@@ -955,9 +1428,15 @@ class _Walker:
             return "it writes to a relative path after a cd weald cannot follow"
         else:
             path = _normalize(self.cwd / target)
-        if any(path == root or path.is_relative_to(root) for root in self.roots):
-            return None
-        return "it writes outside the project"
+        root = next((r for r in self.roots if path == r or path.is_relative_to(r)), None)
+        if root is None:
+            return "it writes outside the project"
+        parts = {part.lower() for part in path.relative_to(root).parts}
+        if ".git" in parts:
+            return "it writes into .git (git runs what .git/config and .git/hooks name, outside any sandbox)"
+        if parts & {"weald.toml", ".weald"}:
+            return "it writes weald's own configuration (weald.toml, .weald/)"
+        return None
 
     def heredoc(self, node: tree_sitter.Node) -> None:
         start = next((c for c in node.children if c.type == "heredoc_start"), None)

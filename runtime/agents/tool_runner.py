@@ -690,7 +690,7 @@ class ToolRunner(Actor):
                 continue
             assert tool is not None
             arguments = call.arguments or {}
-            if self._decides_slowly(batch.config, tool, arguments):
+            if self._decides_in_thread(batch.config, tool):
                 self._decide_in_thread(batch, pending, arguments)
                 continue
             perm, why = decide_permission(
@@ -727,16 +727,19 @@ class ToolRunner(Actor):
             return None
         return self._prepare(batch, pending)
 
-    def _decides_slowly(self, config: RunnerConfig, tool: Tool, arguments: Mapping[str, Any]) -> bool:
-        """Whether deciding this call's permission may take long (a long shell command line)."""
+    def _decides_in_thread(self, config: RunnerConfig, tool: Tool) -> bool:
+        """Whether this call's permission is decided off the loop: a pattern table read by the tool itself.
+
+        Reading a shell command line (bash's grammar, then each pattern on
+        each simple command) is bounded and linear, but a 48 KB command
+        still takes milliseconds of CPU: never on the loop thread, where
+        every actor of the daemon (``daemon.status`` included) waits for it.
+        """
         rule = config.permissions.get(tool.name)
-        if tool.match_patterns is None or tool.subject is None or rule is None or isinstance(rule, str):
-            return False
-        subject = tool.subject(arguments)
-        return subject is not None and len(subject) > _INLINE_DECISION_CHARS
+        return tool.match_patterns is not None and rule is not None and not isinstance(rule, str)
 
     def _decide_in_thread(self, batch: _Batch, pending: _Pending, arguments: Mapping[str, Any]) -> None:
-        """Decide in a worker thread, off the loop: parsing a long command line takes milliseconds.
+        """Decide in a worker thread, off the loop: parsing a command line takes up to milliseconds.
 
         The call stays pending meanwhile (an abort ends it as any other);
         `_Decided` brings the decision back.
@@ -1051,9 +1054,6 @@ class ToolRunner(Actor):
 
 
 _NONE_ALLOWED: frozenset[tuple[str, str | None]] = frozenset()
-# A subject longer than this (a shell command line) is decided in a worker
-# thread: parsing costs about 1-5 us a character for dense command lines.
-_INLINE_DECISION_CHARS = 512
 
 _RESOLVED_TTL = 5.0  # seconds a resolved directory is reused by the runners started after it
 _resolved_dirs: dict[str, tuple[Path, float]] = {}

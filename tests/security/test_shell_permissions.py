@@ -11,13 +11,13 @@ through the real `ToolRunner` with a real bash, and the first through a real
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
 from daemon_harness import DaemonProcess, collect_until
 from sec_runner import RunnerHarness
 from weald.runtime import ActorSystem
-from weald.runtime.agents.tool_runner import _INLINE_DECISION_CHARS
 from weald.runtime.testing import wait_for_event
 
 SMUGGLED = {
@@ -99,9 +99,8 @@ def test_a_real_daemon_asks_before_the_smuggled_command_and_a_denial_stops_it(tm
 
 
 def test_a_long_command_line_is_decided_off_the_loop_with_the_same_rules(system: ActorSystem, project: Path) -> None:
-    # Past _INLINE_DECISION_CHARS the runner parses in a worker thread; the decision must not change.
+    # The runner parses in a worker thread; the decision is the same as for a short command line.
     allowed = "echo ok; " * 200
-    assert len(allowed) > _INLINE_DECISION_CHARS
     (project / "victim").mkdir()
     rules = {"shell": {"echo ok*": "allow", "rm -rf *": "deny"}}
     runner = RunnerHarness(system, project, permissions=rules, permission_timeout=0.5)
@@ -118,3 +117,34 @@ def test_a_long_command_line_is_decided_off_the_loop_with_the_same_rules(system:
     assert "counts as denied" in result.output
     assert not (project / "PWNED").exists()
     assert (project / "victim").is_dir()
+
+
+def test_the_daemon_answers_while_long_command_lines_are_decided(tmp_path: Path) -> None:
+    # Four 48 KB command lines (`echo` then 16,000 x '' and a backslash-newline) in one step: deciding
+    # them took 13-28 s of CPU each, on the loop's process, and daemon.status took seconds to answer.
+    command = "echo " + "''\\\n" * 16_000
+    daemon = DaemonProcess(tmp_path, extra_config='[tools.permissions.shell]\n"echo *" = "allow"\n"rm *" = "deny"\n')
+    calls = [{"name": "shell", "arguments": {"command": command}} for _ in range(4)]
+    model = daemon.script("long", [{"tool_calls": calls}, {"text": "done"}])
+    daemon.start()
+    try:
+        with daemon.client() as c, daemon.client() as watcher:
+            c.call("agent.start", {"working_dir": str(daemon.project), "model": model, "agent_id": "long"})
+            pending = c.request("agent.prompt", {"agent_id": "long", "text": "go"})
+            slowest = 0.0
+            # On the old checker the turn took 100 s here; now about 1 s (a loaded machine has 60).
+            deadline = time.monotonic() + 60
+            while not pending.done():
+                assert time.monotonic() < deadline, "the four decisions and commands did not end in 60 s"
+                started = time.monotonic()
+                watcher.call("daemon.status", timeout=60)
+                slowest = max(slowest, time.monotonic() - started)
+            assert pending.get(timeout=10)["text"] == "done"
+            results = [m for m in c.call("agent.history", {"agent_id": "long"})["messages"] if m["role"] == "tool"]
+        assert len(results) == 4
+        assert all(not r["is_error"] for r in results), results
+        # A generous bound for a loaded machine: the decisions ran in worker threads, in milliseconds.
+        assert slowest < 2.0, f"daemon.status took {slowest:.1f} s while the commands were decided"
+        assert daemon.terminate() == 0, daemon.log.read_text()
+    finally:
+        daemon.close()

@@ -13,12 +13,16 @@ import os
 import re
 import shutil
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+import shell_attacks
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from shell_attacks import Attack, outcome
+from system_packages import apt_install
 from weald.runtime.agents.tool_runner import RunnerConfig, decide_permission
 from weald.runtime.daemon.config import parse_config
 from weald.tools import PermissionScope
@@ -225,6 +229,23 @@ CONCERNS = {
     "sudo -s": "sudo starts a shell",
     "su -": "su starts a shell as another user",
     "cat > x <<EOF\n`touch PWNED`\nEOF": "a here-document runs backquoted commands",
+    "echo x >> .git/config": "it writes into .git",
+    "echo x > .git/hooks/pre-commit": "it writes into .git",
+    "cd .git && echo x > config": "it writes into .git",
+    "echo x > sub/.git/config": "it writes into .git",
+    "echo x > ./.GIT/config": "it writes into .git",
+    "echo '[tools]' > weald.toml": "it writes weald's own configuration",
+    "echo x > .weald/skills/x/SKILL.md": "it writes weald's own configuration",
+    "echo $(( '$(touch PWNED)' ))": "bash expands this text again where weald cannot follow it",
+    "for x in $(cat list); do echo $((x)); done": "bash reads the value of x as code again",
+    "echo $((_))": "bash reads the value of _ as code again (arithmetic), and it comes from _ set by bash",
+    "echo `echo '`touch PWNED`'`": "backquotes inside backquotes without backslashes",
+    "unshare": "unshare starts a shell reading the commands it runs from its input",
+    "chroot /srv": "chroot starts a shell reading the commands it runs from its input",
+    "script -q log.txt": "script starts a shell reading the commands it runs from its input",
+    "doas -s": "doas starts a shell",
+    "systemd-run -p ExecStartPre=/bin/true true": "systemd-run runs the commands its unit properties name",
+    "flock lock -c": "flock runs a command line weald cannot find",
 }
 
 
@@ -236,8 +257,30 @@ def test_what_cannot_be_checked_is_asked_even_when_every_command_is_allowed(comm
 
 
 def test_the_same_concerns_are_allowed_once_the_thing_is_checkable() -> None:
-    for command in ["echo ok > out.txt", "bash -c 'touch PWNED'", "source ./env.sh", "cat <<'EOF'\n`id`\nEOF"]:
-        assert decide(command, ALLOW_EVERY_COMMAND)[0] == "allow", command
+    for command in [
+        "echo ok > out.txt",
+        "bash -c 'touch PWNED'",
+        "source ./env.sh",
+        "cat <<'EOF'\n`id`\nEOF",
+        "echo ok > .gitignore",
+        "echo ok > docs/git/notes.md",
+        "echo ok > weald.toml.bak",
+        "echo $(( 1 + 2 )) $[ 3 * 4 ]",
+        "echo $(( $(echo 1) + 2 ))",
+        "for i in 1 2 3; do echo $((i * 2)); done",
+        "x=5; echo $((x + 1)); (( x > 1 )) && echo big",
+        "echo ${x:-default} ${#x} ${a[1]} ${s:1:2} \"${x:-'quoted'}\" ${x/a/b}",
+        "[[ 3 -eq 3 ]] && echo ok",
+        'for f in *.txt; do echo "$f"; done',
+        "echo `echo \\`echo ok\\``",
+        "flock lock -c 'echo ok'",
+        "script -qc 'echo ok' /dev/null",
+        "sg users 'echo ok'",
+    ]:
+        assert decide(command, ALLOW_EVERY_COMMAND) == (
+            "allow",
+            'tools.permissions.shell "*" = allow, for every command in it',
+        ), command
 
 
 # -- deny sees through spellings -----------------------------------------------------------------
@@ -479,6 +522,70 @@ def test_every_example_in_the_configuration_docs_decides_as_documented() -> None
         if got != expected:
             wrong.append(f"{command!r}: documented {expected}, decided {got} ({why})")
     assert wrong == []
+
+
+# -- what bash expands a second time, wrappers, and .git (issue 22) ---------------------------------------
+
+_LISTED = list(shell_attacks.attacks(wrapped=False))
+
+
+@pytest.mark.parametrize("attack", _LISTED, ids=[f"{a.rules}:{a.command[:60]}" for a in _LISTED])
+def test_a_command_bash_runs_from_text_it_expands_again_is_never_allowed(attack: Attack) -> None:
+    ran = outcome(attack.command, git=attack.git)
+    assert ran.touched or ran.removed, "bash did not run it: the case proves nothing"
+    decision, why = shell_attacks.decide(attack.command, attack.table, PROJECT)
+    assert decision == attack.expect, why
+
+
+@pytest.fixture(scope="module")
+def wrappers() -> None:
+    """The programs of the wrapper attacks, installed (util-linux, coreutils, login and bsdutils are essential)."""
+    for program, package in (("strace", "strace"), ("fakeroot", "fakeroot"), ("sudo", "sudo")):
+        apt_install(
+            package,
+            present=lambda program=program: shutil.which(program) is not None,
+            needed_for="the shell rules' wrapper attacks (each run by a real bash)",
+        )
+
+
+@pytest.mark.parametrize("command", shell_attacks.WRAPPED_RM)
+def test_a_deny_pattern_sees_through_every_program_that_runs_another(command: str, wrappers: None) -> None:
+    command = command.format(pid=os.getpid())
+    ran = outcome(command)
+    assert ran.removed, "bash did not delete victim/: the case proves nothing"
+    decision, why = shell_attacks.decide(command, shell_attacks.ECHO_RULES, PROJECT)
+    assert (decision, why.split(", matching")[0]) == ("deny", 'tools.permissions.shell "rm *" = deny'), why
+
+
+@pytest.mark.parametrize("command", shell_attacks.WRAPPED_RM_DECIDED)
+def test_a_deny_pattern_sees_through_wrappers_this_machine_cannot_run(command: str) -> None:
+    decision, why = shell_attacks.decide(command, shell_attacks.ECHO_RULES, PROJECT)
+    assert decision == "deny", why
+
+
+@settings(max_examples=150, deadline=None)
+@given(shell_attacks.nested_forms())
+def test_differential_whatever_bash_runs_from_nested_quoting_and_expansion_is_not_allowed(command: str) -> None:
+    ran = outcome(command, timeout=10)
+    decision, why = shell_attacks.decide(command, shell_attacks.ECHO_RULES, PROJECT)
+    assert shell_attacks.refused(decision, ran), (command, ran, decision, why)
+
+
+def test_a_long_command_line_is_decided_in_linear_time() -> None:
+    # `echo` and 16,000 x ('' and a backslash-newline): 48 KB that took 13-28 s of CPU (quadratic).
+    command = "echo" + "''\\\n" * 16_000
+    assert len(command) < MAX_COMMAND_BYTES
+    started = time.thread_time()
+    decision, _ = decide(command, {"echo *": "allow"})
+    spent = time.thread_time() - started
+    assert decision in ("allow", "ask")
+    assert spent < 5.0, f"{spent:.1f} s of CPU for one decision"  # a bound far above linear (~0.1 s), far below 13 s
+    dense = "echo " + "\"${x:-'$(( a[$(echo 1)] ))'}\" " * 1_500
+    assert len(dense) < MAX_COMMAND_BYTES
+    started = time.thread_time()
+    decision, _ = decide(dense, {"echo *": "allow"})
+    assert decision == "ask"
+    assert time.thread_time() - started < 5.0
 
 
 def test_bash_is_on_this_machine_for_the_real_runs() -> None:
