@@ -46,9 +46,9 @@ Store layout (namespaces):
 
 - ``agents``: ``<key>`` -> `AgentRecord` (config, status, restarts, usage,
   the model provider's position for scripted models, where the context
-  starts and where pruning stopped).
+  starts, where pruning stopped, and the estimate's `Calibration`).
 - ``history``: ``<key>/<seq:08d>`` -> `HistoryEntry` (a summary carries its
-  `CompactionMark`).
+  `CompactionMark`; a message left out of the context says why).
 - ``turns``: ``<key>/<turn id>`` -> `TurnRecord`.
 
 ``<key>`` is the session id for a top-level agent and ``<session>.<agent
@@ -71,7 +71,14 @@ import msgspec
 import outcome
 import trio
 from weald.runtime import Actor, ActorDeadError, Future, Ref, StoreError, redact, redact_text
-from weald.runtime.agents.context import CompactionMark, Context, ContextConfig, ContextStats, summary_message
+from weald.runtime.agents.context import (
+    Calibration,
+    CompactionMark,
+    Context,
+    ContextConfig,
+    ContextStats,
+    summary_message,
+)
 from weald.runtime.agents.tool_runner import RunnerConfig, RunTools, ToolCallRequest, ToolResults
 from weald.runtime.llm import (
     Completed,
@@ -190,6 +197,7 @@ class AgentRecord(msgspec.Struct, kw_only=True):
     context_from: int = 0
     pruned_before: int = 0
     compactions: int = 0
+    calibration: Calibration | None = None  # what the estimate learnt: a restart or a wake keeps it
 
     @classmethod
     def fresh(
@@ -223,7 +231,10 @@ class AgentRecord(msgspec.Struct, kw_only=True):
 class HistoryEntry(msgspec.Struct, kw_only=True):
     """One message of an agent's history, as stored.
 
-    A compaction's summary carries ``compaction``: the context starts again here.
+    A compaction's summary carries ``compaction``: the context starts again
+    here. A message that is not in the context carries ``left_out``, why: a
+    prompt refused as too large for the model, or a prompt whose turn failed
+    because its request did not fit. The message itself is never rewritten.
     """
 
     seq: int
@@ -231,6 +242,7 @@ class HistoryEntry(msgspec.Struct, kw_only=True):
     time: float
     message: Message
     compaction: CompactionMark | None = None
+    left_out: str | None = None
 
 
 class TurnRecord(msgspec.Struct, kw_only=True):
@@ -454,7 +466,18 @@ class _Reconfigured:
 
 
 class _Turn:
-    __slots__ = ("batch", "futures", "id", "overflowed", "pending_calls", "started", "steps", "text", "usage")
+    __slots__ = (
+        "batch",
+        "futures",
+        "id",
+        "overflowed",
+        "pending_calls",
+        "prompts",
+        "started",
+        "steps",
+        "text",
+        "usage",
+    )
 
     def __init__(self, turn_id: str) -> None:
         self.id = turn_id
@@ -468,6 +491,8 @@ class _Turn:
         # The server refused this step as too long once ("compacted": the context was
         # compacted for the retry; "pruned": nothing could be); a second refusal ends the turn.
         self.overflowed: str | None = None
+        # The prompts the turn took into the context: (seq, the time they were stored).
+        self.prompts: list[tuple[int, float]] = []
 
 
 class _Compaction:
@@ -485,6 +510,11 @@ class _Compaction:
         self.then = then
         self.waiters: list[Future[CompactionResult]] = []
 
+
+# What a tool result costs in a request besides its output (framing, its call's id), in tokens.
+_RESULT_FRAMING_TOKENS = 64
+# The least output a tool call is given, however full the context: its notice and a start.
+_MIN_OUTPUT_BYTES = 1024
 
 # The model stream events the agent acts on (see Agent._on_model_event).
 _HANDLED_EVENTS = (TextDelta, ToolCallStarted, Completed)
@@ -670,6 +700,9 @@ class Agent(Actor):
         self._context = Context(model_limits(""), config.context)
         self._compaction: _Compaction | None = None
         self._compact_waiters: list[Future[CompactionResult]] | None = None  # asked for, not started
+        # Model steps answered since the last compaction (attempted): two compactions with
+        # no step between them only when an overflow forces the second.
+        self._steps_since_compaction = 1
         self._record: AgentRecord | None = None
         self._turn: _Turn | None = None
         self._queue: list[_Prompt] = []
@@ -725,7 +758,8 @@ class Agent(Actor):
                 created=time.time(),
             )
         self._context.load(
-            [(entry.seq, entry.message, entry.compaction) for _, entry in entries], pruned_before=record.pruned_before
+            [(entry.seq, entry.message, entry.compaction) for _, entry in entries if entry.left_out is None],
+            pruned_before=record.pruned_before,
         )
         self._context.compactions = record.compactions
         record.next_seq = max(record.next_seq, (entries[-1][1].seq + 1) if entries else 0)
@@ -744,6 +778,8 @@ class Agent(Actor):
         # Building the provider may read a file (a script): in a worker thread, never on the loop.
         self._provider = await trio.to_thread.run_sync(self._provider_factory, self._config.model)
         self._context.limits = provider_limits(self._provider)
+        # Estimate as before the restart or the sleep: never a guess that compacts a context that fits.
+        self._context.restore(record.calibration, self._config.model)
         seek = getattr(self._provider, "seek", None)
         if seek is not None and record.provider_position is not None:
             seek(record.provider_position)
@@ -954,6 +990,10 @@ class Agent(Actor):
         the next step boundary (steering); its future resolves when that turn ends.
         """
         future: Future[TurnResult] = Future()
+        refusal = self._refusal(Message(role="user", content=text, images=list(images)), self._tool_specs())
+        if refusal is not None:
+            self._refuse(Message(role="user", content=text, images=list(images)), refusal, future)
+            return future
         self._queue.append(_Prompt(text, future, tuple(images)))
         if self._turn is None and self._compaction is None:
             self._start_turn()
@@ -961,6 +1001,29 @@ class Agent(Actor):
             # During a turn: steering. During a compaction between turns: the turn starts after it.
             self._publish("agent.prompt_queued", {"text": text[:200], "queued": len(self._queue)})
         return future
+
+    def _refuse(self, message: Message, refusal: str, future: Future[TurnResult]) -> None:
+        """Answer a prompt too large for the model without a turn: stored, marked refused, left out of the context."""
+        turn_id = uuid.uuid4().hex[:12]
+        now = time.time()
+        entry = self._append(message, turn_id, left_out=f"refused: {refusal}")
+        self._enqueue_write(
+            "turns",
+            f"{self._key}/{turn_id}",
+            TurnRecord(turn_id=turn_id, status="refused", started=now, ended=now, error=refusal),
+        )
+        self._persist_record()
+        self._publish(
+            "agent.prompt_refused",
+            {"turn_id": turn_id, "seq": entry.seq, "tokens": self._context.message_tokens(message), "error": refusal},
+        )
+        result = TurnResult(turn_id=turn_id, ok=False, text="", usage=Usage(), steps=0, error=refusal)
+
+        def answer(final: TurnResult = result) -> None:
+            with contextlib.suppress(Exception):
+                future.set(final)
+
+        self._flush(answer, lambda exc: answer(_unsaved(result, exc)))
 
     def abort(self) -> bool:
         """Stop the running turn in any state; returns False when there was none.
@@ -1157,6 +1220,7 @@ class Agent(Actor):
         if provider is not None:
             self._provider = provider
             self._context.limits = provider_limits(provider)
+            self._context.forget_calibration()  # another model counts otherwise: measured again
             if self._record is not None:
                 self._record.provider_position = None  # a new model: a script starts from its beginning
         if self._turn is turn:
@@ -1165,7 +1229,8 @@ class Agent(Actor):
     def _take_queue(self, turn: _Turn) -> None:
         for prompt in self._queue:
             turn.futures.append(prompt.future)
-            self._append(Message(role="user", content=prompt.text, images=list(prompt.images)), turn.id)
+            entry = self._append(Message(role="user", content=prompt.text, images=list(prompt.images)), turn.id)
+            turn.prompts.append((entry.seq, entry.time))
         self._queue.clear()
 
     def _tool_specs(self) -> list[ToolSpec]:
@@ -1224,12 +1289,16 @@ class Agent(Actor):
         tools = self._tool_specs()
         context = self._context
         chars = context.request_chars(self._system_prompt, tools)
-        if self._compact_waiters or (self._config.context.auto and context.tokens_for(chars) > context.budget):
+        # An estimate not anchored on a report is a guess (tool schemas a server may not count):
+        # it never prunes or compacts on its own. The request is sent, and measured.
+        over = context.calibrated and context.tokens_for(chars) > context.budget
+        if self._compact_waiters or (self._config.context.auto and over):
             room = self._make_room(turn, tools, chars, compacted=compacted)
             if room is None:
                 return  # a compaction runs; the step goes on when it ends
             chars = room
         context.sent_chars = chars
+        context.sent_fixed = context.fixed_chars(self._system_prompt, tools)
         request = ModelRequest(
             model="",
             messages=list(context.messages),
@@ -1305,13 +1374,14 @@ class Agent(Actor):
 
     def _on_completed(self, turn: _Turn, event: Completed) -> None:
         message = event.message
-        self._context.calibrate(self._context.sent_chars, event.usage)
+        self._context.calibrate(self._context.sent_chars, event.usage, self._context.sent_fixed)
+        self._steps_since_compaction += 1
         self._save_provider_position()
         turn.usage = turn.usage + event.usage
         record = self._record
         assert record is not None
         record.usage = record.usage + event.usage
-        kept = self._append(message, turn.id)
+        kept = self._append(message, turn.id).message
         self._publish(
             "agent.message_end",
             {
@@ -1358,6 +1428,7 @@ class Agent(Actor):
                 depth=self._config.depth,
                 tool_filter=self._allowed_filter(),
                 config=self._runner_config,
+                max_output_bytes=self._output_limit(len(calls)),
             )
         )
 
@@ -1382,16 +1453,13 @@ class Agent(Actor):
             self._retry_after_overflow(turn, error, text)
             return
         self._publish("agent.error", {"turn_id": turn.id, "error": text, "kind": type(error).__name__})
-        if isinstance(error, ContextLengthExceeded) and turn.overflowed == "compacted":
-            text += (
-                " (the conversation was compacted and the step sent again, and it still does not fit; "
-                "check the model's context_window in weald.toml)"
-            )
-        elif isinstance(error, ContextLengthExceeded):
-            text += (
-                " (nothing was left to compact: the system prompt, the tools' descriptions and the latest "
-                "messages alone exceed the window; give the model a larger context or the agent fewer tools)"
-            )
+        if isinstance(error, ContextLengthExceeded):
+            context = self._context
+            context.learn_overflow(context.sent_chars, error.limit, error.requested, context.sent_fixed)
+            again = "compacted and sent again" if turn.overflowed == "compacted" else "pruned and sent again"
+            text += f" (the step was {again}, and it still does not fit: {self._does_not_fit(turn)})"
+            self._end_turn(ok=False, error=text, context_failure=True)
+            return
         self._end_turn(ok=False, error=text)
 
     def _on_tool_results(self, results: ToolResults) -> None:
@@ -1422,10 +1490,18 @@ class Agent(Actor):
         self._step()
 
     def _end_turn(
-        self, *, ok: bool, error: str | None = None, aborted: bool = False, interrupted: bool = False
+        self,
+        *,
+        ok: bool,
+        error: str | None = None,
+        aborted: bool = False,
+        interrupted: bool = False,
+        context_failure: bool = False,
     ) -> None:
         turn = self._turn
         assert turn is not None
+        if context_failure:
+            self._repair_context(turn)
         self._turn = None
         status = "aborted" if aborted else "interrupted" if interrupted else ("done" if ok else "error")
         self._write_turn(turn, status, error=error)
@@ -1481,6 +1557,23 @@ class Agent(Actor):
             self._start_turn()
         elif self._compact_waiters:
             self._compact_between_turns()  # asked for during the turn, which ended before another model call
+
+    def _repair_context(self, turn: _Turn) -> None:
+        """After a turn that failed because its request did not fit: make the next one fit.
+
+        The turn's prompts that got no answer leave the context (they stay in
+        the history, marked), and its tool results are pruned (``recall``
+        reads them back): a prompt that came before is never stuck behind
+        the one that did not fit.
+        """
+        dangling = self._dangling_prompts(turn)
+        times = dict(turn.prompts)
+        reason = "its turn failed: the request did not fit the model's context window"
+        for seq, message in zip(dangling, self._context.leave_out(list(dangling)), strict=True):
+            entry = HistoryEntry(seq=seq, turn_id=turn.id, time=times[seq], message=message, left_out=reason)
+            self._enqueue_write("history", f"{self._key}/{seq:08d}", entry)
+        tools = self._tool_specs()
+        self._prune(turn, tools, self._context.request_chars(self._system_prompt, tools), how="all")
 
     def _abort_turn(self, reason: str, *, interrupted: bool = False) -> None:
         turn = self._turn
@@ -1568,21 +1661,25 @@ class Agent(Actor):
 
     # -- persistence ----------------------------------------------------------------------------------
 
-    def _append(self, message: Message, turn_id: str) -> Message:
-        """Add a message to the history (in memory and the store); returns it as kept.
+    def _append(self, message: Message, turn_id: str, *, left_out: str | None = None) -> HistoryEntry:
+        """Add a message to the history (in the store, and in the context unless ``left_out`` says why not).
 
         Known secrets are cut out first (a key the model or a tool output
         repeats): histories, turn results and the store never hold one.
+
+        Returns:
+            The entry stored, with the message as kept.
         """
         message = _redacted(message)
         record = self._record
         assert record is not None
         seq = record.next_seq
         record.next_seq += 1
-        self._context.append(seq, message)
-        entry = HistoryEntry(seq=seq, turn_id=turn_id, time=time.time(), message=message)
+        if left_out is None:
+            self._context.append(seq, message)
+        entry = HistoryEntry(seq=seq, turn_id=turn_id, time=time.time(), message=message, left_out=left_out)
         self._enqueue_write("history", f"{self._key}/{seq:08d}", entry)
-        return message
+        return entry
 
     def _write_turn(self, turn: _Turn, status: str, *, error: str | None = None) -> None:
         record = TurnRecord(
@@ -1598,8 +1695,11 @@ class Agent(Actor):
         self._enqueue_write("turns", f"{self._key}/{turn.id}", record)
 
     def _persist_record(self) -> None:
-        if self._record is not None:
-            self._enqueue_write("agents", self._key, msgspec.structs.replace(self._record))
+        record = self._record
+        if record is not None:
+            if self._provider is not None:  # loaded: the context's calibration is the agent's own
+                record.calibration = self._context.calibration(self._config.model)
+            self._enqueue_write("agents", self._key, msgspec.structs.replace(record))
 
     def _save_provider_position(self) -> None:
         position = getattr(self._provider, "position", None)
@@ -1651,33 +1751,59 @@ class Agent(Actor):
     def _make_room(self, turn: _Turn, tools: list[ToolSpec], chars: int, *, compacted: bool) -> int | None:
         """Prune, then compact, until the next request fits; the request's characters, or None while compacting.
 
-        A compaction asked for with ``compact()`` runs here too, fitting or not.
+        Pruning goes first, down to the last step's results: a model call
+        to summarize costs more than old outputs, which ``recall`` reads
+        back. Two compactions never follow each other without a model step
+        between them (an overflow may force the second, see
+        `_retry_after_overflow`). A compaction asked for with ``compact()``
+        runs here too, fitting or not.
         """
         context = self._context
         if context.tokens_for(chars) > context.budget:
-            chars = self._prune(turn, tools, chars, last_resort=False)
+            chars = self._prune(turn, tools, chars, how="steps")
         requested = bool(self._compact_waiters)
-        if (requested or context.tokens_for(chars) > context.budget) and not compacted:
+        over = context.tokens_for(chars) > context.budget
+        if requested or (over and not compacted and self._steps_since_compaction > 0):
             waiters, self._compact_waiters = self._compact_waiters or [], None
-            reason = "auto" if context.tokens_for(chars) > context.budget else "manual"
+            reason = "auto" if over else "manual"
             if self._start_compaction(reason, lambda result: self._after_compaction(turn, result), waiters):
                 return None
         if context.tokens_for(chars) > context.budget:
             # Compacted already, or nothing to compact: the tool results of earlier steps go too.
-            chars = self._prune(turn, tools, chars, last_resort=True)
+            chars = self._prune(turn, tools, chars, how="last_step")
         return chars
 
-    def _prune(self, turn: _Turn | None, tools: list[ToolSpec], chars: int, *, last_resort: bool) -> int:
+    def _prune(self, turn: _Turn | None, tools: list[ToolSpec], chars: int, *, how: str) -> int:
+        """Stub old tool results; returns the request's characters after.
+
+        ``how``: ``"steps"``, those older than ``keep_tool_results`` steps,
+        then the oldest steps' one step at a time while the request does not
+        fit; ``"last_step"``, all but the last step's; ``"all"``, every one
+        (a turn that failed).
+        """
         context = self._context
+        system = self._system_prompt
         before = context.tokens_for(chars)
-        pruned = context.prune_all_but_last_step() if last_resort else context.prune()
-        if not pruned:
-            return chars
-        chars = context.request_chars(self._system_prompt, tools)
+        if how == "all":
+            pruned = context.prune_all()
+        elif how == "last_step":
+            pruned = context.prune_all_but_last_step()
+        else:
+            pruned = context.prune()
+            while context.tokens_for(context.request_chars(system, tools)) > context.budget:
+                more = context.prune_step()
+                if more is None:
+                    break
+                pruned += more
         record = self._record
         assert record is not None
+        if record.pruned_before == context.pruned_before:
+            return chars
         record.pruned_before = context.pruned_before
         self._persist_record()
+        if not pruned:
+            return chars
+        chars = context.request_chars(system, tools)
         self._publish(
             "agent.pruned",
             {
@@ -1691,18 +1817,28 @@ class Agent(Actor):
         return chars
 
     def _retry_after_overflow(self, turn: _Turn, error: ContextLengthExceeded, text: str) -> None:
-        """The server refused the step as too long: compact once (or prune) and send the step again."""
+        """The server refused the step as too long: compact once (or prune) and send the step again.
+
+        A prompt of the turn that cannot fit even alone, now that the server
+        has said its sizes, ends the turn at once, as it would have been
+        refused had they been known (see `prompt`).
+        """
         turn.overflowed = "compacted"
         context = self._context
-        context.learn_overflow(context.sent_chars, error.limit, error.requested)
+        context.learn_overflow(context.sent_chars, error.limit, error.requested, context.sent_fixed)
         self._publish(
             "agent.context_overflow",
             {"turn_id": turn.id, "error": text, "limit": error.limit, "requested": error.requested},
         )
+        tools = self._tool_specs()
+        for message in self._dangling_prompts(turn).values():
+            refusal = self._refusal(message, tools)
+            if refusal is not None:
+                self._end_turn(ok=False, error=refusal, context_failure=True)
+                return
         if not self._start_compaction("overflow", lambda result: self._after_compaction(turn, result), []):
             turn.overflowed = "pruned"
-            tools = self._tool_specs()
-            self._prune(turn, tools, context.request_chars(self._system_prompt, tools), last_resort=True)
+            self._prune(turn, tools, context.request_chars(self._system_prompt, tools), how="last_step")
             self._call_model(turn, compacted=True)
 
     def _after_compaction(self, turn: _Turn, result: CompactionResult) -> None:
@@ -1711,17 +1847,84 @@ class Agent(Actor):
             return  # aborted meanwhile
         context = self._context
         if not result.compacted:
-            tokens = context.estimate(self._system_prompt, self._tool_specs())
-            if turn.overflowed or tokens > context.budget:
-                self._end_turn(
-                    ok=False,
-                    error=(
-                        f"the conversation does not fit the model's context window ({tokens} estimated tokens, "
-                        f"{context.budget} allowed) and compacting it failed: {result.detail}"
-                    ),
-                )
+            tools = self._tool_specs()
+            chars = self._prune(turn, tools, context.request_chars(self._system_prompt, tools), how="last_step")
+            if context.calibrated and context.tokens_for(chars) > context.budget:
+                self._end_turn(ok=False, error=self._does_not_fit(turn, result.detail), context_failure=True)
                 return
         self._call_model(turn, compacted=True)
+
+    # -- what does not fit ----------------------------------------------------------------------------
+
+    def _refusal(self, message: Message, tools: list[ToolSpec]) -> str | None:
+        """Why a prompt cannot be sent even alone: it exceeds what the model takes after the system prompt and tools."""
+        context = self._context
+        tokens = context.message_tokens(message)
+        room = context.room_for(self._system_prompt, tools)
+        if tokens <= room or room <= 0:
+            return None  # it fits; or nothing would, and the prompt is not the cause (see _does_not_fit)
+        limits = context.limits
+        return (
+            f"the prompt is ~{tokens:,} tokens; this agent's model takes ~{max(0, room):,} after its system prompt "
+            f"and tools (a window of {limits.context_window:,} tokens, {limits.output_reserve:,} of them kept for "
+            "the answer): shorten it or send it in parts, or save it to a file and ask the agent to read it"
+        )
+
+    def _dangling_prompts(self, turn: _Turn) -> dict[int, Message]:
+        """The turn's prompts still in the context with no model answer after them, by sequence number."""
+        context = self._context
+        answered = max(
+            (seq for seq, m in zip(context.seqs, context.messages, strict=True) if m.role == "assistant"), default=-1
+        )
+        mine = {seq for seq, _ in turn.prompts if seq > answered}
+        return {seq: m for seq, m in zip(context.seqs, context.messages, strict=True) if seq in mine}
+
+    def _does_not_fit(self, turn: _Turn, detail: str | None = None) -> str:
+        """Why the step's request does not fit the model's window, naming what is too large."""
+        context = self._context
+        tools = self._tool_specs()
+        limits = context.limits
+        budget = context.budget
+        window = f"a window of {limits.context_window:,} tokens, {limits.output_reserve:,} of them kept for the answer"
+        fixed = context.fixed_tokens(self._system_prompt, tools)
+        if fixed is not None and fixed >= budget:
+            cause = (
+                f"the system prompt and the tools' descriptions alone take ~{fixed:,} tokens, more than the "
+                f"~{budget:,} this agent's model takes ({window}): give the model a larger context window "
+                "(context_window in weald.toml) or the agent fewer tools"
+            )
+        else:
+            refusals = (self._refusal(m, tools) for m in self._dangling_prompts(turn).values())
+            cause = next((r for r in refusals if r is not None), "")
+            if not cause:
+                tokens = context.estimate(self._system_prompt, tools)
+                largest = max(
+                    zip(context.seqs, context.messages, strict=True),
+                    key=lambda pair: len(pair[1].content),
+                    default=None,
+                )
+                what = ""
+                if largest is not None:
+                    seq, message = largest
+                    source = f"the {message.name} output" if message.role == "tool" else f"the {message.role} message"
+                    what = f"; its largest part is {source} at seq {seq} (~{context.message_tokens(message):,} tokens)"
+                cause = (
+                    f"the request does not fit the model's context window: ~{tokens:,} estimated tokens, "
+                    f"~{budget:,} allowed ({window}){what}"
+                )
+        return f"{cause}; {detail}" if detail else cause
+
+    def _output_limit(self, calls: int) -> int:
+        """The most bytes each of ``calls`` tool results may bring, so that the next request can hold them.
+
+        What the context cannot prune (its messages other than tool results,
+        the system prompt and tools) leaves the rest of the input budget; the
+        batch's results share nine tenths of it (the estimate errs).
+        """
+        context = self._context
+        room = context.output_room(self._system_prompt, self._tool_specs())
+        share = room * 0.9 / max(1, calls) - _RESULT_FRAMING_TOKENS
+        return max(_MIN_OUTPUT_BYTES, int(share * context.chars_per_token))
 
     def _compact_between_turns(self) -> None:
         waiters, self._compact_waiters = self._compact_waiters or [], None
@@ -1812,6 +2015,7 @@ class Agent(Actor):
         assert compaction is not None
         self._compaction = None
         self._stream_io = None
+        self._steps_since_compaction = 0  # an attempt, whatever its outcome: the next waits for a step
         turn = self._turn
         record = self._record
         assert record is not None
@@ -1830,6 +2034,17 @@ class Agent(Actor):
             if not summary:
                 failure = "the model answered the summary request with no text"
         if failure is not None:
+            failure = f"the summary request failed: {failure}"
+        message = _redacted(summary_message(summary))
+        tools = self._tool_specs()
+        if failure is None:
+            # A summary no smaller than what it replaces (a short conversation, a verbose model) is no use.
+            fixed = context.fixed_chars(self._system_prompt, tools)
+            before = context.tokens_for(context.chars + fixed)
+            after = context.tokens_for(context.chars_after_compaction(compaction.split, message) + fixed)
+            if after >= before:
+                failure = f"compaction did not help: kept the original ({before:,} -> {after:,} estimated tokens)"
+        if failure is not None:
             self._publish(
                 "agent.compaction_failed",
                 {"turn_id": turn.id if turn else None, "reason": compaction.reason, "error": failure},
@@ -1838,15 +2053,14 @@ class Agent(Actor):
                 compacted=False,
                 tokens_before=compaction.tokens_before,
                 tokens_after=compaction.tokens_before,
-                detail=f"the summary request failed: {failure}",
+                detail=failure,
             )
         else:
-            message = _redacted(summary_message(summary))
             first_kept = context.seqs[compaction.split]
             seq = record.next_seq
             record.next_seq += 1
             context.apply_compaction(compaction.split, seq, message)
-            after = context.estimate(self._system_prompt, self._tool_specs())
+            after = context.estimate(self._system_prompt, tools)
             mark = CompactionMark(
                 first_kept=first_kept,
                 replaced=compaction.split,

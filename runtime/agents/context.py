@@ -14,13 +14,21 @@ measured from the reports themselves: the change in characters between two
 requests over the change in reported tokens, so that a server's fixed
 overhead (framing, tool schemas it counts differently) does not skew it. A
 server's "too long" error calibrates it too, when it says the request's
-size. When the estimate exceeds the input budget (the window less the output
-reserve, see `weald.runtime.llm.ModelLimits`):
+size. The calibration (`Calibration`: the ratio, the anchor, the measured
+cost of the system prompt and tools, a window the server named) is stored
+on the agent's record, so an agent restarted, restored or woken from
+hibernation estimates as it did before. An estimate not anchored on a
+report yet is a guess (tool schemas a server does not count, a ratio of 4)
+and never prunes or compacts on its own: the request is sent, and measured.
+When a calibrated estimate exceeds the input budget (the window less the
+output reserve, see `weald.runtime.llm.ModelLimits`):
 
 1. **Prune**: tool results older than the last ``keep_tool_results`` model
    steps get a one-line stub instead of their body; the stub says how to read
    the output again (the ``recall`` tool; the full output stays in the
-   store). The boundary is stored on the agent's record.
+   store). If that is not enough, the oldest protected steps' results go
+   too, one step at a time, down to the last step. The boundary is stored
+   on the agent's record.
 2. **Compact**, if still too large: the older part of the context is sent to
    the agent's own model as a transcript with a dedicated prompt, and the
    answer becomes a summary message. The context goes on as that summary
@@ -28,7 +36,13 @@ reserve, see `weald.runtime.llm.ModelLimits`):
    budget). The summary is appended to the history with a `CompactionMark`
    naming the first message kept: on a restart the context is rebuilt from
    the last such entry, so a crash in the middle of a compaction leaves the
-   previous context, never half of one.
+   previous context, never half of one. A summary that would not make the
+   context smaller is discarded, and the context kept as it was.
+
+A message can be *left out* of the context and stay in the history (its
+entry says why): a prompt too large for the model even alone, refused
+before its turn, and the prompts of a turn that failed because its
+request did not fit, so that the next prompt starts from a context that does.
 
 `Context` holds the messages and does the arithmetic; the agent decides
 when, calls the model and writes the store.
@@ -46,6 +60,7 @@ from weald.runtime.llm import Message, ModelLimits, ModelRequest, ToolSpec, Usag
 
 __all__ = [
     "SUMMARY_PROMPT",
+    "Calibration",
     "CompactionMark",
     "Context",
     "ContextConfig",
@@ -139,6 +154,35 @@ class CompactionMark(msgspec.Struct, kw_only=True, frozen=True):
     reason: str
 
 
+class Calibration(msgspec.Struct, kw_only=True, frozen=True):
+    """What the estimate has learnt from the model's reports, stored on the agent's record.
+
+    It survives a restart, a restore and hibernation: an agent woken up
+    estimates its context as it did when it went to sleep, instead of
+    guessing again from the tools' schemas at 4 characters a token.
+
+    Attributes:
+        model: the model it was measured on (another model starts over).
+        chars_ratio: characters per token for what changes between requests.
+        anchor_chars: the characters of the last measured request.
+        anchor_tokens: the input tokens reported for it (0: never measured).
+        fixed_chars: the characters of its system prompt and tools' schemas;
+            with the two above, what they really cost (a server may not count
+            the schemas at all).
+        last_input_tokens: the input tokens the last answer reported.
+        window: a context window a server named when it refused a request,
+            smaller than the configured one; None if none did.
+    """
+
+    model: str = ""
+    chars_ratio: float = 4.0
+    anchor_chars: int = 0
+    anchor_tokens: int = 0
+    fixed_chars: int = 0
+    last_input_tokens: int = 0
+    window: int | None = None
+
+
 class ContextStats(msgspec.Struct, frozen=True, kw_only=True):
     """The context as ``debug_state`` and ``agent.list`` show it.
 
@@ -157,6 +201,8 @@ class ContextStats(msgspec.Struct, frozen=True, kw_only=True):
             such names are taken for secrets and redacted).
         calibrated: whether the estimate is anchored on a reported usage yet.
         last_input_tokens: the input tokens the last answer reported (cached included).
+        fixed_tokens: what the system prompt and the tools' schemas cost, as
+            measured (estimated at ``chars_ratio`` until a report anchors it).
         messages: messages in the context.
         summarized: whether the context starts with a compaction's summary.
         compactions: compactions of this agent so far.
@@ -171,6 +217,7 @@ class ContextStats(msgspec.Struct, frozen=True, kw_only=True):
     chars_ratio: float
     calibrated: bool
     last_input_tokens: int
+    fixed_tokens: int
     messages: int
     summarized: bool
     compactions: int
@@ -220,6 +267,7 @@ class Context:
     # Slots, and no per-message size list: 10,000 idle agents each hold one of these.
     __slots__ = (
         "_anchor_chars",
+        "_anchor_fixed",
         "_anchor_tokens",
         "calibrated",
         "chars",
@@ -231,7 +279,9 @@ class Context:
         "messages",
         "pruned_before",
         "sent_chars",
+        "sent_fixed",
         "seqs",
+        "server_window",
     )
 
     def __init__(self, limits: ModelLimits, config: ContextConfig | None = None) -> None:
@@ -243,13 +293,19 @@ class Context:
         self.messages: list[Message] = []
         self.seqs: list[int] = []
         self.chars = 0
-        self.sent_chars = 0  # the characters of the request in flight (what its usage report calibrates)
+        # The request in flight (what its usage report calibrates): its characters,
+        # and those of its system prompt and tools.
+        self.sent_chars = 0
+        self.sent_fixed = 0
         self.chars_per_token = _DEFAULT_CPT
         self.calibrated = False
-        # The last reported request: its characters and its input tokens (0, 0: none yet).
+        # The last reported request: its characters, its input tokens (0, 0: none
+        # yet) and the characters of its system prompt and tools.
         self._anchor_chars = 0
         self._anchor_tokens = 0
+        self._anchor_fixed = 0
         self.last_input_tokens = 0
+        self.server_window: int | None = None  # a window a server named, smaller than the configured one
         self.compactions = 0
         self.pruned_before = 0
 
@@ -311,22 +367,93 @@ class Context:
         """The estimated tokens of a request with this context."""
         return self.tokens_for(self.request_chars(system, tools))
 
-    def calibrate(self, request_chars: int, usage: Usage) -> None:
-        """Anchor the estimate on the usage a request of ``request_chars`` reported."""
+    def calibrate(self, request_chars: int, usage: Usage, fixed_chars: int = 0) -> None:
+        """Anchor the estimate on the usage a request of ``request_chars`` reported.
+
+        ``fixed_chars`` are the request's system prompt and tools' characters.
+        """
         reported = usage.total_input_tokens
         if reported <= 0 or request_chars <= 0:
             return
         self.last_input_tokens = reported
-        self._measure(request_chars, reported)
+        self._measure(request_chars, reported, fixed_chars)
 
-    def learn_overflow(self, request_chars: int, limit: int | None, requested: int | None) -> None:
+    def learn_overflow(
+        self, request_chars: int, limit: int | None, requested: int | None, fixed_chars: int = 0
+    ) -> None:
         """A server refused a request of ``request_chars`` as too long, and perhaps said its sizes."""
         if requested and request_chars > 0:
-            self._measure(request_chars, requested)
+            self._measure(request_chars, requested, fixed_chars)
         if limit:
-            self.limits = self.limits.narrowed(limit)
+            narrowed = self.limits.narrowed(limit)
+            if narrowed is not self.limits:
+                self.limits = narrowed
+                self.server_window = narrowed.context_window
 
-    def _measure(self, chars: int, tokens: int) -> None:
+    def calibration(self, model: str) -> Calibration:
+        """What the estimate has learnt, to store (see `restore`)."""
+        return Calibration(
+            model=model,
+            chars_ratio=self.chars_per_token,
+            anchor_chars=self._anchor_chars if self.calibrated else 0,
+            anchor_tokens=self._anchor_tokens if self.calibrated else 0,
+            fixed_chars=self._anchor_fixed if self.calibrated else 0,
+            last_input_tokens=self.last_input_tokens,
+            window=self.server_window,
+        )
+
+    def restore(self, calibration: Calibration | None, model: str) -> None:
+        """Estimate as a stored `calibration` did, if it was measured on ``model``; call after setting `limits`."""
+        if calibration is None or calibration.model != model:
+            return
+        self.chars_per_token = min(_MAX_CPT, max(_MIN_CPT, calibration.chars_ratio))
+        self.last_input_tokens = calibration.last_input_tokens
+        if calibration.anchor_tokens > 0 and calibration.anchor_chars > 0:
+            self._anchor_chars = calibration.anchor_chars
+            self._anchor_tokens = calibration.anchor_tokens
+            self._anchor_fixed = calibration.fixed_chars
+            self.calibrated = True
+        if calibration.window is not None:
+            self.learn_overflow(0, calibration.window, None)
+
+    def forget_calibration(self) -> None:
+        """Estimate from scratch again (another model: another tokenizer, another window)."""
+        self.chars_per_token = _DEFAULT_CPT
+        self.calibrated = False
+        self._anchor_chars = self._anchor_tokens = self._anchor_fixed = 0
+        self.last_input_tokens = 0
+        self.server_window = None
+
+    def fixed_tokens(self, system: str | None, tools: Sequence[ToolSpec]) -> int | None:
+        """What the system prompt and the tools' schemas cost, as measured; None before any measure.
+
+        The anchored request's tokens less its messages' (at the ratio) are
+        theirs; a system prompt or tool set that changed since adds or
+        removes its difference at the ratio.
+        """
+        if not self.calibrated:
+            return None
+        fixed = len(system or "") + _tools_chars(tools)
+        messages = math.ceil((self._anchor_chars - self._anchor_fixed) / self.chars_per_token)
+        measured = max(0, self._anchor_tokens - messages)
+        return max(0, measured + math.ceil((fixed - self._anchor_fixed) / self.chars_per_token))
+
+    def message_tokens(self, message: Message) -> int:
+        """A message's estimated tokens alone."""
+        return math.ceil(message_chars(message) / self.chars_per_token)
+
+    def room_for(self, system: str | None, tools: Sequence[ToolSpec]) -> int:
+        """The tokens one message may take and still fit a request alone, after the system prompt and tools.
+
+        Measured when the estimate is anchored; before that only the system
+        prompt is counted (the tools' cost is unknown: a server may not count them).
+        """
+        fixed = self.fixed_tokens(system, tools)
+        if fixed is None:
+            fixed = math.ceil(len(system or "") / self.chars_per_token)
+        return self.budget - fixed - math.ceil(_MESSAGE_OVERHEAD / self.chars_per_token)
+
+    def _measure(self, chars: int, tokens: int, fixed: int) -> None:
         if self.calibrated:
             added_chars = chars - self._anchor_chars
             added_tokens = tokens - self._anchor_tokens
@@ -338,6 +465,7 @@ class Context:
             self.chars_per_token = chars / tokens
         self._anchor_chars = chars
         self._anchor_tokens = tokens
+        self._anchor_fixed = fixed
         self.calibrated = True
 
     @property
@@ -359,12 +487,68 @@ class Context:
         cut = steps[-keep] if keep > 0 else len(self.messages)
         return self._prune_below(self.seqs[cut] if cut < len(self.seqs) else self.seqs[-1] + 1, cut)
 
+    def prune_step(self) -> int | None:
+        """Stub the tool results of the oldest step not pruned yet, unless it is the last; returns how many.
+
+        None when only the last step's results are left. Called again and
+        again while the request is too large, before compacting: a step's
+        outputs are worth less than a model call to summarize.
+        """
+        for index, message in enumerate(self.messages):
+            # The first step boundary above the pruned part: everything before it goes (at
+            # the last step's boundary, that is every result but the last step's).
+            if message.role == "assistant" and self.seqs[index] > self.pruned_before:
+                return self._prune_below(self.seqs[index], index)
+        return None
+
     def prune_all_but_last_step(self) -> int:
         """Stub every tool result but those of the last step (a last resort); returns how many."""
         steps = [i for i, m in enumerate(self.messages) if m.role == "assistant"]
         if not steps:
             return 0
         return self._prune_below(self.seqs[steps[-1]], steps[-1])
+
+    def prune_all(self) -> int:
+        """Stub every tool result, the last step's too (its turn has ended); returns how many."""
+        if not self.messages:
+            return 0
+        return self._prune_below(self.seqs[-1] + 1, len(self.messages))
+
+    def output_room(self, system: str | None, tools: Sequence[ToolSpec]) -> int:
+        """The tokens new tool results may take: the budget less what pruning cannot take away.
+
+        Before a report anchors the estimate, only the system prompt is
+        counted besides the messages (the tools' cost is unknown).
+        """
+        floor = self.floor_chars()
+        if self.calibrated:
+            used = self.tokens_for(floor + len(system or "") + _tools_chars(tools))
+        else:
+            used = math.ceil((floor + len(system or "")) / self.chars_per_token)
+        return self.budget - used
+
+    def floor_chars(self) -> int:
+        """The context's characters if every tool result were pruned: what pruning cannot take away."""
+        chars = self.chars
+        for index, message in enumerate(self.messages):
+            at = self.seqs[index]
+            big = len(message.content) >= _PRUNE_MIN_CHARS or message.images
+            if message.role == "tool" and big and at >= self.pruned_before:
+                chars -= message_chars(message) - message_chars(pruned_stub(message, at))
+        return chars
+
+    def leave_out(self, seqs: Sequence[int]) -> list[Message]:
+        """Take the messages with these sequence numbers out of the context; returns them."""
+        wanted = set(seqs)
+        taken = []
+        for index in range(len(self.messages) - 1, -1, -1):
+            if self.seqs[index] in wanted:
+                taken.append(self.messages[index])
+                self.chars -= message_chars(self.messages[index])
+                del self.messages[index]
+                del self.seqs[index]
+        taken.reverse()
+        return taken
 
     def _prune_below(self, seq: int, end: int) -> int:
         """Stub tool results with a sequence number below ``seq`` among the first ``end`` messages."""
@@ -435,6 +619,10 @@ class Context:
         room = self.budget * self.chars_per_token - len(prompt) - _MESSAGE_OVERHEAD * 4
         return max(_MIN_TRANSCRIPT_CHARS, int(room * 0.8))
 
+    def chars_after_compaction(self, split: int, summary: Message) -> int:
+        """The context's characters if the messages before ``split`` were replaced by ``summary``."""
+        return self.chars - sum(message_chars(m) for m in self.messages[:split]) + message_chars(summary)
+
     def apply_compaction(self, split: int, seq: int, summary: Message) -> None:
         """Replace the messages before ``split`` by ``summary`` (stored under ``seq``)."""
         kept = list(zip(self.messages[split:], self.seqs[split:], strict=True))
@@ -457,11 +645,22 @@ class Context:
             chars_ratio=round(self.chars_per_token, 3),
             calibrated=self.calibrated,
             last_input_tokens=self.last_input_tokens,
+            fixed_tokens=self._fixed_or_guess(system, tools),
             messages=len(self.messages),
             summarized=bool(self.messages) and is_summary(self.messages[0]),
             compactions=self.compactions,
             pruned_before=self.pruned_before,
         )
+
+    def _fixed_or_guess(self, system: str | None, tools: Sequence[ToolSpec]) -> int:
+        fixed = self.fixed_tokens(system, tools)
+        if fixed is None:
+            fixed = math.ceil((len(system or "") + _tools_chars(tools)) / self.chars_per_token)
+        return fixed
+
+    def fixed_chars(self, system: str | None, tools: Sequence[ToolSpec]) -> int:
+        """The characters of a request's system prompt and tools' schemas."""
+        return len(system or "") + _tools_chars(tools)
 
 
 # The size of each tool set seen, by its names: schemas change rarely, and every agent

@@ -143,6 +143,11 @@ class RunTools:
         config: the permissions, timeouts and tool options these calls run
             under (the session's configuration as of the agent's turn); None:
             the runner's own.
+        max_output_bytes: the most bytes of output each call's result may
+            bring to the model, when less than ``[tools] max_output_bytes``:
+            what the agent's context can hold now (derived from its model's
+            window). Tools see it as ``ToolContext.config.max_output_bytes``
+            (read_file pages by it), and longer results are cut to it.
     """
 
     batch_id: str
@@ -154,6 +159,7 @@ class RunTools:
     depth: int = 0
     tool_filter: tuple[str, ...] | None = None
     config: RunnerConfig | None = None
+    max_output_bytes: int | None = None
 
 
 @attrs.frozen
@@ -296,11 +302,15 @@ class _Pending:
 
 
 class _Batch:
-    __slots__ = ("config", "dispatching", "msg", "pending", "results")
+    __slots__ = ("config", "dispatching", "msg", "pending", "results", "tool_config")
 
     def __init__(self, msg: RunTools, config: RunnerConfig) -> None:
         self.msg = msg
         self.config = config  # what its calls run under (the turn's, or the runner's own)
+        # What its tools see: the config's, with the agent's output limit when that is lower.
+        limit, tools = msg.max_output_bytes, config.tool_config
+        lower = limit is not None and limit < tools.max_output_bytes
+        self.tool_config = _with_output_limit(tools, limit) if lower and limit is not None else tools
         self.results: list[CallOutcome | None] = [None] * len(msg.calls)
         self.pending: dict[int, _Pending] = {}
         # Invariant: no reply while the batch's calls are still being dispatched,
@@ -310,6 +320,11 @@ class _Batch:
 
 # A call ready to start: its child spec, and what to do with the supervisor's answer.
 _Launch = tuple[ChildSpec, Callable[["Ref[Any] | BaseException"], None]]
+
+
+def _with_output_limit(config: ToolConfig, max_output_bytes: int) -> ToolConfig:
+    """``config`` with a smaller output limit (at least 1 byte)."""
+    return attrs.evolve(config, max_output_bytes=max(1, max_output_bytes))
 
 
 class _OutputLimit:
@@ -825,7 +840,7 @@ class ToolRunner(Actor):
             agent_id=msg.agent_id,
             call_id=call.id,
             depth=msg.depth,
-            config=config.tool_config,
+            config=batch.tool_config,
             snapshot=msg.snapshot,
             abort=pending.abort,
             emit=emit,
@@ -844,7 +859,7 @@ class ToolRunner(Actor):
             kwargs={
                 "limit": _OutputLimit(
                     tool.truncate,
-                    config.tool_config,
+                    batch.tool_config,
                     save_dir=self._output_dir,
                     call_id=f"{call.id}-{pending.index}",
                     spill=self._spill,

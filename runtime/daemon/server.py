@@ -1690,10 +1690,12 @@ _HISTORY_MAX = 10_000
 
 
 def _history_row(entry: Any) -> dict[str, Any]:
-    """One stored history entry as agent.history shows it: the message, its seq, a summary's mark."""
+    """One stored history entry as agent.history shows it: the message, its seq, a summary's mark, why left out."""
     row: dict[str, Any] = {"seq": entry.seq, **_plain(entry.message)}
     if entry.compaction is not None:
         row["compaction"] = _plain(entry.compaction)
+    if entry.left_out is not None:
+        row["left_out"] = entry.left_out
     return row
 
 

@@ -288,7 +288,7 @@ def test_a_long_session_keeps_every_request_under_the_window_by_pruning_and_comp
     history = stored(h, "s1")
     assert [e.seq for e in history] == list(range(len(history)))
     context = agent.proxy().history().get()
-    assert len(context) < len(history) / 4
+    assert len(context) < len(history) / 2
     assert is_summary(context[0])
     marks = [e.compaction for e in history if e.compaction is not None]
     assert len(marks) == topics.count("agent.compacted")
@@ -323,13 +323,17 @@ def test_a_step_refused_again_after_a_compaction_ends_the_turn_with_a_clear_erro
         "status": 400,
         "message": "This model's maximum context length is 4096 tokens. However, you requested 9000 tokens.",
     }
-    script = {"turns": [{"text": "first answer"}, {"error": too_long}, {"error": too_long}]}
+    script = {
+        "turns": [{"text": "first answer: " + "a detail to remember. " * 100}, {"error": too_long}, {"error": too_long}]
+    }
     agent, _ = start(h, "s1", script)
     assert h.run(agent, "one").ok
     result = h.run(agent, "two")
     assert not result.ok
     assert "does not fit its context window of 4096 tokens" in (result.error or "")
-    assert "compacted and the step sent again" in (result.error or "")
+    assert "the step was compacted and sent again, and it still does not fit" in (result.error or "")
+    # The server counted 9,000 tokens for a request of a few words: the tools are the cause, and it says so.
+    assert "the system prompt and the tools' descriptions alone take ~" in (result.error or "")
     assert wait_for_event(h.system.events, "agent.compacted").data["reason"] == "overflow"
 
 
@@ -357,10 +361,11 @@ def test_compact_during_a_turn_runs_before_the_next_model_call(h: Harness) -> No
     FLAGS["compact"] = threading.Event()
     script = {
         "turns": [
-            {"text": "first"},
+            {"text": "first: " + "a detail to remember. " * 40},
             {"text": "wait", "tool_calls": [{"name": "wait_flag", "arguments": {"flag": "compact"}}]},
             {"text": "after"},
-        ]
+        ],
+        "summary": "They asked one thing.",
     }
     agent, providers = start(h, "s1", script)
     assert h.run(agent, "one").ok

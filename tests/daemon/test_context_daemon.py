@@ -98,7 +98,8 @@ def test_a_daemon_killed_during_a_compaction_restarts_from_the_context_before_it
         d.start()
         with d.client() as c:
             c.call("agent.start", {"working_dir": str(d.project), "model": "small", "agent_id": "k9"})
-            c.request("agent.prompt", {"agent_id": "k9", "text": "read it"})
+            assert c.call("agent.prompt", {"agent_id": "k9", "text": "read it"}, timeout=60)["ok"]
+            c.request("agent.compact", {"agent_id": "k9"})
             wait_until(
                 lambda: c.call("debug_state", {"agent_id": "k9"})["status"] == "compacting",
                 timeout=60,
@@ -116,6 +117,7 @@ def test_a_daemon_killed_during_a_compaction_restarts_from_the_context_before_it
             assert after[: len(before)] == before  # nothing rewritten, nothing half-written
             assert not [m for m in after if "compaction" in m]
             assert c.call("agent.prompt", {"agent_id": "k9", "text": "go on"}, timeout=60)["ok"]
+            assert c.call("agent.compact", {"agent_id": "k9"}, timeout=60)["compacted"]
             history = c.call("agent.history", {"agent_id": "k9"})["messages"]
             assert [m["seq"] for m in history] == list(range(len(history)))
             summaries = [m for m in history if "compaction" in m]

@@ -81,7 +81,9 @@ def test_debug_state_of_a_hibernated_agent_wakes_it_and_agent_stop_stops_it_asle
 
 def test_a_compaction_keeps_a_session_awake_and_it_wakes_from_its_compacted_context(sleepy: DaemonProcess) -> None:
     script = sleepy.scripts / "compact.json"
-    turns = [{"text": "first answer"}, {"text": "second answer"}, {"text": "third answer"}]
+    # A first answer long enough that a summary of the conversation is shorter than it.
+    first = "first answer: " + "a detail of the answer to keep in mind. " * 20
+    turns = [{"text": first}, {"text": "second answer"}, {"text": "third answer"}]
     # The summary takes 1.5 s, five idle periods: the session must not sleep through it.
     script.write_text(json.dumps({"turns": turns, "summary": "They said one and two.", "summary_delay": 1.5}))
     with sleepy.client() as client:
@@ -112,7 +114,7 @@ def test_a_compaction_keeps_a_session_awake_and_it_wakes_from_its_compacted_cont
         assert [m["seq"] for m in history] == list(range(len(history)))
         assert [m["content"] for m in history if "compaction" not in m] == [
             "one",
-            "first answer",
+            first,
             "two",
             "second answer",
             "three",
