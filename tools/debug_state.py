@@ -77,6 +77,7 @@ def _context(snapshot: Any) -> dict[str, Any] | None:
         "chars_ratio": stats.chars_ratio,
         "calibrated": stats.calibrated,
         "last_input_tokens": stats.last_input_tokens,
+        "fixed_tokens": stats.fixed_tokens,
         "messages": stats.messages,
         "summarized": stats.summarized,
         "compactions": stats.compactions,
