@@ -32,7 +32,13 @@ of its own (``git archive REF`` loaded instead of this tree), in rounds that
 alternate them, so load hits both alike; the figures are medians over the
 rounds, with the ratio after / before.
 
-Run: ``python benchmarks/bench_agent.py [--quick] [--before REF] [--rounds N]``
+``--telemetry`` adds a third contender: this checkout with OpenTelemetry
+on (the daemon's `Telemetry` following the events, spans batched and
+exported over OTLP/HTTP to a sink on loopback in the worker process, which
+answers 200 to everything), so the cost of telemetry on is measured beside
+off (the other two contenders have it off: nothing of it is loaded).
+
+Run: ``python benchmarks/bench_agent.py [--quick] [--before REF] [--rounds N] [--telemetry]``
 """
 
 from __future__ import annotations
@@ -173,6 +179,7 @@ def measure(quick: bool, placement: str | None) -> dict[str, Any]:
         ActorSystem(store_path=Path(tmp) / "store.db") as system,
     ):
         sessions = system.spawn(DynamicSupervisor, kwargs={"max_restarts": 50}, name="sessions")
+        telemetry = _telemetry_on(system) if os.environ.get("WEALD_BENCH_TELEMETRY") else None
         token = system.loop.token
         p_runner = PykkaRunner.start()
         p_agent = PykkaAgent.start(p_runner)
@@ -254,6 +261,8 @@ def measure(quick: bool, placement: str | None) -> dict[str, Any]:
         res["flush"] = trio.from_thread.run(flush_samples, 100 if quick else 300, trio_token=token)
         p_agent.stop()
         p_runner.stop()
+        if telemetry is not None:
+            telemetry.shutdown()
     pin(None)
     out: dict[str, Any] = {k: statistics.median(v) for k, v in res.items()}
     out["phases"] = [statistics.median(p[j] for p in split) for j in range(len(PHASES))] if split else None
@@ -319,8 +328,45 @@ def run(quick: bool = False) -> list[Row]:
     return summary(rows)
 
 
-def _worker_measure(placement: str, quick: bool, pythonpath: Path | None) -> dict[str, Any]:
+def _telemetry_on(system: Any) -> Any:
+    """Start the daemon's telemetry on ``system``, exporting to an OTLP/HTTP sink on loopback (this process)."""
+    import http.server
+    import threading
+
+    from weald.runtime.daemon._telemetry import Telemetry
+    from weald.runtime.daemon._telemetry_settings import TelemetrySettings
+
+    class Sink(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Sink)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    settings = TelemetrySettings(
+        endpoint=url,
+        protocol="http/protobuf",
+        service_name="bench",
+        traces_url=f"{url}/v1/traces",
+        metrics_url=f"{url}/v1/metrics",
+        metrics_interval=5.0,
+    )
+    telemetry = Telemetry(settings, system)
+    system.loop.spawn_nowait(telemetry.follow)
+    return telemetry
+
+
+def _worker_measure(placement: str, quick: bool, pythonpath: Path | None, telemetry: bool = False) -> dict[str, Any]:
     env = dict(os.environ)
+    env.pop("WEALD_BENCH_TELEMETRY", None)
+    if telemetry:
+        env["WEALD_BENCH_TELEMETRY"] = "1"
     if pythonpath is not None:
         env["PYTHONPATH"] = str(pythonpath)
     argv = [sys.executable, __file__, "--worker", placement, *(["--quick"] if quick else [])]
@@ -331,21 +377,25 @@ def _worker_measure(placement: str, quick: bool, pythonpath: Path | None) -> dic
     return result
 
 
-def compare(before: str, rounds: int, quick: bool) -> None:
+def compare(before: str, rounds: int, quick: bool, telemetry: bool = False) -> None:
     """This checkout beside ``before``, each in worker processes, rounds alternating."""
     banner(f"bench_agent: one turn with 10 no-op tool calls, this checkout beside {before}")
     baseline = checkout(before, "bench-agent-before-")
     own = tool_own_time()
-    names = {f"before ({before})": baseline / "pkg", "after (this checkout)": None}
+    names: dict[str, Any] = {f"before ({before})": baseline / "pkg", "after (this checkout)": None}
+    if telemetry:
+        names["after, telemetry on"] = "telemetry"
     try:
         for placement in ("one", "two"):
             got: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
             for i in range(rounds):
                 order = list(names.items()) if i % 2 == 0 else list(reversed(names.items()))
                 for name, path in order:
-                    got[name].append(_worker_measure(placement, quick, path))
+                    on = path == "telemetry"
+                    got[name].append(_worker_measure(placement, quick, None if on else path, telemetry=on))
             print(f"\n--- placement: {PLACEMENTS[placement]} ({rounds} rounds, medians of their medians) ---")
-            print(f"  {'':<44}{'before':>10}{'after':>10}{'after/before':>14}")
+            header = f"  {'':<44}{'before':>10}{'after':>10}{'after/before':>14}"
+            print(header + (f"{'on':>10}{'on/before':>11}" if telemetry else ""))
             rows: list[tuple[str, Any]] = [
                 ("turn overhead, driven from the loop", "loop"),
                 ("turn overhead, from a foreign thread", "foreign"),
@@ -363,7 +413,11 @@ def compare(before: str, rounds: int, quick: bool) -> None:
                     values.append(value - own if key in ("loop", "foreign") else value)
                 unit = "" if key == "flushes_per_turn" else " us"
                 ratio = values[1] / values[0] if values[0] else float("nan")
-                print(f"  {label:<44}{values[0]:>8.1f}{unit:<2}{values[1]:>8.1f}{unit:<2}{ratio:>13.2f}x")
+                line = f"  {label:<44}{values[0]:>8.1f}{unit:<2}{values[1]:>8.1f}{unit:<2}{ratio:>13.2f}x"
+                if telemetry:
+                    on_ratio = values[2] / values[0] if values[0] else float("nan")
+                    line += f"{values[2]:>8.1f}{unit:<2}{on_ratio:>10.2f}x"
+                print(line)
     finally:
         shutil.rmtree(baseline, ignore_errors=True)
     print(load_note())
@@ -382,8 +436,9 @@ def main() -> None:
         parser.add_argument("--before", default="main", help="the commit to compare with (default main)")
         parser.add_argument("--rounds", type=int, default=4, help="worker runs per contender and placement")
         parser.add_argument("--quick", action="store_true")
+        parser.add_argument("--telemetry", action="store_true", help="also this checkout with telemetry on")
         args = parser.parse_args()
-        compare(args.before, args.rounds, args.quick)
+        compare(args.before, args.rounds, args.quick, args.telemetry)
         return
     quick_main(run, __doc__)
 

@@ -1308,7 +1308,10 @@ class Agent(Actor):
         self._gen += 1
         gen = self._gen
         self._set_state("streaming")
-        self._publish("agent.message_start", {"turn_id": turn.id, "step": turn.steps, "role": "assistant"})
+        self._publish(
+            "agent.message_start",
+            {"turn_id": turn.id, "step": turn.steps, "role": "assistant", "model": self._config.model},
+        )
         self._stream_io = self.run_io(
             self._stream, gen, request, reply=lambda o: _ModelDone(gen, o), name=f"model {turn.id}.{turn.steps}"
         )

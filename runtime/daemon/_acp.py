@@ -42,6 +42,7 @@ import contextlib
 import itertools
 import logging
 import os
+import re
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -77,6 +78,7 @@ _PERMISSION_OPTIONS = [
     {"optionId": "allow_always", "name": "Allow always", "kind": "allow_always"},
     {"optionId": "deny", "name": "Deny", "kind": "reject_once"},
 ]
+_TRACEPARENT = re.compile(r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")
 _IMAGE_TYPES = ("image/png", "image/jpeg", "image/gif", "image/webp")
 
 # weald's tool names (and, for others, their kind) -> ACP tool kinds.
@@ -155,6 +157,7 @@ class ContentBlock(msgspec.Struct, kw_only=True):
 class PromptParams(_Params):
     session_id: str
     prompt: list[ContentBlock]
+    meta: dict[str, Any] | None = msgspec.field(default=None, name="_meta")
 
 
 class SessionParams(_Params):
@@ -475,12 +478,19 @@ class AcpAgent:
         request: dict[str, Any] = {"agent_id": session.id, "text": text}
         if images:
             request["images"] = images
+        traceparent = (params.meta or {}).get("traceparent")
+        if isinstance(traceparent, str) and _TRACEPARENT.match(traceparent):
+            request["traceparent"] = traceparent  # the editor's trace goes on in the daemon's (telemetry on)
         result = self._daemon.call("agent.prompt", request)
         # The reply and the turn's last events travel apart: the editor gets every update first.
         ended = self._turn_end(session, result["turn_id"])
         ended.wait(_TURN_END_WAIT)
         with session.lock:
             session.turn_ends.pop(result["turn_id"], None)
+            # Calls the turn left unfinished (cancelled, aborted) end with it, before the answer.
+            left, session.calls = list(session.calls.values()), {}
+        for call in left:
+            self._update(session, {"sessionUpdate": "tool_call_update", "toolCallId": call.acp_id, "status": "failed"})
         usage = result.get("usage") or {}
         answer: dict[str, Any] = {
             "stopReason": _stop_reason(result, session.cancelled),

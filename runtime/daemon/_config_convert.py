@@ -56,6 +56,7 @@ from weald.runtime.daemon._config_model import (
     SpillConfig,
     StateConfig,
     StoreConfig,
+    TelemetryConfig,
     ToolsConfig,
     check_full_model_spec,
     check_network,
@@ -94,6 +95,7 @@ _SECTIONS: Final = (
     DaemonConfig,
     FaultsConfig,
     StateConfig,
+    TelemetryConfig,
 )
 
 #: The keys ``[tools]`` itself takes; any other key is a ``[tools.NAME]`` options table.

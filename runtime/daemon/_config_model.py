@@ -72,6 +72,7 @@ __all__ = [
     "SpillConfig",
     "StateConfig",
     "StoreConfig",
+    "TelemetryConfig",
     "ToolsConfig",
     "ValueProblem",
     "ValueProblems",
@@ -638,6 +639,38 @@ class FaultsConfig:
 
 
 @attrs.frozen
+class TelemetryConfig:
+    """``[telemetry]``: OpenTelemetry traces and metrics over OTLP (docs/telemetry.md).
+
+    With nothing set here and no ``OTEL_EXPORTER_OTLP_*ENDPOINT`` in the
+    daemon's environment, telemetry is off: nothing of OpenTelemetry is
+    imported and a turn costs what it costs without it.
+
+    Attributes:
+        enabled: True or False to decide; None (the default): on when an
+            endpoint is set here or in ``OTEL_EXPORTER_OTLP_ENDPOINT``.
+        endpoint: The OTLP endpoint (``http://host:4318`` for HTTP,
+            ``http://host:4317`` for gRPC); default: the ``OTEL_EXPORTER_OTLP_*``
+            variables, else the protocol's local default.
+        metrics_endpoint: Where metrics go, when not to ``endpoint`` (a receiver that takes
+            traces only, such as Arize Phoenix); default: ``endpoint``.
+        protocol: ``http/protobuf`` or ``grpc``; default: ``OTEL_EXPORTER_OTLP_PROTOCOL``, else http/protobuf.
+        service_name: ``service.name``; default: ``OTEL_SERVICE_NAME``, else ``weald``.
+        capture_content: Put prompts, answers and tool arguments on spans
+            (off by default, as the GenAI conventions advise; secrets are cut).
+        metrics_interval: Seconds between metric exports.
+    """
+
+    enabled: bool | None = checked(None, optional(check_bool))
+    endpoint: str | None = checked(None, optional(check_http_url))
+    metrics_endpoint: str | None = checked(None, optional(check_http_url))
+    protocol: Literal["http/protobuf", "grpc"] | None = None
+    service_name: str | None = checked(None, optional(check_string))
+    capture_content: bool = checked(False, check_bool)
+    metrics_interval: float = checked(15.0, check_seconds)
+
+
+@attrs.frozen
 class ModelChoice:
     """A model named in the config, resolved to what `make_provider` takes.
 
@@ -670,6 +703,7 @@ class Config:
         server: ``[server]``.
         faults: ``[faults]``.
         daemon: ``[daemon]``.
+        telemetry: ``[telemetry]``.
     """
 
     models: ModelsConfig = attrs.field(factory=ModelsConfig)
@@ -684,6 +718,7 @@ class Config:
     server: DaemonConfig = attrs.field(factory=DaemonConfig)
     faults: FaultsConfig = attrs.field(factory=FaultsConfig)
     daemon: StateConfig = attrs.field(factory=StateConfig)
+    telemetry: TelemetryConfig = attrs.field(factory=TelemetryConfig)
 
     def resolve_model(self, name: str | None = None) -> ModelChoice | None:
         """Resolve a model name (an alias or a ``provider:model`` spec) to a `ModelChoice`.

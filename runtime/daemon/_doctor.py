@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import platform
 import shutil
+import socket
 import subprocess
 import sys
 from collections.abc import Callable
@@ -71,6 +72,7 @@ def run_checks(config: Config, config_error: str | None = None) -> list[Check]:
         _mcp_commands,
         _state_directory,
         _previous_run,
+        _telemetry,
         _python,
     ]
     checks.extend(step(config) for step in steps)
@@ -277,6 +279,38 @@ def _state_directory(config: Config) -> Check:
     if free < _LOW_SPACE:
         return Check("state directory", "warn", f"{detail}: little space left", "free space there")
     return Check("state directory", "ok", detail)
+
+
+def _telemetry(config: Config) -> Check:
+    """Whether OpenTelemetry export is on, where to, whether its packages load, and whether the endpoint answers."""
+    from urllib.parse import urlsplit
+
+    from weald.runtime.daemon._telemetry_settings import telemetry_settings
+
+    settings = telemetry_settings(config.telemetry)
+    if settings is None:
+        return Check("telemetry", "ok", "off (no [telemetry] endpoint, no OTEL_EXPORTER_OTLP_ENDPOINT)")
+    where = f"{settings.protocol} to {settings.traces_url} (from {settings.source})"
+    if settings.metrics_url not in (settings.traces_url, settings.traces_url.replace("/v1/traces", "/v1/metrics")):
+        where += f", metrics to {settings.metrics_url}"
+    content = "; message contents captured" if settings.capture_content else ""
+    module = "grpc" if settings.protocol == "grpc" else "http"
+    try:
+        metadata.version("opentelemetry-sdk")
+        metadata.version(f"opentelemetry-exporter-otlp-proto-{module}")
+    except metadata.PackageNotFoundError as exc:
+        return Check("telemetry", "fail", f"on, {where}, but {exc.name} is not installed", "pip install 'weald[otel]'")
+    for url in dict.fromkeys((settings.traces_url, settings.metrics_url)):
+        parts = urlsplit(url)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        try:
+            with socket.create_connection((parts.hostname or "localhost", port), timeout=3):
+                pass
+        except OSError as exc:
+            detail = f"on, {where}{content}; {parts.hostname}:{port} does not answer ({exc.strerror or exc})"
+            fix = "start the collector, or correct [telemetry] endpoint; turns go on meanwhile, their spans dropped"
+            return Check("telemetry", "warn", detail, fix)
+    return Check("telemetry", "ok", f"on, {where}{content}; the endpoint answers")
 
 
 def _python(_config: Config) -> Check:

@@ -70,6 +70,7 @@ from weald.runtime.daemon._config_model import (
     SpillConfig,
     StateConfig,
     StoreConfig,
+    TelemetryConfig,
     ToolsConfig,
 )
 
@@ -102,6 +103,7 @@ __all__ = [
     "SpillConfig",
     "StateConfig",
     "StoreConfig",
+    "TelemetryConfig",
     "ToolsConfig",
     "config_from_dict",
     "config_to_dict",

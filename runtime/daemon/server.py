@@ -166,6 +166,9 @@ class AgentParams(_Params):
     agent_id: str
 
 
+_TRACEPARENT = r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$"
+
+
 class PromptImage(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     mime_type: Literal["image/png", "image/jpeg", "image/gif", "image/webp"]
     data: Annotated[str, msgspec.Meta(min_length=1)]  # base64
@@ -176,6 +179,8 @@ class AgentPromptParams(_Params):
     text: str
     timeout: Annotated[float, msgspec.Meta(ge=0)] | None = None
     images: Annotated[list[PromptImage], msgspec.Meta(max_length=32)] | None = None
+    # W3C trace context: the turn's trace continues the caller's (when telemetry is on).
+    traceparent: Annotated[str, msgspec.Meta(pattern=_TRACEPARENT)] | None = None
 
 
 class AgentHistoryParams(_Params):
@@ -962,6 +967,8 @@ class Server(Actor):
         try:
             since = self.system.events.published  # a start failure after this is this prompt's
             images = tuple(Image(image.mime_type, image.data) for image in p.images or ())
+            if p.traceparent is not None and self._daemon.telemetry is not None:
+                self._daemon.telemetry.expect_parent(p.agent_id, p.traceparent)
             future = self._sessions.prompt_nowait(p.agent_id, p.text, images)
             try:
                 if p.timeout is None:
@@ -1548,6 +1555,7 @@ class Server(Actor):
             "front": self._front_status(),
             "sandbox": self._daemon.sandbox.to_dict() if self._daemon.sandbox is not None else None,
             "previous_run": previous.to_dict() if (previous := self._daemon.previous_run) is not None else None,
+            "telemetry": _plain(self._daemon.telemetry.statistics()) if self._daemon.telemetry is not None else None,
         }
 
     def _front_status(self) -> dict[str, Any]:

@@ -88,6 +88,7 @@ from weald.runtime.daemon._config_load import ProjectFiles, source_from_data, we
 from weald.runtime.daemon._hygiene import SandboxReport, prepare_process, stop_leftovers
 from weald.runtime.daemon._projects import ProjectConfig, Projects
 from weald.runtime.daemon._runlog import DaemonLog, PreviousRun
+from weald.runtime.daemon._telemetry_settings import TelemetrySettings, telemetry_settings
 from weald.runtime.daemon.config import CONFIG_ENV, Config, ConfigError, config_to_dict
 from weald.runtime.daemon.server import SHUTDOWN_REASON, Server, SessionMCPServer, prepare_socket
 from weald.runtime.llm import Image, Provider, Recorder, RecordingError, ReplayDivergence, Usage, make_provider
@@ -1406,6 +1407,9 @@ class Daemon:
         self.registry = registry if registry is not None else default_registry.copy()
         register_config_secrets(config)
         self._mcp_configs = _mcp_configs(config)
+        # Read before the environment loses its secrets (OTEL_EXPORTER_OTLP_HEADERS); None: telemetry is off.
+        self.telemetry_settings = telemetry_settings(config.telemetry)
+        self.telemetry: Any = None  # a `_telemetry.Telemetry` once started, when on
         self.system = ActorSystem(store_path=config.store.path, durability=config.store.durability)
         self.roots = Roots(self.system)
         self.state_dir = self.system.store_path.parent
@@ -1473,6 +1477,8 @@ class Daemon:
                 projects=self.projects,
             )
             self.sessions.sweep_spill()
+            if self.telemetry_settings is not None:
+                self._start_telemetry(self.telemetry_settings)
             if restore:
                 self.system.loop.run(self.sessions.restore, progress)
             if self.socket_path is not None or self.stdio or self.http:
@@ -1508,6 +1514,25 @@ class Daemon:
         log, self.log = self.log, None
         if log is not None:
             log.close()
+    def _start_telemetry(self, settings: TelemetrySettings) -> None:
+        """Start exporting traces and metrics (OpenTelemetry is imported here, and only when it is on)."""
+        from weald.runtime.daemon._telemetry import Telemetry
+
+        def model_spec(model: str) -> str:
+            choice = self.config.resolve_model(model)
+            return DEMO_MODEL if choice is None else choice.spec
+
+        self.telemetry = Telemetry(settings, self.system, self._session_counts, model_spec)
+        self.system.loop.spawn_nowait(self.telemetry.follow)
+        self.system.loop.spawn_nowait(self.telemetry.measure_lag)
+
+    def _session_counts(self) -> tuple[int, int]:
+        """``(awake, asleep)`` sessions (for telemetry's gauge; from any thread but the loop's)."""
+        sessions = self.system.whereis("/sessions")
+        if sessions is None:
+            return 0, 0
+        counts = sessions.proxy().count_children().get(timeout=5)
+        return counts.get("active", 0), counts.get("hibernated", 0)
 
     def _unlock(self) -> None:
         fd, self._lock_fd = self._lock_fd, None
@@ -1561,6 +1586,8 @@ class Daemon:
         finally:
             self._close_log()  # a clean stop: the run's marker goes
             self._unlock()  # last: the store is closed
+            if self.telemetry is not None:
+                self.telemetry.shutdown()  # what is queued is exported (bounded by its export timeout)
         if self.sandbox is not None:
             restore_environ()  # for a program hosting the daemon; `weald serve` exits next
 

@@ -8,6 +8,7 @@ command does not exist.
 from __future__ import annotations
 
 import json
+import socket
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -83,6 +84,35 @@ def test_doctor_reports_a_broken_config_as_a_failed_check(tmp_path: Path) -> Non
     run = weald("doctor", "--json", cwd=tmp_path, env=isolated_env(tmp_path, '[tools.shell]\nsandbox = "maybe"\n'))
     assert run.returncode == 1
     assert 'tools.shell.sandbox: expected "auto", "required" or "off"' in checks(run)["configuration"]["detail"]
+
+
+def test_doctor_reports_telemetry_off_then_its_endpoint_answering_or_not(tmp_path: Path) -> None:
+    env = isolated_env(tmp_path)
+    for name in [name for name in env if name.startswith("OTEL_")]:
+        del env[name]
+    off = checks(weald("doctor", "--json", cwd=tmp_path, env=env))["telemetry"]
+    assert (off["status"], off["detail"]) == ("ok", "off (no [telemetry] endpoint, no OTEL_EXPORTER_OTLP_ENDPOINT)")
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        port = listener.getsockname()[1]
+        answering = checks(
+            weald(
+                "doctor", "--json", cwd=tmp_path, env={**env, "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}"}
+            )
+        )
+    found = answering["telemetry"]
+    assert found["status"] == "ok"
+    assert f"http/protobuf to http://127.0.0.1:{port}/v1/traces (from environment)" in found["detail"]
+    assert "the endpoint answers" in found["detail"]
+
+    # The same port, now closed: nothing answers there.
+    down = isolated_env(tmp_path, f'[telemetry]\nendpoint = "http://127.0.0.1:{port}"\nprotocol = "grpc"\n')
+    found = checks(weald("doctor", "--json", cwd=tmp_path, env=down))["telemetry"]
+    assert found["status"] == "warn"
+    assert f"grpc to http://127.0.0.1:{port} (from weald.toml)" in found["detail"]
+    assert "does not answer" in found["detail"]
 
 
 class NoBwrapDaemon(DaemonProcess):

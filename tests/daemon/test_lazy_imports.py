@@ -1,4 +1,5 @@
-"""A daemon imports the MCP SDK only for a configured MCP server, and the observer's web stack only with --http.
+"""A daemon imports the MCP SDK only for a configured MCP server, the observer's web stack only with --http,
+and OpenTelemetry only when telemetry is on.
 
 Each daemon runs under ``import_probe.py``, which writes every module the
 process imported over its life (a turn, an agent list and the shutdown
@@ -14,7 +15,7 @@ from pathlib import Path
 from daemon_harness import DaemonProcess
 
 PROBE = Path(__file__).with_name("import_probe.py")
-HEAVY = ("mcp", "mcp_types", "starlette", "hypercorn")
+HEAVY = ("mcp", "mcp_types", "starlette", "hypercorn", "opentelemetry")
 
 
 def imported_by_a_daemon(tmp_path: Path, *args: str, extra_config: str = "") -> set[str]:
@@ -37,11 +38,13 @@ def imported_by_a_daemon(tmp_path: Path, *args: str, extra_config: str = "") -> 
     return {name for name in HEAVY if name in modules}
 
 
-def test_a_daemon_without_mcp_servers_or_http_never_imports_the_mcp_sdk_or_the_web_stack(tmp_path: Path) -> None:
+def test_a_daemon_without_mcp_servers_http_or_telemetry_never_imports_the_mcp_sdk_the_web_stack_or_otel(
+    tmp_path: Path,
+) -> None:
     assert imported_by_a_daemon(tmp_path) == set()
 
 
 def test_a_configured_mcp_server_and_http_bring_their_imports(tmp_path: Path) -> None:
     # A server whose command does not exist still makes its connection load the SDK.
-    config = '[mcp.servers.gone]\ncommand = "/nonexistent/mcp-server"\n'
+    config = '[mcp.servers.gone]\ncommand = "/nonexistent/mcp-server"\n[telemetry]\nenabled = true\n'
     assert imported_by_a_daemon(tmp_path, "--http", "127.0.0.1:0", extra_config=config) == set(HEAVY)

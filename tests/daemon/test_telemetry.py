@@ -1,0 +1,347 @@
+"""OpenTelemetry export from a real daemon, received by Arize Phoenix (`phoenix serve`, from PyPI).
+
+Phoenix is installed by the test setup with pip into a virtual environment of
+its own in a cache directory (``$WEALD_TEST_PHOENIX_CACHE`` or
+``~/.cache/weald-test-phoenix``): its dependencies are many and pinned, and
+must not meet weald's. It stores the spans it receives and answers them on
+its REST API. Phoenix takes traces only; the metrics go to a loopback OTLP/HTTP
+endpoint here that decodes each request with the official protobuf definitions
+(opentelemetry-proto) and records the metric names.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import http.server
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from daemon_harness import DaemonProcess, serving
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+from weald.runtime.testing import wait_until
+
+# The first run installs Phoenix (several minutes on a loaded machine); later ones find it in the cache.
+pytestmark = pytest.mark.timeout(1800)
+
+PHOENIX = "arize-phoenix==20.26.1"
+_INSTALL_TIMEOUT = 900.0
+_START_TIMEOUT = 240.0
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _phoenix_venv() -> Path:
+    root = Path(os.environ.get("WEALD_TEST_PHOENIX_CACHE") or Path.home() / ".cache" / "weald-test-phoenix")
+    venv = root / PHOENIX.replace("==", "-")
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / ".install.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # parallel sessions install once
+        if not (venv / ".installed").exists():
+            steps = [[sys.executable, "-m", "venv", str(venv)], [str(venv / "bin" / "pip"), "install", "-q", PHOENIX]]
+            for step in steps:
+                try:
+                    done = subprocess.run(step, capture_output=True, text=True, timeout=_INSTALL_TIMEOUT, check=False)
+                except subprocess.TimeoutExpired:
+                    pytest.fail(f"installing {PHOENIX} took over {_INSTALL_TIMEOUT:g} s", pytrace=False)
+                if done.returncode != 0:
+                    pytest.fail(
+                        f"installing {PHOENIX} failed ({' '.join(step)}):\n{done.stderr[-3000:]}", pytrace=False
+                    )
+            (venv / ".installed").write_text(PHOENIX)
+    return venv
+
+
+@pytest.fixture(scope="module")
+def phoenix(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A running `phoenix serve` on loopback; its base URL (OTLP/HTTP at /v1/traces)."""
+    venv = _phoenix_venv()
+    work = tmp_path_factory.mktemp("phoenix")
+    port = _free_port()
+    env = dict(
+        os.environ,
+        PHOENIX_HOST="127.0.0.1",
+        PHOENIX_PORT=str(port),
+        PHOENIX_GRPC_PORT=str(_free_port()),
+        PHOENIX_WORKING_DIR=str(work),
+    )
+    log = (work / "phoenix.log").open("wb")
+    proc = subprocess.Popen([str(venv / "bin" / "phoenix"), "serve"], env=env, stdout=log, stderr=log)
+    url = f"http://127.0.0.1:{port}"
+
+    def healthy() -> bool:
+        if proc.poll() is not None:
+            raise AssertionError(
+                f"phoenix exited with {proc.returncode}:\n{(work / 'phoenix.log').read_text()[-3000:]}"
+            )
+        with contextlib.suppress(OSError):
+            with urllib.request.urlopen(f"{url}/healthz", timeout=2) as answer:
+                return bool(answer.status == 200)
+        return False
+
+    try:
+        wait_until(healthy, timeout=_START_TIMEOUT, interval=0.5, message="phoenix to answer /healthz")
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(30)
+        log.close()
+
+
+class MetricsReceiver:
+    """OTLP/HTTP metrics on loopback: each request decoded as an ExportMetricsServiceRequest."""
+
+    def __init__(self) -> None:
+        self.names: set[str] = set()
+        self.points: dict[str, list[Any]] = {}
+        receiver = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                request = ExportMetricsServiceRequest()
+                request.ParseFromString(body)
+                for resource in request.resource_metrics:
+                    for scope in resource.scope_metrics:
+                        for metric in scope.metrics:
+                            receiver.names.add(metric.name)
+                            receiver.points.setdefault(metric.name, []).append(metric)
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture(scope="module")
+def metrics() -> Iterator[MetricsReceiver]:
+    receiver = MetricsReceiver()
+    yield receiver
+    receiver.close()
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory, phoenix: str, metrics: MetricsReceiver) -> Iterator[DaemonProcess]:
+    config = f"""
+[telemetry]
+endpoint = "{phoenix}"
+metrics_endpoint = "{metrics.url}"
+metrics_interval = 1
+[faults]
+enabled = true
+[tools.permissions]
+write_file = "ask"
+"""
+    with serving(tmp_path_factory.mktemp("otel"), extra_config=config) as proc:
+        yield proc
+
+
+def spans_of(phoenix: str, trace_id: str, count: int, name: str | None = None) -> list[dict[str, Any]]:
+    """The spans of one trace in Phoenix, once ``count`` of them arrived (one of them called ``name``)."""
+    found: list[dict[str, Any]] = []
+
+    def arrived() -> bool:
+        with urllib.request.urlopen(f"{phoenix}/v1/projects/default/spans?limit=1000", timeout=10) as answer:
+            data = json.loads(answer.read())["data"]
+        found[:] = [span for span in data if span["context"]["trace_id"] == trace_id]
+        return len(found) >= count and (name is None or any(span["name"] == name for span in found))
+
+    wait_until(arrived, timeout=60, interval=0.5, message=lambda: f"{count} spans of trace {trace_id}; got {found}")
+    return found
+
+
+def allow_permissions(client: Any, stop: threading.Event) -> threading.Thread:
+    def answer() -> None:
+        while not stop.is_set():
+            note = client.next_notification(timeout=0.2)
+            if note is not None and note[0] == "permission.request":
+                client.call("permission.respond", {"request_id": note[1]["request_id"], "decision": "allow"})
+
+    thread = threading.Thread(target=answer, daemon=True)
+    thread.start()
+    return thread
+
+
+TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+PARENT_SPAN = "00f067aa0ba902b7"
+
+
+def test_a_turn_is_one_trace_under_the_callers_traceparent_with_genai_attributes(
+    daemon: DaemonProcess, phoenix: str
+) -> None:
+    model = daemon.script(
+        "traced",
+        [
+            {"text": "reading", "tool_calls": [{"name": "read_file", "arguments": {"path": "notes.txt"}}]},
+            {"tool_calls": [{"name": "write_file", "arguments": {"path": "out.txt", "content": "x\n"}}]},
+            {"text": "done"},
+        ],
+    )
+    stop = threading.Event()
+    with daemon.client() as client:
+        client.call("agent.start", {"working_dir": str(daemon.project), "model": model, "agent_id": "traced"})
+        client.call("events.subscribe", {"agent_id": "traced", "topics": ["tool.*"]})
+        answering = allow_permissions(client, stop)
+        traceparent = f"00-{TRACE_ID}-{PARENT_SPAN}-01"
+        with daemon.client() as prompter:
+            turn = prompter.call("agent.prompt", {"agent_id": "traced", "text": "go", "traceparent": traceparent})
+        stop.set()
+        answering.join(5)
+    assert turn["ok"], turn
+
+    spans = spans_of(phoenix, TRACE_ID, 6, "invoke_agent traced")
+    by_name: dict[str, list[dict[str, Any]]] = {}
+    for span in spans:
+        by_name.setdefault(span["name"].split(" ")[0], []).append(span)
+    (root,) = by_name["invoke_agent"]
+    assert root["name"] == "invoke_agent traced"
+    assert root["parent_id"] == PARENT_SPAN
+    assert root["attributes"]["gen_ai.operation.name"] == "invoke_agent"
+    assert root["attributes"]["gen_ai.agent.id"] == "traced"
+    assert root["attributes"]["weald.turn.id"] == turn["turn_id"]
+    root_id = root["context"]["span_id"]
+
+    chats = by_name["chat"]
+    assert len(chats) == 3
+    for chat in chats:
+        assert chat["parent_id"] == root_id
+        attributes = chat["attributes"]
+        assert attributes["gen_ai.operation.name"] == "chat"
+        assert attributes["gen_ai.provider.name"] == "scripted"
+        assert "gen_ai.usage.input_tokens" in attributes
+        assert "gen_ai.usage.output_tokens" in attributes
+        assert attributes["gen_ai.response.finish_reasons"]
+    tools = sorted(by_name["execute_tool"], key=lambda s: s["start_time"])
+    assert [t["name"] for t in tools] == ["execute_tool read_file", "execute_tool write_file"]
+    for tool in tools:
+        assert tool["parent_id"] == root_id
+        assert tool["attributes"]["gen_ai.tool.call.id"]
+        assert tool["attributes"]["weald.tool.outcome"] == "ok"
+        assert tool["attributes"]["weald.actor.path"] == "/sessions/traced/tool_runner"
+    # The permission wait, as events on the call that waited.
+    events = [event["name"] for event in tools[1]["events"]]
+    assert events == ["weald.permission.requested", "weald.permission.answered"]
+    # Message contents are off by default.
+    assert not any("gen_ai.output.messages" in span["attributes"] for span in spans)
+
+
+def test_a_restart_during_a_turn_is_an_event_on_its_span(daemon: DaemonProcess, phoenix: str) -> None:
+    model = daemon.script(
+        "restarted",
+        [{"text": "reading", "tool_calls": [{"name": "read_file", "arguments": {"path": "notes.txt"}}]}, {"text": "x"}],
+    )
+    with daemon.client() as client:
+        client.call("agent.start", {"working_dir": str(daemon.project), "model": model, "agent_id": "crashy"})
+        fault = {
+            "id": "crash-crashy",
+            "target": "actor",
+            "kind": "crash",
+            "path": "/sessions/crashy/agent",
+            "message": "ToolResults",
+            "count": 1,
+        }
+        client.call("fault.inject", {"fault": fault})
+        trace_id = "5bf92f3577b34da6a3ce929d0e0e4737"
+        turn = client.call(
+            "agent.prompt", {"agent_id": "crashy", "text": "go", "traceparent": f"00-{trace_id}-{PARENT_SPAN}-01"}
+        )
+    assert turn["interrupted"], turn
+    spans = spans_of(phoenix, trace_id, 2, "invoke_agent crashy")
+    (root,) = [span for span in spans if span["name"] == "invoke_agent crashy"]
+    events = {event["name"]: event for event in root["events"]}
+    assert "weald.restart" in events
+    assert events["weald.restart"]["attributes"]["weald.actor.path"] == "/sessions/crashy/agent"
+    assert "weald.fault_injected" in events
+    assert root["status_code"] == "ERROR"
+
+
+def test_metrics_arrive(daemon: DaemonProcess, metrics: MetricsReceiver) -> None:
+    model = daemon.script("metered", [{"tool_calls": [{"name": "glob", "arguments": {"pattern": "*"}}]}, {"text": "x"}])
+    with daemon.client() as client:
+        client.call("agent.start", {"working_dir": str(daemon.project), "model": model, "agent_id": "metered"})
+        assert client.call("agent.prompt", {"agent_id": "metered", "text": "go"})["ok"]
+    wanted = {
+        "gen_ai.client.token.usage",
+        "gen_ai.client.operation.duration",
+        "weald.turns",
+        "weald.turn.duration",
+        "weald.tool.calls",
+        "weald.tool.duration",
+        "weald.sessions",
+        "weald.mailbox.length",
+        "weald.store.size",
+        "weald.store.commits",
+        "weald.loop.lag",
+    }
+    wait_until(lambda: wanted <= metrics.names, timeout=30, message=lambda: f"metrics {wanted - metrics.names}")
+    usage = metrics.points["gen_ai.client.token.usage"][-1]
+    types = {
+        attribute.value.string_value
+        for point in usage.histogram.data_points
+        for attribute in point.attributes
+        if attribute.key == "gen_ai.token.type"
+    }
+    assert types == {"input", "output"}
+
+
+@pytest.mark.parametrize("collector", ["down", "silent"])
+def test_a_collector_down_or_silent_never_slows_a_turn(tmp_path: Path, collector: str) -> None:
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    if collector == "down":
+        listener.close()  # nothing listens: connections are refused
+    else:
+        listener.listen(64)  # accepts, never answers: every export waits for its timeout
+    config = f'[telemetry]\nendpoint = "http://127.0.0.1:{port}"\nmetrics_interval = 1\n'
+    try:
+        with serving(tmp_path, extra_config=config) as daemon:
+            model = daemon.script("lone", [{"text": f"turn {n}"} for n in range(20)])
+            with daemon.client() as client:
+                client.call("agent.start", {"working_dir": str(daemon.project), "model": model, "agent_id": "lone"})
+                took = []
+                for _ in range(20):
+                    began = time.monotonic()
+                    assert client.call("agent.prompt", {"agent_id": "lone", "text": "go"}, timeout=30)["ok"]
+                    took.append(time.monotonic() - began)
+                    time.sleep(0.05)
+                # The exports fail (or time out) on their own thread; the turns never waited for them.
+                assert max(took) < 2.0, took
+                wait_until(
+                    lambda: client.call("daemon.status")["telemetry"]["spans_dropped"] > 0,
+                    timeout=60,
+                    message="the dropped spans to be counted",
+                )
+                status = client.call("daemon.status")["telemetry"]
+                assert status["spans_exported"] == 0
+                assert status["export_failures"] >= 1
+    finally:
+        listener.close()
