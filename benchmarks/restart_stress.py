@@ -16,7 +16,13 @@ crash: its log is kept and printed.
 It also runs the msgspec race on its own (``tests/runtime/codec_race.py``):
 through weald's codec and through plain msgspec, counting crashes.
 
-Run: ``python benchmarks/restart_stress.py [--cycles N] [--agents N] [--seed S] [--race-runs N]``.
+``--switch-interval 1e-6`` makes the daemons hand the GIL over a thousand
+times more often than CPython's default (5 ms), which widens every race
+between threads: the way to find one that a default daemon hits once in a
+few hundred starts.
+
+Run: ``python benchmarks/restart_stress.py [--cycles N] [--agents N] [--seed S] [--race-runs N]
+[--switch-interval S]``.
 The defaults (300 cycles of 150 sessions) take about 20 minutes on a 2-core machine.
 """
 
@@ -94,7 +100,15 @@ def _answering(daemon: DaemonProcess) -> bool:
     return True
 
 
-def run(cycles: int, agents: int, seed: int, console: Console) -> dict[str, object]:
+def _widen_races(root: Path, interval: float) -> None:
+    """Make every daemon started from here hand the GIL over each ``interval`` seconds (a sitecustomize)."""
+    site = root / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(f"import sys\nsys.setswitchinterval({interval!r})\n")
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
+
+
+def run(cycles: int, agents: int, seed: int, console: Console, switch_interval: float | None) -> dict[str, object]:
     rng = random.Random(seed)
     outcomes: Counter[str] = Counter()
     crashes: list[str] = []
@@ -103,6 +117,8 @@ def run(cycles: int, agents: int, seed: int, console: Console) -> dict[str, obje
         root = Path(tmp)
         daemon = DaemonProcess(root, extra_config=_config(model.server.url))
         os.environ["PYTHONFAULTHANDLER"] = "1"
+        if switch_interval is not None:
+            _widen_races(root, switch_interval)
         daemon.start()
         scripted = _populate(daemon, agents, seed)
         daemon.kill9()
@@ -185,17 +201,24 @@ def main() -> int:
     parser.add_argument("--agents", type=int, default=150, help="sessions restored at each start")
     parser.add_argument("--race-runs", type=int, default=10, help="processes of the msgspec race, each way")
     parser.add_argument("--seed", type=int, default=30, help="where the kills fall")
+    parser.add_argument(
+        "--switch-interval",
+        type=float,
+        default=None,
+        help="the daemon's GIL switch interval (sys.setswitchinterval): 1e-6 widens thread races a thousandfold",
+    )
     args = parser.parse_args()
     console = Console(highlight=False)
     began = time.monotonic()
     races = race(args.race_runs)
-    report = run(args.cycles, args.agents, args.seed, console)
+    report = run(args.cycles, args.agents, args.seed, console, args.switch_interval)
     table = Table(title="weald restart hunt")
     table.add_column("figure")
     table.add_column("value", justify="right")
     for mode, tally in races.items():
         table.add_row(f"msgspec race through {mode} ({args.race_runs} x 200 rounds)", json.dumps(dict(tally)))
     table.add_row("cycles (sessions restored each)", f"{report['cycles']} ({report['agents']})")
+    table.add_row("daemon's GIL switch interval, s", str(args.switch_interval or sys.getswitchinterval()))
     table.add_row(
         "full restore, s (first / median later)", f"{report['full_restore_s']} / {report['restore_s_median']}"
     )

@@ -173,9 +173,9 @@ def text_note(raw: bytes) -> TextNote | None:
     """The indexed fields of an encoded value, or None when it is not a note (it is then not indexed)."""
     try:
         note: TextNote = msgspec_decoder(TextNote).decode(raw)
-        return note
     except (msgspec.DecodeError, msgspec.ValidationError):
         return None
+    return note
 
 
 def text_scope(store_key: str) -> str:

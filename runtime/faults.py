@@ -53,7 +53,6 @@ import fnmatch
 import functools
 import itertools
 import logging
-import os
 import random
 import re
 import signal
@@ -806,8 +805,9 @@ class FaultInjector:
                 extra["pid"] = pid
             self._publish("fault.injected", path, fire.event(**extra))
         if effect.fatal_signal is not None:
-            # The whole process goes, as after a crash in C code: faulthandler prints every thread's stack.
-            os.kill(os.getpid(), signal.Signals[effect.fatal_signal])
+            # The whole process goes, as after a crash in C code: faulthandler prints every thread's stack,
+            # this one's as the current thread (a signal sent to this thread arrives before the call returns).
+            signal.pthread_kill(threading.get_ident(), signal.Signals[effect.fatal_signal])
         return effect
 
     def _on_probe(self, actor: Actor, probe: _KillProbe) -> None:

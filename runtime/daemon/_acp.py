@@ -49,7 +49,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, BinaryIO, Literal
 
 import msgspec
-from weald.runtime import Future
+from weald.runtime import Future, msgspec_convert
 from weald.runtime.daemon.client import Client, DaemonUnavailableError, RPCCallError
 
 __all__ = ["PROTOCOL_VERSION", "AcpAgent", "protocol_stdout", "serve_stdio"]
@@ -325,7 +325,7 @@ class AcpAgent:
             return
         kind, handler = entry
         try:
-            params = msgspec.convert(message.get("params") or {}, type=kind)
+            params = msgspec_convert(message.get("params") or {}, kind)
             result = handler(params)
         except msgspec.ValidationError as exc:
             self._error(request_id, INVALID_PARAMS, f"invalid params for {method}: {_describe(exc)}")
@@ -352,7 +352,7 @@ class AcpAgent:
             return  # unknown notifications are ignored (JSON-RPC: nothing to answer)
         kind, handler = entry
         try:
-            handler(msgspec.convert(params or {}, type=kind))
+            handler(msgspec_convert(params or {}, kind))
         except msgspec.ValidationError as exc:
             logger.warning("ignored %s: %s", method, _describe(exc))
 
