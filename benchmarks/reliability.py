@@ -33,6 +33,12 @@ faults, and how often it was put to the test:
   that leave their session (``setsid``, ``env -i``), the shell's sandbox on
   and off in turn; processes that died with the daemon, that the next start
   stopped and reported, and survivors (``tests/reliability/rel_leftovers.py``);
+- guard: attacks on the rules that judge an agent and on what its sandbox
+  hides, through a real daemon (plant ``weald.toml`` and skills, rewrite an
+  imported ``.mcp.json``, make git run code on the host, read hidden paths
+  of a project under ``/tmp``, overwrite the store, swap a recording's
+  directory for a link), by the shell, the file tools and the recorder;
+  attacks tried and refused (``tests/reliability/rel_guard.py``);
 - soak: agents with a small context window prompting continuously on a real
   daemon; prompts, compactions, and the daemon's memory, which must level off
   (the long version is ``benchmarks/bench_soak.py``).
@@ -75,6 +81,7 @@ from rel_chaos import InvariantCheck, escalating_plan, random_plan, run_chaos  #
 from rel_crash import run_crash_cycles  # noqa: E402
 from rel_front import run_fd_flood, run_line_flood  # noqa: E402
 from rel_fuzz import FuzzClient  # noqa: E402
+from rel_guard import run_guard  # noqa: E402
 from rel_leftovers import run_leftovers  # noqa: E402
 from rel_load import run_load  # noqa: E402
 from rel_soak import run_soak  # noqa: E402
@@ -262,6 +269,7 @@ def main() -> int:
             ("second daemon", lambda where: run_second_daemons(where, attempts=args.second_daemons)),
             ("blocking path", lambda where: run_blocking_paths(where, rounds=args.blocking_rounds)),
             ("leftovers", lambda where: run_leftovers(where, cycles=args.leftover_cycles)),
+            ("guard", run_guard),
         ):
             started = time.monotonic()
             resources[part] = run(root / part.replace(" ", "-"))

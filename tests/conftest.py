@@ -127,6 +127,16 @@ def bubblewrap() -> str:
     return status.bwrap
 
 
+@pytest.fixture(scope="session")
+def git() -> str:
+    """The path of a real ``git``, installed if missing (the tests of git's configuration and hooks run it)."""
+    apt_install("git", present=lambda: shutil.which("git") is not None, needed_for="the tests of git's hooks")
+    found = shutil.which("git")
+    if found is None:
+        pytest.fail("git is not installed and could not be installed", pytrace=False)
+    return found
+
+
 @pytest.fixture
 def path_without_bwrap(tmp_path: Path) -> str:
     """A ``PATH`` with the usual programs (bash, sh, env, cat, ls...) but no ``bwrap``: a machine without bubblewrap."""

@@ -1,20 +1,30 @@
 """The OS sandbox for shell commands: the bubblewrap command line, and whether bubblewrap works here.
 
-A sandboxed command runs as ``bwrap [options] -- bash -c COMMAND``. What it sees:
+A sandboxed command runs as ``bwrap --args FD -- bash -c COMMAND``, its
+options read from a memory file (`options_file`) rather than its command
+line, where the sandbox's ``/proc/1/cmdline`` and the host's ``ps`` would
+show every hidden path. What it sees:
 
 - the whole filesystem, read-only (``--ro-bind / /``), with a fresh ``/dev``
   and a fresh ``/proc`` that shows only its own processes;
 - writable: the project directory, a private ``/tmp``, and the paths
   ``[tools.shell] writable`` names;
 - not at all (an empty directory or an empty file in their place): the
-  daemon's state directory, socket and config files, ``$XDG_RUNTIME_DIR``
-  (agent and bus sockets), the container runtimes' sockets and the usual
-  homes of credentials (`default_hidden_paths`: ``~/.ssh``, ``~/.aws``,
-  ``~/.config/gcloud``, ``~/.netrc``, ``~/.weald``...), plus what
+  daemon's state directory, socket and config files (*private*: nothing
+  shows them again), ``$XDG_RUNTIME_DIR`` (agent and bus sockets), the
+  container runtimes' sockets and the usual homes of credentials
+  (`default_hidden_paths`: ``~/.ssh``, ``~/.aws``, ``~/.config/gcloud``,
+  ``~/.netrc``, ``~/.claude.json``, ``~/.weald``...), plus what
   ``[tools.shell] hidden`` adds; ``[tools.shell] readable`` shows a hidden
-  path again, read-only;
-- read-only even inside the project: its ``weald.toml`` and ``.weald``
-  (so a command cannot rewrite the rules that judge it);
+  path again, read-only. Hidden wins over every mount that would show a path
+  again, wherever it lives: under the host's ``/tmp`` too, when the project
+  lives there;
+- read-only even inside the project, whether they exist or not: the files
+  that decide what an agent may do (`weald.tools._protected`: ``weald.toml``,
+  ``.weald``, git's config and hooks, the files the configuration reads). A
+  missing one gets a read-only placeholder while the command runs, so it
+  cannot be planted; the directories on the way to one are bound onto
+  themselves, so none can be renamed away from under its mount;
 - its own PID namespace (``--unshare-pid``): the daemon and every other
   process of the machine are invisible, and when ``bwrap`` dies
   (``--die-with-parent``: when the daemon dies) the kernel kills every
@@ -29,6 +39,13 @@ Mounts are applied shallowest path first, so a path inside a hidden
 directory can be shown again (the project inside a hidden state directory,
 a skills folder inside ``~/.weald``) and one inside a writable directory
 hidden (the state directory inside the project).
+
+What the sandbox cannot hide: ``/proc/self/mountinfo`` lists every mount
+point, so the paths (never the contents) of the hidden paths that exist,
+of the project, of the writable and readable paths and of the protected
+files are visible there, as they are to ``ls``; and its line for ``/tmp``
+names the host directory behind it (the session's, in the state
+directory, whose path the session's saved outputs show anyway).
 
 `sandbox_status` runs bubblewrap once with these options to learn whether it
 works on this machine (it is missing, or user namespaces are off, in many
@@ -48,6 +65,7 @@ from pathlib import Path
 from typing import Literal
 
 import attrs
+from weald.tools._protected import Placeholders, Protected, Shape, is_placeholder, protected_paths
 
 __all__ = [
     "SANDBOX_ENABLE_HINT",
@@ -56,9 +74,11 @@ __all__ = [
     "SandboxPolicy",
     "SandboxStatus",
     "bwrap_argv",
+    "bwrap_options",
     "cached_sandbox_status",
     "default_hidden_paths",
     "expand_paths",
+    "options_file",
     "probe_sandbox",
     "sandbox_status",
 ]
@@ -109,14 +129,40 @@ _HOME_SECRETS = (
     ".bash_history",
     ".zsh_history",
     ".python_history",
+    ".psql_history",
+    ".mysql_history",
     ".weald",
+    # Coding agents' and their desktop apps' logins and configs (MCP servers with keys in env).
+    ".claude.json",
+    ".claude/.credentials.json",
+    ".config/Claude/claude_desktop_config.json",
+    "Library/Application Support/Claude/claude_desktop_config.json",
+    ".codex",
+    ".config/opencode",
+    ".local/share/opencode/auth.json",
+    ".config/github-copilot",
+    # Tokens and passwords of common tools.
+    ".cache/huggingface/token",
+    ".huggingface/token",
+    ".config/rclone/rclone.conf",
+    ".pip/pip.conf",
+    ".config/pip/pip.conf",
+    ".env",
+    ".s3cfg",
+    ".boto",
+    ".config/containers/auth.json",
+    ".gem/credentials",
+    ".m2/settings.xml",
+    ".gradle/gradle.properties",
+    ".config/composer/auth.json",
+    ".composer/auth.json",
+    ".databrickscfg",
+    ".oci",
+    ".config/doctl",
 )
 
 # Sockets that hand out root (container runtimes) or the user's session.
 _SYSTEM_SECRETS = ("/var/run/docker.sock", "/run/docker.sock", "/run/podman", "/run/containerd")
-
-# Read-only even inside a writable project: the rules that judge its commands.
-_PROTECTED_IN_PROJECT = ("weald.toml", ".weald")
 
 _PROBE_TIMEOUT = 15.0
 
@@ -149,7 +195,13 @@ class SandboxPolicy:
         writable: more writable paths (``[tools.shell] writable``).
         readable: paths shown read-only even when a hidden path contains them
             (``[tools.shell] readable``, the session's skills and saved outputs).
-        hidden: paths the command may not see.
+        hidden: paths the command may not see (`default_hidden_paths` and
+            ``[tools.shell] hidden``); ``readable`` may show one again.
+        private: paths the command may never see, whatever ``readable`` or
+            ``writable`` say at that very path (the daemon's state directory,
+            socket and config); a readable path inside one is still shown.
+        protected: more files no command may write (`ToolConfig.protected_paths`),
+            besides the project's own (`weald.tools._protected.protected_paths`).
         network: whether it may use the network.
         tmp: a host directory to mount as ``/tmp``; None for a fresh, empty one.
     """
@@ -159,6 +211,8 @@ class SandboxPolicy:
     writable: tuple[Path, ...] = ()
     readable: tuple[Path, ...] = ()
     hidden: tuple[Path, ...] = ()
+    private: tuple[Path, ...] = ()
+    protected: tuple[Path, ...] = ()
     network: bool = False
     tmp: Path | None = None
 
@@ -177,54 +231,133 @@ def _within(path: Path, base: Path) -> bool:
     return path == base or base in path.parents
 
 
-def _mounts(policy: SandboxPolicy) -> list[tuple[str, Path, Path]]:
-    """``(option, source, destination)`` for each mount after the read-only root, shallowest first."""
+def _deepest(path: Path, bases: Iterable[Path]) -> Path | None:
+    """The deepest of ``bases`` containing ``path``, or None."""
+    found = [base for base in bases if _within(path, base)]
+    return max(found, key=lambda base: len(base.parts)) if found else None
+
+
+# At equal depth, mounts apply in this order (the later one wins): the
+# project and writable paths, paths shown again, the directories on the way
+# to a protected path (bound onto themselves so that none can be renamed
+# away from under its mount), protected paths read-only, then what is
+# private. A hidden path the configuration shows again at that very path is
+# not hidden at all.
+_TMP, _HIDE, _BIND, _SHOW, _PIN, _PROTECT, _PRIVATE = range(7)
+
+Mount = tuple[str, Path, Path]
+
+
+def _hiding(real: Path) -> Mount | None:
+    try:
+        mode = os.stat(real).st_mode
+    except OSError:
+        return None
+    if stat.S_ISDIR(mode):
+        return ("--tmpfs", real, real)
+    # Files and sockets alike: an empty, unwritable file in their place.
+    return ("--ro-bind", Path("/dev/null"), real)
+
+
+def _protect(
+    item: Protected, writable: list[Path], hidden: list[Path], placeholders: Placeholders | None
+) -> tuple[Path, bool] | None:
+    """Where to mount ``item`` read-only (its real path, or a placeholder's) and whether that is a placeholder.
+
+    None when it needs no mount: it lies outside every writable path (so
+    read-only already) or inside a hidden one, or it is missing and has no
+    placeholder (or none can be made). A missing one gets its placeholder at
+    its first missing component (or at one that is a placeholder already,
+    left by another sandbox).
+    """
+    if item.placeholder is not None and placeholders is not None:
+        inside = _deepest(item.path, writable)
+        if inside is not None and _deepest(item.path, hidden) is None:
+            spot = inside
+            for part in item.path.relative_to(inside).parts:
+                spot = spot / part
+                shape: Shape = item.placeholder if spot == item.path else "dir"
+                if not os.path.lexists(spot) or is_placeholder(spot, shape):
+                    if placeholders.hold(spot, shape):
+                        return spot, True
+                    break  # something else appeared there meanwhile: protect what it is
+                if spot != item.path and (os.path.islink(spot) or not os.path.isdir(spot)):
+                    break  # through a link (protected where it leads, below) or a file (nothing to protect)
+    real = _real(item.path)
+    if real is None or _deepest(real, writable) is None or _deepest(real, hidden) is not None:
+        return None
+    return real, False
+
+
+def _mounts(policy: SandboxPolicy, placeholders: Placeholders | None = None) -> tuple[list[Mount], list[Path]]:
+    """Each mount after the read-only root, shallowest first, and the placeholders to lock."""
     shown = {p for p in (_real(path) for path in policy.readable) if p is not None}
     project = _real(policy.project) if policy.project is not None else None
     writable = [p for p in (project, *(_real(path) for path in policy.writable)) if p is not None]
-    mounts: list[tuple[str, Path, Path]] = []
+    ranked: list[tuple[int, Mount]] = []
     tmp = Path("/tmp")  # noqa: S108 - the sandbox's own /tmp, a fresh tmpfs
     if policy.tmp is not None and (tmp_dir := _real(policy.tmp)) is not None:
-        mounts.append(("--bind", tmp_dir, tmp))
+        ranked.append((_TMP, ("--bind", tmp_dir, tmp)))
     else:
-        mounts.append(("--tmpfs", tmp, tmp))
-    hidden = {real for real in (_real(path) for path in policy.hidden) if real is not None}
+        ranked.append((_TMP, ("--tmpfs", tmp, tmp)))
+    visible = [*writable, *shown]
+
+    def needed(real: Path) -> bool:
+        # One under /tmp is gone with the host's /tmp, unless a mount shows it again.
+        return not _within(real, tmp) or _deepest(real, visible) is not None
+
+    hidden_dirs: list[Path] = []
+    private = {real for real in (_real(path) for path in policy.private) if real is not None}
+    for real in sorted(private):
+        if needed(real) and (mount := _hiding(real)) is not None:
+            ranked.append((_PRIVATE, mount))
+            hidden_dirs.append(real)
+    hidden = {real for real in (_real(path) for path in policy.hidden) if real is not None} - private
     for real in sorted(hidden):
-        # A path the configuration shows again (or makes writable) stays; one
-        # that does not exist has nothing to hide; one in /tmp is already gone.
-        if real in shown or real in writable or _within(real, tmp):
+        # A path the configuration shows again (or makes writable) stays.
+        if real in shown or real in writable or not needed(real):
             continue
-        try:
-            mode = os.stat(real).st_mode
-        except OSError:
-            continue
-        if stat.S_ISDIR(mode):
-            mounts.append(("--tmpfs", real, real))
-        else:
-            # Files and sockets alike: an empty, unwritable file in their place.
-            mounts.append(("--ro-bind", Path("/dev/null"), real))
-    mounts.extend(("--bind", path, path) for path in writable)
-    mounts.extend(("--ro-bind", path, path) for path in sorted(shown))
+        if (mount := _hiding(real)) is not None:
+            ranked.append((_HIDE, mount))
+            hidden_dirs.append(real)
+    ranked.extend((_BIND, ("--bind", path, path)) for path in writable)
+    ranked.extend((_SHOW, ("--ro-bind", path, path)) for path in sorted(shown))
+    locks: list[Path] = []
     if project is not None:
-        for name in _PROTECTED_IN_PROJECT:
-            protected = _real(project / name)
-            if protected is not None and _within(protected, project):
-                mounts.append(("--ro-bind", protected, protected))
-    # Stable: at equal depth, the order above (hide, then bind, then show).
-    mounts.sort(key=lambda mount: len(mount[2].parts))
-    return mounts
+        items = protected_paths(project, policy.protected)
+        pinned: set[Path] = set()
+        for item in items:
+            found = _protect(item, writable, hidden_dirs, placeholders)
+            if found is None:
+                continue
+            target, is_placeholder = found
+            ranked.append((_PROTECT, ("--ro-bind", target, target)))
+            if is_placeholder:
+                locks.append(target)
+            inside = _deepest(target, writable)
+            assert inside is not None
+            between = target.parent
+            while between != inside and _within(between, inside) and between not in pinned:
+                pinned.add(between)
+                ranked.append((_PIN, ("--bind", between, between)))
+                between = between.parent
+    # Stable: at equal depth, in rank order.
+    ranked.sort(key=lambda entry: (len(entry[1][2].parts), entry[0]))
+    mounts = list(dict.fromkeys(mount for _, mount in ranked))
+    return mounts, locks
 
 
-def bwrap_argv(bwrap: str, policy: SandboxPolicy, command: Sequence[str]) -> list[str]:
-    """The full command line that runs ``command`` under ``policy``.
+def bwrap_options(policy: SandboxPolicy, placeholders: Placeholders | None = None) -> list[str]:
+    """The options bubblewrap gets for ``policy``: everything before ``--`` and the command.
 
     Args:
-        bwrap: the ``bwrap`` program.
         policy: what the command may see and do.
-        command: the program and its arguments (``bash -c ...``).
+        placeholders: where to make placeholders for missing protected paths
+            (`weald.tools._protected.Placeholders`; the caller releases them
+            once the command has ended); None makes none, and a missing
+            protected path is then not protected.
     """
-    argv = [
-        bwrap,
+    options = [
         "--die-with-parent",
         "--new-session",
         "--unshare-user",
@@ -234,15 +367,54 @@ def bwrap_argv(bwrap: str, policy: SandboxPolicy, command: Sequence[str]) -> lis
         "ALL",
     ]
     if not policy.network:
-        argv.append("--unshare-net")
-    argv += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
-    for option, source, destination in _mounts(policy):
+        options.append("--unshare-net")
+    options += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+    mounts, locks = _mounts(policy, placeholders)
+    for option, source, destination in mounts:
         if option == "--tmpfs":
-            argv += [option, str(destination)]
+            options += [option, str(destination)]
         else:
-            argv += [option, str(source), str(destination)]
-    argv += ["--chdir", str(policy.workdir), "--", *command]
-    return argv
+            options += [option, str(source), str(destination)]
+    # bubblewrap's init holds a lock on each placeholder while the sandbox
+    # lives, so that no other process removes one still mounted.
+    for path in locks:
+        options += ["--lock-file", str(path)]
+    options += ["--chdir", str(policy.workdir)]
+    return options
+
+
+def bwrap_argv(
+    bwrap: str, policy: SandboxPolicy, command: Sequence[str], placeholders: Placeholders | None = None
+) -> list[str]:
+    """The full command line that runs ``command`` under ``policy``, options in it (see `options_file`).
+
+    Args:
+        bwrap: the ``bwrap`` program.
+        policy: what the command may see and do.
+        command: the program and its arguments (``bash -c ...``).
+        placeholders: see `bwrap_options`.
+    """
+    return [bwrap, *bwrap_options(policy, placeholders), "--", *command]
+
+
+def options_file(options: Sequence[str]) -> int:
+    """A memory file holding ``options`` for ``bwrap --args FD``; returns its descriptor (the caller closes it).
+
+    On the command line they would show in the sandbox's ``/proc/1/cmdline``
+    (bubblewrap's init) and in the host's ``ps``, naming every hidden path.
+    bubblewrap reads the file and closes it before the command runs.
+    """
+    data = b"".join(os.fsencode(option) + b"\0" for option in options)
+    fd = os.memfd_create("weald-bwrap-options", os.MFD_CLOEXEC)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.lseek(fd, 0, os.SEEK_SET)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 # -- does it work here? -----------------------------------------------------------------------------

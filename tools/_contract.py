@@ -213,12 +213,17 @@ class ToolConfig:
         options: per-tool options, by tool name (e.g. ``{"shell": {"env_keep": [...]}}``).
         private_paths: paths no command in the OS sandbox may see, set by
             the runtime: the daemon's state directory, socket and config files.
+        protected_paths: files no tool may write, set by the runtime: the
+            files weald's configuration reads besides the project's own
+            ``weald.toml`` and ``.weald/`` (``[mcp] import`` files, the faults
+            file), which are protected always (`weald.tools._protected`).
     """
 
     max_output_lines: int = 2000
     max_output_bytes: int = 50 * 1024
     options: Mapping[str, Mapping[str, Any]] = attrs.field(factory=dict)
     private_paths: tuple[str, ...] = attrs.field(default=(), converter=_path_strings)
+    protected_paths: tuple[str, ...] = attrs.field(default=(), converter=_path_strings)
 
     def option(self, tool_name: str, key: str, default: Any = None) -> Any:
         """Return ``options[tool_name][key]``, or ``default``."""

@@ -152,6 +152,7 @@ class _Job:
         "id",
         "kill_requested",
         "mark",
+        "on_end",
         "pass_fds",
         "pid",
         "process",
@@ -182,6 +183,7 @@ class _Job:
         self.run_in = cwd  # where the process starts (a pinned /proc/self/fd path, or cwd)
         self.pass_fds: tuple[int, ...] = ()
         self.sandboxed = False
+        self.on_end: Callable[[], Awaitable[None]] | None = None
         self.env = env
         self.capture = capture
         self.token = trio.lowlevel.current_trio_token()
@@ -313,6 +315,7 @@ class JobTable:
         pass_fds: Sequence[int] = (),
         run_in: Path | None = None,
         sandboxed: bool = False,
+        on_end: Callable[[], Awaitable[None]] | None = None,
     ) -> JobInfo:
         """Start ``argv`` as a background job; return once it runs.
 
@@ -329,6 +332,9 @@ class JobTable:
                 ``/proc/self/fd/N`` naming ``cwd``'s directory).
             sandboxed: ``argv`` runs the command in bubblewrap's PID
                 namespace (see `weald.tools._process.terminate_group`).
+            on_end: awaited (shielded) once the job has ended, or failed to
+                start: what its launch holds is given back then (the
+                sandbox's placeholders).
 
         Raises:
             ToolError: the table is closed, too many jobs run, or the program did not start.
@@ -351,6 +357,7 @@ class JobTable:
             job = _Job(job_id, argv, command=command, cwd=cwd, env=env, capture=capture)
             job.pass_fds = tuple(pass_fds)
             job.sandboxed = sandboxed
+            job.on_end = on_end
             job.run_in = run_in if run_in is not None else cwd
             self._jobs[job_id] = job
             self._prune_locked()
@@ -362,6 +369,9 @@ class JobTable:
             job.ended_at = time.time()
             job.started.set()
             job.done.set()
+            if on_end is not None:
+                with trio.CancelScope(shield=True):
+                    await on_end()
             raise ToolError(f"{job_id} did not start: {job.error}") from exc
         await job.started.wait()
         if job.status == "failed":
@@ -416,6 +426,11 @@ class JobTable:
         finally:
             with trio.CancelScope(shield=True):
                 await job.capture.aclose()
+                if job.on_end is not None:
+                    try:
+                        await job.on_end()
+                    except Exception:  # logged: the job's own end is recorded all the same
+                        logger.exception("ending background job %s failed", job.id)
             if job.process is not None:
                 job.exit_code = job.process.returncode
                 job.status = "killed" if job.kill_requested else "exited"

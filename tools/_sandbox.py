@@ -43,6 +43,7 @@ from weald.tools._paths import (
     root_of,
     sandbox_roots,
 )
+from weald.tools._protected import protected_paths, refuse_protected
 
 __all__ = [
     "WriteOutcome",
@@ -277,13 +278,15 @@ def write_atomic(
 
     Raises:
         ToolError: the path leads outside the sandbox, is a directory, is
-            read-only, has several hard links, changed since ``expect``, or a
-            symlink appeared in its way.
+            read-only, is protected (`weald.tools._protected`: weald's and
+            git's configuration, whatever the permissions), has several hard
+            links, changed since ``expect``, or a symlink appeared in its way.
     """
     real = resolve_in_sandbox(ctx, path)
     root, parts = _split(ctx, real)
     if not parts:
         raise _directory_error(ctx, path, real)
+    refuse_protected_path(ctx, real)
     dir_fd = _open_dir(ctx, root, parts[:-1], real, create=True)
     try:
         name = parts[-1]
@@ -326,6 +329,22 @@ def write_atomic(
     finally:
         os.close(dir_fd)
     return WriteOutcome(path=real, created=existing is None, stat=written)
+
+
+def refuse_protected_path(ctx: ToolContext, real: Path) -> None:
+    """Refuse to write a path that decides what agents may do (`weald.tools._protected`), whatever the permissions.
+
+    `write_atomic` checks it too; a tool calls it first so that the model
+    learns why before anything else is asked of it (a fresh read, say).
+
+    Raises:
+        ToolError: ``real`` is the project's weald configuration or skills,
+            a ``weald.toml`` or anything in a ``.git`` directory at any depth,
+            git's hooks directory, or a file the configuration reads.
+    """
+    _, parts = _split(ctx, real)
+    protected = protected_paths(Path(os.path.realpath(ctx.working_dir)), ctx.config.protected_paths)
+    refuse_protected(display_path(ctx, real), real, parts, protected)
 
 
 def _lstat_at(dir_fd: int, name: str) -> os.stat_result | None:

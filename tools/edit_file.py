@@ -54,7 +54,7 @@ from weald.tools._hashline import (
     to_display,
 )
 from weald.tools._ledger import AnchorFate, FileHistory, session_ledger
-from weald.tools._sandbox import path_subject, refuse_read_only, write_atomic
+from weald.tools._sandbox import path_subject, refuse_protected_path, refuse_read_only, write_atomic
 from weald.tools.read_file import read_text
 
 __all__ = ["edit_file"]
@@ -242,6 +242,7 @@ def edit_file(
         new_string=new_string,
         replace_all=replace_all,
     )
+    refuse_protected_path(ctx, ctx.resolve_path(path))
     real, shown, data, st = read_text(ctx, path, purpose="edit_file edits")
     refuse_read_only(ctx, real, st)
     ledger = session_ledger(ctx)

@@ -54,10 +54,11 @@ from weald.runtime import ChildProcess, new_process_mark, sanitized_env
 from weald.tools._bwrap import (
     SANDBOX_ENABLE_HINT,
     SandboxPolicy,
-    bwrap_argv,
+    bwrap_options,
     cached_sandbox_status,
     default_hidden_paths,
     expand_paths,
+    options_file,
     sandbox_status,
 )
 from weald.tools._contract import ToolContext, ToolError, ToolResult, tool
@@ -69,6 +70,7 @@ from weald.tools._process import (
     leftover_processes,
     open_group_process,
 )
+from weald.tools._protected import Placeholders
 from weald.tools._sandbox import pinned_directory
 from weald.tools._shellrules import match_shell_patterns
 
@@ -277,7 +279,14 @@ _NETWORK_HINT = (
     "to allow it in weald.toml: [tools.shell] network = true, or a list of command patterns such as "
     '["npm install*", "pip install *"].'
 )
+_PROTECTED_HINT = (
+    "weald.toml, .weald/, git's config and hooks (and the files weald's configuration reads) are read-only to "
+    "every command, whether they exist or not (a missing one is an empty read-only placeholder while the command "
+    "runs): they decide what agents may do. Nothing was changed there. If one must change, tell the user what "
+    "to change and why."
+)
 _READ_ONLY_SIGNS = ("Read-only file system",)
+_PROTECTED_SIGNS = ("weald.toml", ".weald", ".git/", "Device or resource busy")
 _NETWORK_SIGNS = (
     "Could not resolve host",
     "Temporary failure in name resolution",
@@ -292,17 +301,47 @@ _NETWORK_SIGNS = (
 
 
 class _Launch:
-    """How a command is started: its argv, environment and descriptors, in or out of the sandbox."""
+    """How a command is started: its argv, environment and descriptors, in or out of the sandbox.
 
-    __slots__ = ("argv", "env", "mode", "network", "pass_fds", "sandboxed")
+    A sandboxed launch holds bubblewrap's options file (`started` closes it
+    once the command runs) and the placeholders of missing protected paths
+    (`ended` gives them back once it has ended).
+    """
 
-    def __init__(self, argv: list[str], env: dict[str, str], *, mode: str, network: bool, pass_fds: tuple[int, ...]):
+    __slots__ = ("argv", "env", "mode", "network", "options_fd", "pass_fds", "placeholders", "sandboxed")
+
+    def __init__(
+        self,
+        argv: list[str],
+        env: dict[str, str],
+        *,
+        mode: str,
+        network: bool,
+        pass_fds: tuple[int, ...],
+        options_fd: int | None = None,
+        placeholders: Placeholders | None = None,
+    ):
         self.argv = argv
         self.env = env
         self.mode = mode  # "bwrap", "off" (configured) or "unavailable" (auto, and bwrap does not work here)
         self.network = network
         self.pass_fds = pass_fds
         self.sandboxed = mode == "bwrap"
+        self.options_fd = options_fd
+        self.placeholders = placeholders
+
+    def started(self) -> None:
+        """Close the options file: bubblewrap has it (idempotent)."""
+        fd, self.options_fd = self.options_fd, None
+        if fd is not None:
+            os.close(fd)
+
+    async def ended(self) -> None:
+        """Give back the placeholders, in a worker thread (they are files); call once the command ended."""
+        self.started()
+        if self.placeholders is not None and self.placeholders.paths:
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(self.placeholders.release)
 
 
 def network_allowed(setting: object, command: str) -> bool:
@@ -346,13 +385,31 @@ async def _launch(ctx: ToolContext, command: str, workdir: Path, fd: int) -> _La
         return _Launch(_argv(command), env, mode="unavailable", network=True, pass_fds=(fd,))
     search_path = env.get("PATH", "")
     env["TMPDIR"] = "/tmp"  # noqa: S108 - the sandbox's own /tmp
-    argv = await trio.to_thread.run_sync(
-        functools.partial(_sandbox_argv, ctx, status.bwrap, command, workdir, network, search_path=search_path)
+    placeholders = Placeholders()
+    try:
+        options_fd = await trio.to_thread.run_sync(
+            functools.partial(
+                _sandbox_options, ctx, workdir, network, placeholders=placeholders, search_path=search_path
+            )
+        )
+    except BaseException:
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(placeholders.release)
+        raise
+    argv = [status.bwrap, "--args", str(options_fd), "--", *_argv(command)]
+    # No directory's descriptor goes in: one opened out here would lead back
+    # out of the sandbox's mounts (openat(fd, "..")). bwrap starts in the
+    # pinned directory and enters it again by its name, inside. The options
+    # file is a memory file, which bubblewrap reads and closes.
+    return _Launch(
+        argv,
+        env,
+        mode="bwrap",
+        network=network,
+        pass_fds=(options_fd,),
+        options_fd=options_fd,
+        placeholders=placeholders,
     )
-    # No descriptor goes in: one opened out here would lead back out of the
-    # sandbox's mounts (openat(fd, "..")). bwrap starts in the pinned
-    # directory and enters it again by its name, inside.
-    return _Launch(argv, env, mode="bwrap", network=network, pass_fds=())
 
 
 def toolchain_in_tmp(search_path: str) -> tuple[Path, ...]:
@@ -383,10 +440,14 @@ def toolchain_in_tmp(search_path: str) -> tuple[Path, ...]:
     return tuple(found)
 
 
-def _sandbox_argv(
-    ctx: ToolContext, bwrap: str, command: str, workdir: Path, network: bool, *, search_path: str
-) -> list[str]:
-    """Runs in a worker thread: it looks at the filesystem."""
+def _sandbox_options(
+    ctx: ToolContext, workdir: Path, network: bool, *, placeholders: Placeholders, search_path: str
+) -> int:
+    """The options bubblewrap gets for a command, in a memory file; returns its descriptor.
+
+    Runs in a worker thread: it looks at the filesystem, and makes the
+    placeholders of missing protected paths (held in ``placeholders``).
+    """
     option = ctx.config.option
     tmp = None
     if ctx.session is not None:
@@ -403,21 +464,21 @@ def _sandbox_argv(
             *ctx.allowed_dirs,
             *toolchain_in_tmp(search_path),
         ),
-        hidden=(
-            *default_hidden_paths(),
-            *expand_paths(ctx.config.private_paths),
-            *expand_paths(option("shell", "hidden", ()), base=project),
-        ),
+        hidden=(*default_hidden_paths(), *expand_paths(option("shell", "hidden", ()), base=project)),
+        private=expand_paths(ctx.config.private_paths),
+        protected=expand_paths(ctx.config.protected_paths),
         network=network,
         tmp=tmp,
     )
-    return bwrap_argv(bwrap, policy, _argv(command))
+    return options_file(bwrap_options(policy, placeholders))
 
 
 def _sandbox_hints(launch: _Launch, output: str, failed: bool) -> list[str]:
     if not launch.sandboxed or not failed:
         return []
     hints = []
+    if any(sign in output for sign in _PROTECTED_SIGNS):
+        hints.append(_PROTECTED_HINT)
     if any(sign in output for sign in _READ_ONLY_SIGNS):
         hints.append(_READ_ONLY_HINT)
     if not launch.network and any(sign in output for sign in _NETWORK_SIGNS):
@@ -505,6 +566,15 @@ async def _run_in(
     limits = _Limits.of(ctx)
     grace = float(ctx.config.option("shell", "kill_grace", DEFAULT_KILL_GRACE))
     launch = await _launch(ctx, command, workdir, fd)
+    try:
+        return await _run_launched(ctx, launch, timeout, limits=limits, grace=grace, pinned=pinned)
+    finally:
+        await launch.ended()
+
+
+async def _run_launched(
+    ctx: ToolContext, launch: _Launch, timeout: float, *, limits: _Limits, grace: float, pinned: Path
+) -> ToolResult:
     capture = OutputCapture(
         tail_bytes=limits.bytes,
         spool_dir=_spool_dir(ctx),
@@ -529,6 +599,7 @@ async def _run_in(
             mark=mark,
             sandboxed=launch.sandboxed,
         ) as process:
+            launch.started()
             # The whole timeout: the runner's own deadline for the call is later
             # (`RunnerConfig.grace`), so this answer, with the output, comes first.
             with trio.move_on_after(timeout) as deadline:
@@ -630,15 +701,19 @@ async def _start_job(ctx: ToolContext, command: str, cwd: str | None) -> ToolRes
     workdir = _workdir(ctx, cwd)
     with pinned_directory(ctx, workdir) as (pinned, fd):  # held until the job has started in it
         launch = await _launch(ctx, command, workdir, fd)
-        info = await jobs.start(
-            launch.argv,
-            command=command,
-            cwd=workdir,
-            env=launch.env,
-            pass_fds=launch.pass_fds,
-            run_in=pinned,
-            sandboxed=launch.sandboxed,
-        )
+        try:
+            info = await jobs.start(
+                launch.argv,
+                command=command,
+                cwd=workdir,
+                env=launch.env,
+                pass_fds=launch.pass_fds,
+                run_in=pinned,
+                sandboxed=launch.sandboxed,
+                on_end=launch.ended,
+            )
+        finally:
+            launch.started()
     return ToolResult.success(
         f"Started {info.id} (pid {info.pid}) in the background: {command}\n"
         f"Use action='wait' with job_id='{info.id}' to read its output and see whether it ended, "

@@ -9,7 +9,14 @@ from typing import Any
 from weald.tools._contract import ToolContext, ToolError, ToolResult, tool
 from weald.tools._hashline import UTF8_BOM, TextFile, strip_echoed_tags, tag_prefixed
 from weald.tools._ledger import session_ledger
-from weald.tools._sandbox import display_path, path_subject, refuse_read_only, resolve_in_sandbox, write_atomic
+from weald.tools._sandbox import (
+    display_path,
+    path_subject,
+    refuse_protected_path,
+    refuse_read_only,
+    resolve_in_sandbox,
+    write_atomic,
+)
 from weald.tools.read_file import read_text
 
 __all__ = ["write_file"]
@@ -68,6 +75,7 @@ def write_file(ctx: ToolContext, path: str, content: str) -> ToolResult:
             changed since.
     """
     real = resolve_in_sandbox(ctx, path)
+    refuse_protected_path(ctx, real)
     shown = display_path(ctx, real)
     ledger = session_ledger(ctx)
     written = content.replace("\r\n", "\n")

@@ -488,11 +488,33 @@ class Sessions:
                 timeouts=dict(tools.timeouts),
                 permissions=dict(tools.permissions),
                 permission_timeout=tools.permission_timeout,
-                tool_config=attrs.evolve(tools.to_tool_config(), private_paths=self.private_paths),
+                tool_config=attrs.evolve(
+                    tools.to_tool_config(),
+                    private_paths=self.private_paths,
+                    protected_paths=self._protected_paths(project),
+                ),
                 spill=self.config.spill.to_limits(),  # daemon-wide: the daemon's disk
             )
             made = self._per_generation[project.generation] = (runner, config.context.to_context_config())
         return made
+
+    def _protected_paths(self, project: ProjectConfig) -> tuple[str, ...]:
+        """What no agent of ``project`` may write besides its working directory's ``weald.toml`` and ``.weald``.
+
+        The files its configuration was read from, its project directory's
+        own ``weald.toml`` and ``.weald`` (above the working directory, they
+        matter where ``[tools.shell] writable`` reaches them), and the files
+        its configuration and the daemon's read: ``[mcp] import`` files and
+        the faults file.
+        """
+        paths = [file.path for file in project.files]
+        if project.root is not None:
+            paths += [str(Path(project.root) / "weald.toml"), str(Path(project.root) / ".weald")]
+        for config in (project.config, self.config):
+            paths.extend(str(path) for path in config.mcp.imports)
+            if config.faults.file is not None:
+                paths.append(str(config.faults.file))
+        return tuple(dict.fromkeys(paths))
 
     def turn_settings(self, project: ProjectConfig, record: SessionRecord) -> TurnSettings:
         """What a session's turns run under with ``project``'s configuration: its parameters over the project's."""

@@ -3,7 +3,8 @@
 ``project`` is the working directory; ``outside`` (next to it) holds
 ``secret.txt``, which no tool may read, list, change or run in. Helpers of
 this directory are named ``sec_*``; `DaemonProcess` comes from
-``tests/daemon`` and `FakeOpenAI` from ``tests/runtime``, whose directories
+``tests/daemon``, `FakeOpenAI` from ``tests/runtime`` and the attack runs
+from ``tests/reliability`` (``rel_guard``), whose directories
 are put on ``sys.path`` here as pytest's prepend import mode would.
 """
 
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 
 _TESTS = Path(__file__).resolve().parents[1]
-for _directory in (_TESTS / "daemon", _TESTS / "runtime", Path(__file__).resolve().parent):
+for _directory in (_TESTS / "daemon", _TESTS / "runtime", _TESTS / "reliability", Path(__file__).resolve().parent):
     if str(_directory) not in sys.path:
         sys.path.insert(0, str(_directory))
 

@@ -37,11 +37,12 @@ class RunnerHarness:
         options: dict[str, Any] | None = None,
         permissions: dict[str, Any] | None = None,
         permission_timeout: float = 300.0,
+        protected: tuple[str, ...] = (),
     ) -> None:
         config = RunnerConfig(
             permissions=ALLOW_ALL if permissions is None else permissions,
             permission_timeout=permission_timeout,
-            tool_config=ToolConfig(options=options or {}),
+            tool_config=ToolConfig(options=options or {}, protected_paths=protected),
             timeouts={"shell": 20.0, "grep": 20.0, "glob": 20.0},
         )
         self.runner = system.spawn(

@@ -52,8 +52,8 @@ def _tool_imports(module: str) -> set[str]:
 
 
 def test_the_contract_and_the_modules_beneath_it_import_one_way() -> None:
-    # _names <- _errors <- _paths <- _contract <- _sandbox: no module imports one above it.
-    order = ["_names", "_errors", "_paths", "_contract", "_sandbox"]
+    # _names <- _errors <- _paths, _protected <- _contract <- _sandbox: no module imports one above it.
+    order = ["_names", "_errors", "_paths", "_protected", "_contract", "_sandbox"]
     for index, module in enumerate(order):
         above = set(order[index + 1 :])
         assert not _tool_imports(module) & above, f"{module} imports {_tool_imports(module) & above}"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
+import subprocess
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -41,11 +42,16 @@ def work(tmp_path: Path) -> Path:
 @pytest.fixture
 def make_ctx(work: Path, tmp_path: Path) -> Callable[..., ToolContext]:
     def make(
-        *, shell_options: Mapping[str, Any] | None = None, private: tuple[str, ...] = (), **fields: Any
+        *,
+        shell_options: Mapping[str, Any] | None = None,
+        private: tuple[str, ...] = (),
+        protected: tuple[str, ...] = (),
+        **fields: Any,
     ) -> ToolContext:
         fields.setdefault("working_dir", work)
         fields.setdefault("session", SessionServices(output_dir=tmp_path / "out"))
-        fields["config"] = ToolConfig(options={"shell": {**FAST_KILL, **(shell_options or {})}}, private_paths=private)
+        options = {"shell": {**FAST_KILL, **(shell_options or {})}}
+        fields["config"] = ToolConfig(options=options, private_paths=private, protected_paths=protected)
         return ToolContext(**fields)
 
     return make
@@ -412,3 +418,192 @@ async def test_programs_on_the_path_under_the_hosts_tmp_still_run_read_only(
     assert "from the venv's lib" in result.output
     assert not (venv / "lib" / "pwned").exists()  # shown read-only
     assert "tmp-secret" not in result.output  # the rest of the host's /tmp stays out of reach
+
+
+# -- what decides what the agent may do, and what the sandbox hides ------------------------------
+
+
+@pytest.mark.trio
+async def test_weald_config_and_skills_cannot_be_planted_where_there_are_none(
+    make_ctx: Callable[..., ToolContext], work: Path
+) -> None:
+    command = (
+        "echo more > notes.txt; "
+        'printf \'[mcp.servers.x]\\ncommand = "sh"\\n[tools.shell]\\nsandbox = "off"\\n\' > weald.toml; '
+        "mkdir -p .weald/skills/x; rm -rf weald.toml .weald; mv weald.toml elsewhere"
+    )
+    result = await run(make_ctx(), command=command)
+    assert not result.ok
+    for refusal in ("weald.toml: Is a directory", "Not a directory", "Device or resource busy"):
+        assert refusal in result.output
+    assert any("read-only to every command, whether they exist or not" in hint for hint in result.hints)
+    # Nothing planted, no placeholder left behind; the rest of the project stays writable.
+    assert names(work) == ["notes.txt"]
+    assert (work / "notes.txt").read_text() == "more\n"
+
+
+@pytest.mark.trio
+async def test_a_placeholder_stays_while_any_sandbox_holds_it_and_goes_with_the_last(
+    nursery: trio.Nursery, make_ctx: Callable[..., ToolContext], work: Path, tmp_path: Path, bubblewrap: str
+) -> None:
+    jobs = JobTable(nursery_spawner(nursery), output_dir=tmp_path / "out", kill_grace=0.5)
+    ctx = make_ctx(session=SessionServices(output_dir=tmp_path / "out", jobs=jobs))
+    started = await run(ctx, command="sleep 1000", background=True)
+    # Held by the job's sandbox: an empty directory for weald.toml, an empty file for .weald.
+    assert (work / "weald.toml").is_dir()
+    assert (work / ".weald").is_file()
+    assert "Read-only file system" in (await run(ctx, command="echo x > weald.toml/x")).output
+    assert (work / "weald.toml").is_dir()  # the job still holds it after that command ended
+    # Another process's sandbox (another daemon's, say) holds it too, with bubblewrap's lock.
+    lock = ["--lock-file", str(work / "weald.toml")]
+    other = await trio.lowlevel.open_process(
+        [bubblewrap, "--die-with-parent", "--unshare-pid", "--ro-bind", "/", "/", *lock, "--", "sleep", "1000"]
+    )
+    await await_until(lambda: _locked(work / "weald.toml"), timeout=10, message="the other sandbox's lock")
+    await run(ctx, action="kill", job_id=started.data["job_id"])
+    assert (work / "weald.toml").is_dir()  # not removed from under the other sandbox
+    assert not (work / ".weald").exists()  # nobody else held that one
+    other.kill()
+    await other.wait()
+    # Its init dies with it (--die-with-parent), a moment later; then the next command to end removes it.
+    await await_until(lambda: not _locked(work / "weald.toml"), timeout=10, message="the other sandbox to end")
+    assert (await run(ctx, command="true")).ok
+    assert names(work) == []
+    await jobs.aclose()
+
+
+def names(directory: Path) -> list[str]:
+    """What ``directory`` holds, sorted."""
+    return sorted(os.listdir(directory))
+
+
+def _locked(path: Path) -> bool:
+    import fcntl
+    import struct
+
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        answer = fcntl.fcntl(fd, fcntl.F_GETLK, struct.pack("@hhqqi4x", fcntl.F_WRLCK, 0, 0, 0, 0))
+    finally:
+        os.close(fd)
+    return bool(struct.unpack("@hhqqi4x", answer)[0] != fcntl.F_UNLCK)
+
+
+def _git(project: Path, *args: str) -> str:
+    env = {**os.environ, "GIT_AUTHOR_NAME": "u", "GIT_AUTHOR_EMAIL": "u@x"}
+    env |= {"GIT_COMMITTER_NAME": "u", "GIT_COMMITTER_EMAIL": "u@x"}
+    done = subprocess.run(["git", "-C", str(project), *args], capture_output=True, text=True, env=env, check=True)
+    return done.stdout
+
+
+@pytest.mark.trio
+@pytest.mark.usefixtures("git")
+async def test_git_config_hooks_and_hooks_path_are_read_only_and_git_still_works(
+    make_ctx: Callable[..., ToolContext], work: Path, tmp_path: Path
+) -> None:
+    marker = tmp_path / "PLANTED-RAN"
+    _git(work, "init", "-q")
+    _git(work, "config", "core.hooksPath", "tools/githooks")  # tools/ does not exist yet
+    config = (work / ".git" / "config").read_text()
+    command = (
+        f"git config core.fsmonitor 'touch {marker}'; printf '[core]\\nfsmonitor = touch {marker}\\n' >> .git/config; "
+        f"printf '#!/bin/sh\\ntouch {marker}\\n' > .git/hooks/pre-commit; mkdir -p tools/githooks; "
+        "mv .git .git.old; mv .git/hooks .git/h; "
+        "echo hi > a.txt && git add a.txt && git -c user.name=a -c user.email=a@x commit -qm first && git log --oneline"
+    )
+    result = await run(make_ctx(), command=command)
+    assert "first" in result.output, result.output  # git itself works in the sandbox
+    assert result.output.count("Read-only file system") >= 2
+    assert "could not write config file .git/config" in result.output  # git config's own refusal
+    assert (work / ".git" / "config").read_text() == config
+    assert sorted(p.name for p in (work / ".git" / "hooks").iterdir() if not p.name.endswith(".sample")) == []
+    assert names(work) == [".git", "a.txt"]  # no tools/ left, .git not moved
+    # The user's own git, on the host, afterwards: nothing planted runs.
+    (work / "a.txt").write_text("changed\n")
+    _git(work, "status")
+    _git(work, "commit", "-qam", "second")
+    assert not marker.exists()
+
+
+@pytest.mark.trio
+async def test_a_file_the_configuration_reads_is_read_only(make_ctx: Callable[..., ToolContext], work: Path) -> None:
+    (work / "config").mkdir()
+    (work / "config" / ".mcp.json").write_text('{"mcpServers": {}}\n')
+    ctx = make_ctx(protected=(str(work / "config" / ".mcp.json"),))
+    command = "echo '{}' > config/.mcp.json; mv config conf; rm config/.mcp.json; echo ok > config/other.json"
+    result = await run(ctx, command=command)
+    assert (work / "config" / ".mcp.json").read_text() == '{"mcpServers": {}}\n'
+    assert (work / "config" / "other.json").read_text() == "ok\n"  # the rest of its directory stays writable
+    assert "Device or resource busy" in result.output  # its directory cannot be moved away either
+
+
+@pytest.mark.trio
+async def test_hidden_and_private_paths_stay_hidden_in_a_project_under_tmp(
+    make_ctx: Callable[..., ToolContext], work: Path
+) -> None:
+    assert str(work).startswith("/tmp/")  # the host's /tmp, which the sandbox replaces: the project is shown again
+    (work / ".env").write_text("TOKEN=env-secret\n")
+    (work / "secrets").mkdir()
+    (work / "secrets" / "key").write_text("key-secret")
+    state = work / "state"
+    state.mkdir()
+    (state / "store.db").write_text("store-secret")
+    ctx = make_ctx(
+        shell_options={"hidden": [".env", "secrets"], "readable": ["state"], "writable": ["state"]},
+        private=(str(state),),
+    )
+    result = await run(ctx, command="cat .env secrets/key state/store.db; echo pwned > state/store.db; ls -A state")
+    for secret in ("env-secret", "key-secret", "store-secret"):
+        assert secret not in result.output
+    assert (state / "store.db").read_text() == "store-secret"  # private wins over readable and writable
+
+
+CREDENTIALS = {
+    ".claude.json": '{"oauthAccount": "claude-secret"}',
+    ".claude/.credentials.json": '{"accessToken": "claude-token"}',
+    ".config/Claude/claude_desktop_config.json": '{"env": {"K": "desktop-secret"}}',
+    ".codex/auth.json": '{"OPENAI_API_KEY": "codex-secret"}',
+    ".config/opencode/opencode.json": '{"apiKey": "opencode-config"}',
+    ".local/share/opencode/auth.json": '{"key": "opencode-secret"}',
+    ".cache/huggingface/token": "hf-secret",
+    ".config/rclone/rclone.conf": "pass = rclone-secret",
+    ".pip/pip.conf": "index-url = https://u:pip-secret@x",
+    ".config/pip/pip.conf": "index-url = https://u:pip2-secret@x",
+    ".env": "TOKEN=home-env-secret",
+    ".s3cfg": "secret_key = s3cfg-secret",
+    ".config/containers/auth.json": '{"auths": {"x": {"auth": "podman-secret"}}}',
+    ".gem/credentials": ":rubygems_api_key: gem-secret",
+    ".config/github-copilot/hosts.json": '{"github.com": {"oauth_token": "copilot-secret"}}',
+    ".psql_history": "select 'psql-secret';",
+}
+
+
+@pytest.mark.trio
+async def test_the_credentials_of_coding_agents_and_common_tools_are_hidden(
+    make_ctx: Callable[..., ToolContext], visible: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home = visible / "home"
+    for name, text in CREDENTIALS.items():
+        (home / name).parent.mkdir(parents=True, exist_ok=True)
+        (home / name).write_text(text)
+    monkeypatch.setenv("HOME", str(home))
+    listing = " ".join(f"~/{name}" for name in CREDENTIALS)
+    result = await run(make_ctx(), command=f"cat {listing} 2>&1; grep -r secret ~ 2>&1")
+    leaked = [name for name, text in CREDENTIALS.items() if text.split()[-1].strip("'\";}") in result.output]
+    assert leaked == []
+
+
+@pytest.mark.trio
+async def test_the_sandboxs_command_line_names_no_hidden_path(
+    make_ctx: Callable[..., ToolContext], fake_home: Path, visible: Path
+) -> None:
+    state = visible / "state"
+    state.mkdir()
+    sleep = tag()
+    ctx = make_ctx(private=(str(state),), shell_options={"hidden": ["secret-dir"]})
+    (Path(ctx.working_dir) / "secret-dir").mkdir()
+    command = f"tr '\\0' '\\n' < /proc/1/cmdline; sleep {sleep} & sleep 0.5; ps -eo args; wait"
+    result = await run(ctx, command=command, timeout=30)
+    for path in (state, fake_home / ".ssh", Path(ctx.working_dir) / "secret-dir"):
+        assert str(path) not in result.output
+    assert "--args" in result.output  # bubblewrap read its options from a file
