@@ -1536,6 +1536,7 @@ class Daemon:
         log, self.log = self.log, None
         if log is not None:
             log.close()
+
     def _start_telemetry(self, settings: TelemetrySettings) -> None:
         """Start exporting traces and metrics (OpenTelemetry is imported here, and only when it is on)."""
         from weald.runtime.daemon._telemetry import Telemetry
