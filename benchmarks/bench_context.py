@@ -21,17 +21,32 @@ largest context each kept in memory.
 Alone, on a context of 200 messages: the estimate before a model call,
 one prune, and planning plus building a compaction request.
 
-Run: ``python benchmarks/bench_context.py [--steps 300] [--rounds 3]``
+Churn (``--churn``): a long session with large outputs, the case that made
+an agent compact at almost every step. One turn of ``--steps`` steps, each
+calling a tool whose output is 6 KB, under a 4,000-token window (500 kept
+for the answer) with the last 3 steps' outputs protected: three outputs
+alone exceed the budget. Printed: compactions per 100 steps, the model calls
+spent on compaction (summary requests the model answered), prunes per 100
+steps, the largest request and time per step. ``--before REF`` runs the same
+session with that commit's code in a worker process, side by side with this
+checkout's (rounds alternating), and prints both with the ratios.
+
+Run: ``python benchmarks/bench_context.py [--steps 300] [--rounds 3]``, or
+``python benchmarks/bench_context.py --churn [--steps 300] [--rounds 3] [--before REF]``
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +57,17 @@ from weald.runtime.agents.agent import AgentConfig
 from weald.runtime.agents.context import Context, ContextConfig
 from weald.runtime.agents.session import SessionConfig, agent_path, session_spec
 from weald.runtime.agents.tool_runner import RunnerConfig
-from weald.runtime.llm import Message, ModelLimits, ProviderSettings, ScriptedProvider, ToolCall, ToolSpec, Usage
+from weald.runtime.llm import (
+    Message,
+    ModelLimits,
+    ModelRequest,
+    ProviderSettings,
+    ScriptedProvider,
+    StreamEvent,
+    ToolCall,
+    ToolSpec,
+    Usage,
+)
 from weald.runtime.testing import wait_until
 from weald.supervisors import DynamicSupervisor
 from weald.tools import ToolContext, ToolRegistry, tool
@@ -54,6 +79,149 @@ OUTPUT = "line of tool output, 36 characters\n" * 100  # 3,600 characters
 @tool(name="big", description="returns 3,600 characters", parameters={"type": "object", "properties": {}}, registry=REG)
 async def big(ctx: ToolContext) -> str:  # noqa: ARG001 - the tool signature
     return OUTPUT
+
+
+LARGE = "a line of a large tool output, 40 chars\n" * 150  # 6,000 characters
+
+
+@tool(
+    name="large", description="returns 6,000 characters", parameters={"type": "object", "properties": {}}, registry=REG
+)
+async def large(ctx: ToolContext) -> str:  # noqa: ARG001 - the tool signature
+    return LARGE
+
+
+class Counting:
+    """A scripted model that counts the requests it answers, by purpose (``turn`` or ``compaction``)."""
+
+    def __init__(self, inner: ScriptedProvider) -> None:
+        self.inner = inner
+        self.settings = inner.settings
+        self.model = "scripted:bench"
+        self.answered: dict[str, int] = {}
+        self.largest = 0
+
+    @property
+    def position(self) -> int:
+        return self.inner.position
+
+    def seek(self, position: int) -> None:
+        self.inner.seek(position)
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[StreamEvent]:
+        async for event in self.inner.stream(request):
+            usage = getattr(event, "usage", None)
+            if usage is not None:
+                self.answered[request.purpose] = self.answered.get(request.purpose, 0) + 1
+                if request.purpose == "turn":
+                    self.largest = max(self.largest, usage.input_tokens)
+            yield event
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def churn_run(steps: int, root: Path) -> dict[str, Any]:
+    """One turn of ``steps`` steps of 6 KB outputs under a 4,000-token window, keeping 3 steps' outputs."""
+    turns: list[dict[str, Any]] = [{"text": "step", "tool_calls": [{"name": "large", "arguments": {}}]}] * steps
+    script = {"turns": [*turns, {"text": "done"}], "summary": "They ran the large tool, step after step."}
+    settings = ProviderSettings(context_window=4_000, output_reserve=500)
+    models: list[Counting] = []
+
+    def factory(_model: str) -> Counting:
+        models.append(Counting(ScriptedProvider.from_dict(script, settings=settings)))
+        return models[-1]
+
+    with ActorSystem(store_path=root / f"churn-{time.monotonic_ns()}.db") as system:
+        sessions = system.spawn(DynamicSupervisor, kwargs={"max_restarts": 5}, name="sessions")
+        agent_config = AgentConfig(
+            model="scripted:bench", max_steps=steps + 10, context=ContextConfig(keep_tool_results=3)
+        )
+        config = SessionConfig("s1", str(root), agent_config, RunnerConfig())
+        spec = session_spec(config, system=system, registry=REG, provider_factory=factory)
+        sessions.proxy().start_child(spec).get(timeout=30)
+        agent = wait_until(lambda: system.whereis(agent_path("s1")))
+        events = system.events.subscribe(["agent.compacting", "agent.pruned"], max_buffer=100_000)
+        began = time.perf_counter()
+        result = agent.proxy().prompt("go").get(timeout=30).get(timeout=1200)
+        elapsed = time.perf_counter() - began
+        seen = events.drain_nowait()
+        events.close()
+    model = models[0]
+    done = result.steps
+    return {
+        "ok": bool(result.ok),
+        "error": result.error,
+        "steps": done,
+        "compactions_per_100": sum(1 for e in seen if e.topic == "agent.compacting") * 100 / max(1, done),
+        "compaction_calls": model.answered.get("compaction", 0),
+        "prunes_per_100": sum(1 for e in seen if e.topic == "agent.pruned") * 100 / max(1, done),
+        "largest_request": model.largest,
+        "per_step_ms": elapsed / max(1, done) * 1e3,
+    }
+
+
+_CHURN_ROWS = (
+    ("compactions per 100 steps", "compactions_per_100", "{:.1f}"),
+    ("model calls spent on compaction", "compaction_calls", "{:.0f}"),
+    ("prunes per 100 steps", "prunes_per_100", "{:.1f}"),
+    ("largest request (tokens; budget 3,500)", "largest_request", "{:,.0f}"),
+    ("time per step (ms)", "per_step_ms", "{:.2f}"),
+)
+
+
+def _churn_worker(steps: int, pythonpath: Path | None) -> dict[str, Any]:
+    """`churn_run` in a fresh process, with ``pythonpath`` first (another commit's weald) if given."""
+    env = dict(os.environ)
+    if pythonpath is not None:
+        env["PYTHONPATH"] = str(pythonpath)
+    argv = [sys.executable, __file__, "--churn-worker", "--steps", str(steps)]
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, check=False, cwd=tempfile.gettempdir())
+    if done.returncode != 0:
+        raise RuntimeError(f"the churn worker failed:\n{done.stderr[-3000:]}")
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def churn(steps: int, rounds: int, before: str | None, console: Console) -> None:
+    """The churn session, with this checkout and (``before``) another commit, rounds alternating."""
+    from _bench import checkout
+
+    console.print(f"load: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+    baseline = checkout(before, "bench-context-before-") if before is not None else None
+    contenders: dict[str, Path | None] = {"after (this checkout)": None}
+    if baseline is not None:
+        contenders = {f"before ({before})": baseline / "pkg", **contenders}
+    got: dict[str, list[dict[str, Any]]] = {name: [] for name in contenders}
+    try:
+        for i in range(rounds):
+            order = list(contenders.items()) if i % 2 == 0 else list(reversed(contenders.items()))
+            for name, path in order:
+                got[name].append(_churn_worker(steps, path))
+    finally:
+        if baseline is not None:
+            shutil.rmtree(baseline, ignore_errors=True)
+    title = f"churn: one turn of {steps} steps, 6 KB outputs, window 4,000, keep_tool_results 3 (median of {rounds})"
+    table = Table(title=title)
+    table.add_column("")
+    for name in contenders:
+        table.add_column(name, justify="right")
+    if baseline is not None:
+        table.add_column("after / before", justify="right")
+    for label, key, fmt in _CHURN_ROWS:
+        values = [statistics.median(r[key] for r in got[name]) for name in contenders]
+        cells = [fmt.format(v) for v in values]
+        if baseline is not None:
+            cells.append(f"{values[1] / values[0]:.2f}x" if values[0] else "-")
+        table.add_row(label, *cells)
+    ended = ", ".join(
+        f"{name}: {sum(r['ok'] for r in runs)}/{len(runs)} turns ok, {statistics.median(r['steps'] for r in runs):.0f}"
+        " steps"
+        for name, runs in got.items()
+    )
+    console.print(table)
+    console.print(ended)
+    console.print(f"load: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
 
 
 def session_run(steps: int, window: int, root: Path) -> dict[str, Any]:
@@ -128,8 +296,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--churn", action="store_true", help="the long session with large outputs (see above)")
+    parser.add_argument("--before", help="with --churn: a commit to run side by side with this checkout")
+    parser.add_argument("--churn-worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.churn_worker:
+        with tempfile.TemporaryDirectory(prefix="weald-bench-churn-") as tmp:
+            print(json.dumps(churn_run(args.steps, Path(tmp))))
+        return
     console = Console(width=140, highlight=False)
+    if args.churn:
+        churn(args.steps, args.rounds, args.before, console)
+        return
     console.print(f"load: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     results: dict[str, list[dict[str, Any]]] = {"managed": [], "unmanaged": []}
     with tempfile.TemporaryDirectory(prefix="weald-bench-context-") as tmp:

@@ -1920,9 +1920,8 @@ class Agent(Actor):
     def _output_limit(self, calls: int) -> int:
         """The most bytes each of ``calls`` tool results may bring, so that the next request can hold them.
 
-        What the context cannot prune (its messages other than tool results,
-        the system prompt and tools) leaves the rest of the input budget; the
-        batch's results share nine tenths of it (the estimate errs).
+        The room the context has for them (see `Context.output_room`), shared
+        by the batch's results: nine tenths of it, as the estimate errs.
         """
         context = self._context
         room = context.output_room(self._system_prompt, self._tool_specs())

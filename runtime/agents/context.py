@@ -50,6 +50,7 @@ when, calls the model and writes the store.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Sequence
 from typing import Final
@@ -494,12 +495,20 @@ class Context:
         again while the request is too large, before compacting: a step's
         outputs are worth less than a model call to summarize.
         """
-        for index, message in enumerate(self.messages):
-            # The first step boundary above the pruned part: everything before it goes (at
-            # the last step's boundary, that is every result but the last step's).
-            if message.role == "assistant" and self.seqs[index] > self.pruned_before:
+        messages = self.messages
+        # The first step boundary above the pruned part: everything before it goes (at the
+        # last step's boundary, that is every result but the last step's).
+        for index in range(bisect.bisect_right(self.seqs, self.pruned_before, lo=self._first_plain()), len(messages)):
+            if messages[index].role == "assistant":
                 return self._prune_below(self.seqs[index], index)
         return None
+
+    def _first_plain(self) -> int:
+        """The index of the first message after a leading summary: the seqs from there on ascend.
+
+        (A summary is stored after the messages it keeps, so its seq is higher than theirs.)
+        """
+        return 1 if self.messages and is_summary(self.messages[0]) else 0
 
     def prune_all_but_last_step(self) -> int:
         """Stub every tool result but those of the last step (a last resort); returns how many."""
@@ -515,26 +524,37 @@ class Context:
         return self._prune_below(self.seqs[-1] + 1, len(self.messages))
 
     def output_room(self, system: str | None, tools: Sequence[ToolSpec]) -> int:
-        """The tokens new tool results may take: the budget less what pruning cannot take away.
+        """The tokens new tool results may take and the next request still fit.
 
-        Before a report anchors the estimate, only the system prompt is
-        counted besides the messages (the tools' cost is unknown).
+        What the context can hold now, once old outputs are pruned; or, when
+        the context is fuller than a compaction would leave it, what a
+        compaction leaves (the budget less ``keep_recent`` of it and the
+        system prompt and tools): results that large make the next step
+        compact first, rather than reach the model cut ever shorter while
+        old messages and stubs fill the context. Before a report anchors the
+        estimate, only the system prompt is counted besides the messages (the
+        tools' cost is unknown).
         """
         floor = self.floor_chars()
-        if self.calibrated:
-            used = self.tokens_for(floor + len(system or "") + _tools_chars(tools))
+        fixed = self.fixed_tokens(system, tools)
+        if fixed is None:
+            fixed = math.ceil(len(system or "") / self.chars_per_token)
+            now = self.budget - fixed - math.ceil(floor / self.chars_per_token)
         else:
-            used = math.ceil((floor + len(system or "")) / self.chars_per_token)
-        return self.budget - used
+            now = self.budget - self.tokens_for(floor + len(system or "") + _tools_chars(tools))
+        after_compaction = int(self.budget * (1 - self.config.keep_recent)) - fixed
+        return max(now, after_compaction)
 
     def floor_chars(self) -> int:
         """The context's characters if every tool result were pruned: what pruning cannot take away."""
         chars = self.chars
-        for index, message in enumerate(self.messages):
-            at = self.seqs[index]
-            big = len(message.content) >= _PRUNE_MIN_CHARS or message.images
-            if message.role == "tool" and big and at >= self.pruned_before:
-                chars -= message_chars(message) - message_chars(pruned_stub(message, at))
+        # Only results at or above pruned_before are whole still.
+        for index in range(
+            bisect.bisect_left(self.seqs, self.pruned_before, lo=self._first_plain()), len(self.messages)
+        ):
+            message = self.messages[index]
+            if message.role == "tool" and (len(message.content) >= _PRUNE_MIN_CHARS or message.images):
+                chars -= message_chars(message) - message_chars(pruned_stub(message, self.seqs[index]))
         return chars
 
     def leave_out(self, seqs: Sequence[int]) -> list[Message]:

@@ -13,11 +13,11 @@ from typing import Any
 import msgspec
 import pytest
 from test_agent import Harness
-from test_context import LINE, Recorder, start, steps, stored
+from test_context import LINE, Recorder, assistant, start, steps, stored, tool_result
 from weald.runtime import ActorSystem
 from weald.runtime.agents.agent import AgentRecord
-from weald.runtime.agents.context import ContextConfig, is_summary
-from weald.runtime.llm import ProviderSettings
+from weald.runtime.agents.context import CompactionMark, Context, ContextConfig, is_summary, summary_message
+from weald.runtime.llm import Message, ModelLimits, ProviderSettings
 from weald.runtime.testing import wait_until
 
 WORDS = "The river carries the silt of the northern hills down to the delta every spring. "  # 16 words
@@ -31,6 +31,45 @@ def h(system: ActorSystem, tmp_path: Path) -> Harness:
 def answered(provider: Recorder) -> list[int]:
     """The input tokens of each turn request the model answered."""
     return [tokens for purpose, tokens in provider.answered if purpose == "turn"]
+
+
+# -- the arithmetic ----------------------------------------------------------------------------------------
+
+
+def test_steps_are_pruned_oldest_first_down_to_the_last_one_after_a_summary_too() -> None:
+    context = Context(ModelLimits(10_000, 1_000), ContextConfig(keep_tool_results=3))
+    # A summary leads with a seq above the messages it kept (it was stored after them).
+    context.load(
+        [
+            (10, Message(role="user", content="go"), None),
+            *[
+                entry
+                for i in range(4)
+                for entry in (
+                    (11 + 2 * i, assistant(f"step {i}", f"c{i}"), None),
+                    (12 + 2 * i, tool_result("r" * 2_000, f"c{i}"), None),
+                )
+            ],
+            (
+                20,
+                summary_message("earlier"),
+                CompactionMark(first_kept=10, replaced=3, tokens_before=9, tokens_after=3, reason="auto"),
+            ),
+        ]
+    )
+    assert context.seqs[0] == 20
+    floor = context.floor_chars()
+    assert floor < context.chars - 4 * 1_500
+    assert [context.prune_step() for _ in range(5)] == [0, 1, 1, 1, None]  # the last step's result stays
+    assert [m.content.startswith("[big output pruned") for m in context.messages if m.role == "tool"] == [
+        True,
+        True,
+        True,
+        False,
+    ]
+    assert context.prune_all() == 1
+    assert context.chars == floor
+    assert context.floor_chars() == floor
 
 
 # -- oversized prompts ---------------------------------------------------------------------------------
