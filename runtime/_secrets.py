@@ -43,7 +43,9 @@ __all__ = [
     "is_secret_env_name",
     "is_secret_env_value",
     "is_secret_name",
+    "is_secret_value",
     "redact",
+    "redact_secret_values",
     "redact_text",
     "refresh_from_env",
     "register_secret",
@@ -94,6 +96,20 @@ _LOCATION_WORDS = frozenset({"sock", "socket"})
 
 # ``scheme://user:password@host``: a URL that carries a password (user may be empty).
 _URL_WITH_PASSWORD = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/?#@\s:]*:[^/?#@\s]+@")
+_URL_PASSWORD = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^/?#@\s:]*:)([^/?#@\s]+)(@)")
+# Credentials known by their shape: the prefixes providers give their keys and
+# tokens (Anthropic and OpenAI ``sk-``, GitHub ``ghp_``/``github_pat_``, GitLab
+# ``glpat-``, Slack ``xox*-``, AWS access key ids ``AKIA``/``ASIA``, Google
+# ``AIza``, Hugging Face ``hf_``, npm, PyPI, Stripe, SendGrid), and JWTs.
+_TOKEN_SHAPES = re.compile(
+    r"(?<![A-Za-z0-9])(?:"
+    r"sk-(?:ant-|proj-)?[A-Za-z0-9_-]{16,}|gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}|"
+    r"glpat-[A-Za-z0-9_-]{16,}|xox[abeoprs]-[A-Za-z0-9-]{10,}|xapp-[A-Za-z0-9-]{10,}|(?:AKIA|ASIA)[A-Z0-9]{16}|"
+    r"AIza[0-9A-Za-z_-]{35}|hf_[A-Za-z0-9]{20,}|npm_[A-Za-z0-9]{30,}|pypi-[A-Za-z0-9_-]{40,}|"
+    r"[rs]k_(?:live|test)_[A-Za-z0-9]{16,}|SG\.[A-Za-z0-9_-]{16,}\.[A-Za-z0-9_-]{16,}|"
+    r"eyJ[A-Za-z0-9_-]{10,}\.eyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}"
+    r")"
+)
 
 _lock = threading.Lock()
 _secrets: set[str] = set()
@@ -135,6 +151,27 @@ def is_secret_env_name(name: str) -> bool:
 def is_secret_env_value(value: str) -> bool:
     """Return True if an environment variable's value carries a credential: a URL with a password."""
     return "://" in value and _URL_WITH_PASSWORD.search(value) is not None
+
+
+def is_secret_value(value: str) -> bool:
+    """Return True if ``value`` carries a credential by its shape, whatever it is named.
+
+    A URL with a password (``postgres://u:pw@db/x``), or a token with a
+    known prefix (``sk-ant-...``, ``ghp_...``, ``xoxb-...``, ``AKIA...``).
+    """
+    return is_secret_env_value(value) or _TOKEN_SHAPES.search(value) is not None
+
+
+def redact_secret_values(text: str) -> str:
+    """``text`` with every credential known by its shape (`is_secret_value`) cut out, and known secrets too.
+
+    A URL keeps its scheme, user and host (``postgres://u:[redacted]@db/x``);
+    a token is replaced whole.
+    """
+    text = redact_text(text)
+    if "://" in text:
+        text = _URL_PASSWORD.sub(lambda m: m.group(1) + REDACTED + m.group(3), text)
+    return _TOKEN_SHAPES.sub(REDACTED, text)
 
 
 def register_secret(value: str) -> None:

@@ -152,7 +152,7 @@ def _append(text: str, tables: str) -> str:
 
 
 def _list(args: argparse.Namespace, print_json: Callable[[Any], None]) -> int:
-    from weald.runtime._secrets import redact_text
+    from weald.runtime._secrets import redact_secret_values
     from weald.runtime.daemon._mcp_import import read_foreign_config
     from weald.runtime.daemon.config import find_config_files, load_config
 
@@ -180,11 +180,11 @@ def _list(args: argparse.Namespace, print_json: Callable[[Any], None]) -> int:
             {
                 "server": name,
                 "transport": "http" if server.url else "stdio",
-                "target": redact_text(target or ""),
+                "target": redact_secret_values(target or ""),
                 "enabled": server.enabled,
                 "from": origins.get(name, "weald.toml"),  # (load_config has no other source)
                 "status": state.get("status"),
-                "last_error": state.get("last_error"),
+                "last_error": redact_secret_values(str(state["last_error"])) if state.get("last_error") else None,
             }
         )
     if args.json:
@@ -216,7 +216,7 @@ def _live_states(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
 
 
 def _add(args: argparse.Namespace, print_json: Callable[[Any], None]) -> int:
-    from weald.runtime.daemon._mcp_import import server_tables
+    from weald.runtime.daemon._mcp_import import secrets_to_variables, server_tables
 
     target = list(args.target)
     if not target:
@@ -238,15 +238,21 @@ def _add(args: argparse.Namespace, print_json: Callable[[Any], None]) -> int:
         env = dict(_pair(item, "=", "--env") for item in args.env)
         if env:
             table["env"] = env
+    notes: list[str] = []
+    converted = secrets_to_variables(args.name, table, notes)
+    if converted is None:
+        raise CommandError(notes[-1])
     path = _target(args)
     text = _read(path)
     if args.name in _servers_in(text, path):
         raise CommandError(f"{path} already has an MCP server {args.name!r}; weald mcp remove {args.name} first")
-    _write(path, _append(text, server_tables({args.name: table})))
+    _write(path, _append(text, server_tables({args.name: converted})))
     if args.json:
-        print_json({"added": args.name, "file": str(path), "server": table})
+        print_json({"added": args.name, "file": str(path), "server": converted, "notes": notes})
     else:
         _say(f"added MCP server {args.name!r} to {path}")
+    for note in notes:
+        _say(f"note: {note}", err=True)
     return EXIT_OK
 
 

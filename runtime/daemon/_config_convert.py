@@ -38,7 +38,7 @@ from weald.runtime._checks import (
     format_path,
     walk_problems,
 )
-from weald.runtime._secrets import REDACTED, is_secret_name
+from weald.runtime._secrets import REDACTED, is_secret_name, redact_secret_values
 from weald.runtime.daemon._config_model import (
     TOML_KEY,
     AgentConfig,
@@ -599,6 +599,8 @@ def _clean(value: object, key: str | None = None, *, hide: bool = True) -> objec
         return cleaned
     if isinstance(value, list | tuple):
         return [_clean(item, hide=hide) for item in value]
+    if hide and isinstance(value, str):
+        return redact_secret_values(value)  # a password in a URL, an sk-... key, wherever it was written
     return value
 
 
@@ -608,7 +610,8 @@ def unstructure_config(config: Config, *, redact: bool = True) -> dict[str, obje
     Paths become strings, tuples lists, and keys whose value is None are left out (TOML has no
     null; None is every such key's default), so `config_from_dict` reads the result back to an
     equal config. Values of secret-looking names in ``env``, ``headers`` and ``extra_headers``
-    tables are replaced by ``[redacted]`` unless ``redact`` is false (data kept in memory, never shown).
+    tables are replaced by ``[redacted]``, and so are credentials known by their shape in any value (a URL's
+    password, an ``sk-...`` key), unless ``redact`` is false (data kept in memory, never shown).
     """
     cleaned = _clean(converter.unstructure(config), hide=redact)
     assert isinstance(cleaned, dict)

@@ -21,12 +21,13 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-from weald.runtime._secrets import is_secret_name
+from weald.runtime._secrets import is_secret_env_name, is_secret_name, is_secret_value
 
 __all__ = [
     "ImportedServers",
     "read_foreign_config",
     "remove_server_tables",
+    "secrets_to_variables",
     "server_tables",
     "translate",
 ]
@@ -74,10 +75,33 @@ def read_foreign_config(path: Path) -> ImportedServers:
         data = json.loads(_strip_jsonc(raw.decode("utf-8")))
     except (UnicodeDecodeError, ValueError) as exc:
         raise ValueError(f"{path} is not JSON: {exc}") from exc
+    except RecursionError:
+        raise ValueError(f"{path} is nested too deep to be an MCP config file") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path} is not a JSON object")  # noqa: TRY004 - bad input, reported as ValueError
+    where = _lone_surrogate(data)
+    if where is not None:
+        raise ValueError(f"{path}: {where} holds a lone surrogate (a \\uD800-\\uDFFF escape), which is not text")
     kind, servers, notes = translate(data)
     return ImportedServers(path=path, kind=kind, servers=servers, notes=tuple(notes))
+
+
+def _lone_surrogate(data: object) -> str | None:
+    """Where in parsed JSON a string (a key or a value) holds a lone surrogate, which no UTF-8 file can hold."""
+    stack: list[tuple[object, str]] = [(data, "")]
+    while stack:
+        value, where = stack.pop()
+        if isinstance(value, str):
+            if any("\ud800" <= char <= "\udfff" for char in value):
+                return where or "the file"
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                if any("\ud800" <= char <= "\udfff" for char in key):
+                    return f"a key of {where}" if where else "a key"
+                stack.append((item, f"{where}.{key}" if where else key))
+        elif isinstance(value, list):
+            stack.extend((item, f"{where}[{index}]") for index, item in enumerate(value))
+    return None
 
 
 def translate(data: Mapping[str, Any]) -> tuple[str, dict[str, dict[str, Any]], list[str]]:
@@ -143,7 +167,7 @@ def _claude_server(name: str, entry: object, notes: list[str]) -> dict[str, Any]
     if entry.get("disabled") is True or entry.get("enabled") is False:
         table["enabled"] = False
     notes.extend(f"{name}: {key} is not translated ({_why_not(key)})" for key in sorted(set(entry) - _CLAUDE_KEYS))
-    return _secrets_to_variables(name, table, notes)
+    return secrets_to_variables(name, table, notes)
 
 
 # -- OpenCode ------------------------------------------------------------------------------------------
@@ -201,7 +225,7 @@ def _opencode_server(name: str, entry: object, notes: list[str]) -> dict[str, An
     notes.extend(f"{name}: {key} is not translated ({_why_not(key)})" for key in unknown)
     if any("{file:" in text for text in _texts(table)):
         notes.append(f"{name}: a {{file:...}} reference is not translated; weald reads ${{VARIABLE}}s only")
-    return _secrets_to_variables(name, table, notes)
+    return secrets_to_variables(name, table, notes)
 
 
 def _opencode_text(text: str) -> str:
@@ -246,14 +270,22 @@ def _scalar_text(value: object) -> str | None:
     return None
 
 
-def _secrets_to_variables(name: str, table: dict[str, Any], notes: list[str]) -> dict[str, Any]:
-    """Secret-looking env and header values written out in full become ``${VARIABLE}`` references.
+def secrets_to_variables(name: str, table: dict[str, Any], notes: list[str]) -> dict[str, Any] | None:
+    """A server's table with every secret written out in full made a ``${VARIABLE}`` reference, or None.
 
-    Secrets do not belong in weald.toml; the note says which variable to set.
+    A secret is known by its name (``env.DB_PASSWORD``, ``headers.Authorization``)
+    or by its shape (a URL with a password, a token with a known prefix:
+    ``sk-ant-...``, ``ghp_...``, ``xoxb-...``, ``AKIA...``). Secrets do not belong
+    in weald.toml: an ``env`` or ``headers`` value, or the ``url``, becomes a
+    variable, and a note says which to set. A secret on the command line
+    (``command`` or ``args``, written out or as a ``${VARIABLE}`` of one)
+    cannot be moved there, since every user of the machine can read a
+    process's command line: the server is left out (None), with a note
+    saying so. Notes name the key, never the value.
     """
     for field in ("env", "headers"):
         for key, value in list(table.get(field, {}).items()):
-            if not is_secret_name(key) or "${" in value or not value:
+            if not value or "${" in value or not (is_secret_name(key) or is_secret_value(value)):
                 continue
             variable = re.sub(r"[^A-Za-z0-9_]+", "_", key).upper() if field == "env" else _header_variable(name, key)
             table[field][key] = _keep_scheme(value, variable)
@@ -261,7 +293,37 @@ def _secrets_to_variables(name: str, table: dict[str, Any], notes: list[str]) ->
                 f"{name}: {field}.{key} held a secret; it is written as ${{{variable}}}: set {variable} "
                 "in the daemon's environment"
             )
+    url = table.get("url")
+    if isinstance(url, str) and "${" not in url and is_secret_value(url):
+        variable = _header_variable(name, "url")
+        table["url"] = f"${{{variable}}}"
+        notes.append(
+            f"{name}: url held a secret (a password); it is written as ${{{variable}}}: set {variable} "
+            "to the whole URL in the daemon's environment"
+        )
+    command = [("command", table.get("command")), *((f"args[{i}]", a) for i, a in enumerate(table.get("args", [])))]
+    for field, text in command:
+        if not isinstance(text, str):
+            continue
+        secret = [variable for variable in _variables_in(text) if is_secret_env_name(variable)]
+        if secret or is_secret_value(text):
+            what = f"uses ${{{secret[0]}}}, a secret" if secret else "holds a secret"
+            notes.append(
+                f"{name}: {field} {what}, and every user of this machine can read a process's command "
+                "line (/proc/PID/cmdline): the server is left out; give it the secret in its env instead, "
+                "if it reads one there"
+            )
+            return None
     return table
+
+
+def _variables_in(text: str) -> list[str]:
+    from weald.runtime.mcp import referenced_variables
+
+    try:
+        return referenced_variables(text)
+    except ValueError:  # a malformed ${...}: the configuration says so when it is read
+        return []
 
 
 def _header_variable(server: str, header: str) -> str:

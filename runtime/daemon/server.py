@@ -47,7 +47,17 @@ from typing import Annotated, Any, Literal
 import attrs
 import msgspec
 import trio
-from weald.runtime import Actor, ActorDeadError, Event, Future, StoreError, Stub, WealdError, redact
+from weald.runtime import (
+    Actor,
+    ActorDeadError,
+    Event,
+    Future,
+    StoreError,
+    Stub,
+    WealdError,
+    redact,
+    redact_secret_values,
+)
 from weald.runtime._codec import msgspec_convert
 from weald.runtime._version import VERSION
 from weald.runtime.agents.agent import Agent, AgentRecord, TurnResult, history_key
@@ -1741,7 +1751,7 @@ def _mcp_view(snapshot: Any) -> dict[str, Any]:
         "restarts": snapshot.restarts,
         "attempt": snapshot.attempt,
         "failed_starts": snapshot.failed_starts,
-        "last_error": snapshot.last_error,
+        "last_error": redact_secret_values(snapshot.last_error) if snapshot.last_error else snapshot.last_error,
         "retry_at": retry_at,
         "retry_in": max(round(retry_at - time.time(), 1), 0.0) if retry_at is not None else None,
     }

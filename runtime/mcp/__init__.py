@@ -23,7 +23,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from ._actor import MCPConnection, MCPConnectionSnapshot, MCPSupervisor, mcp_supervisor_spec
-from ._config import OAuthConfig, ServerConfig
+from ._config import OAuthConfig, ServerConfig, referenced_variables
 from ._exceptions import (
     MCPClosedError,
     MCPConfigError,
@@ -134,6 +134,7 @@ __all__ = [
     "answer_with_defaults",
     "mcp_supervisor_spec",
     "open_connection",
+    "referenced_variables",
     "sanitize_tool_name",
 ]
 

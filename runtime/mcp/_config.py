@@ -11,7 +11,7 @@ from typing import Final, Literal
 
 import attrs
 from weald.runtime import environ_value, is_secret_name, register_secret
-from weald.runtime._secrets import is_secret_env_name
+from weald.runtime._secrets import is_known_secret, is_secret_env_name, is_secret_value
 
 from ._exceptions import MCPConfigError
 
@@ -427,6 +427,18 @@ class ServerConfig:
         for name in self.variables():
             if is_secret_env_name(name) and environ.get(name):
                 register_secret(environ[name])
+        on_command_line = [self.command or "", *self.args]
+        for field, text in zip(
+            ["command", *(f"args[{n}]" for n in range(len(self.args)))], on_command_line, strict=True
+        ):
+            for name in referenced_variables(text):
+                value = environ.get(name) or ""
+                if value and (is_known_secret(value) or is_secret_value(value)):
+                    raise MCPConfigError(
+                        f"MCP server {self.name!r}: {field} uses ${{{name}}}, whose value is a secret, "
+                        f"{_ON_THE_COMMAND_LINE}",
+                        server=self.name,
+                    )
         env = {key: expand(f"env.{key}", value) for key, value in self.env.items()}
         headers = {key: expand(f"headers.{key}", value) for key, value in self.headers.items()}
         for key, value in [*env.items(), *headers.items()]:
@@ -462,6 +474,7 @@ class ServerConfig:
         problems.extend(_mapping_problems("env", self.env))
         problems.extend(_mapping_problems("headers", self.headers))
         problems.extend(self._variable_problems())
+        problems.extend(self._command_line_problems())
         if self.url is not None:
             if "${" not in str(self.url):  # checked once expanded, by `resolved`
                 problems.extend(_url_problems(self.url))
@@ -487,6 +500,23 @@ class ServerConfig:
                 problems.append(f"{field} must be a positive number of seconds, not {value!r}")
         return problems
 
+    def _command_line_problems(self) -> list[str]:
+        """A secret in ``command`` or ``args``, written out or as the ``${VARIABLE}`` of one: refused."""
+        texts = {"command": self.command, **{f"args[{n}]": arg for n, arg in enumerate(self.args)}}
+        problems: list[str] = []
+        for field, text in texts.items():
+            if not isinstance(text, str):
+                continue
+            try:
+                secret = [name for name in referenced_variables(text) if is_secret_env_name(name)]
+            except ValueError:
+                continue  # `_variable_problems` reports it
+            if secret:
+                problems.append(f"{field} uses ${{{secret[0]}}}, a secret, {_ON_THE_COMMAND_LINE}")
+            elif "${" not in text and is_secret_value(text):
+                problems.append(f"{field} holds a secret, {_ON_THE_COMMAND_LINE}")
+        return problems
+
     def _variable_problems(self) -> list[str]:
         texts = {"command": self.command, "url": self.url}
         texts.update({f"args[{n}]": arg for n, arg in enumerate(self.args)})
@@ -500,6 +530,12 @@ class ServerConfig:
                 except ValueError as exc:
                     problems.append(f"{field}: {exc}")
         return problems
+
+
+_ON_THE_COMMAND_LINE: Final = (
+    "and every user of this machine can read a process's command line (/proc/PID/cmdline): "
+    "give it to the server in env instead"
+)
 
 
 def _mapping_problems(field: str, mapping: Mapping[str, str]) -> list[str]:

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 import tomllib
 from pathlib import Path
 
 import pytest
+from weald.runtime import scan_proc
 from weald.runtime.daemon._mcp_import import read_foreign_config, remove_server_tables, translate
 from weald.runtime.daemon.config import parse_config
 from weald.runtime.mcp import MCPConfigError, ServerConfig
@@ -291,3 +293,161 @@ def test_removing_a_server_cuts_its_tables_and_nothing_else() -> None:
     result, found = remove_server_tables(text, "my server")
     assert found
     assert result == '[agent]\nmax_steps = 3\n\n[mcp.servers.other]\ncommand = "b"\n# trailing comment\n'
+
+
+# -- secrets found by name and by shape (issue 22) --------------------------------------------------------
+
+DB_PASSWORD = "pw-4b1d9e77c2"
+ANT_KEY = "sk-ant-api03-Zq81mXcVbN5tR2pL0wYhK3sDfGj7"
+ARG_PASSWORD = "hunter2hunter2"
+URL_PASSWORD = "s3cretpassw0rd"
+GITHUB_KEY = "ghp_abcdefghijklmnopqrstuvwxyz0123456789"
+SECRETS = (DB_PASSWORD, ANT_KEY, ARG_PASSWORD, URL_PASSWORD, GITHUB_KEY)
+
+LEAKY = {
+    "mcpServers": {
+        "db": {
+            "command": sys.executable,
+            "args": ["-m", "mcp_server_time", "--local-timezone", "UTC"],
+            "env": {"DB_URL": f"postgres://u:{DB_PASSWORD}@h/db", "X_API": ANT_KEY, "TZ": "UTC"},
+        },
+        "argv": {"command": "npx", "args": ["server", f"postgres://admin:{ARG_PASSWORD}@db/x"]},
+        "keyarg": {"command": "npx", "args": ["-y", "server", "${ANTHROPIC_API_KEY}"]},
+        "web": {
+            "type": "http",
+            "url": f"https://user:{URL_PASSWORD}@mcp.example.com/mcp",
+            "headers": {"X-Api": GITHUB_KEY},
+        },
+    }
+}
+
+
+def test_weald_mcp_import_writes_no_secret_and_says_which_variable_to_set(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source = tmp_path / ".mcp.json"
+    source.write_text(json.dumps(LEAKY))
+    d = DaemonProcess(tmp_path)
+    done = d.cli("mcp", "import", str(source))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"imported 2 MCP servers (claude) into {d.config}: db, web"
+    notes = done.stderr.splitlines()
+    assert notes[:2] == [
+        "note: db: env.DB_URL held a secret; it is written as ${DB_URL}: set DB_URL in the daemon's environment",
+        "note: db: env.X_API held a secret; it is written as ${X_API}: set X_API in the daemon's environment",
+    ]
+    assert notes[2].startswith("note: argv: args[1] holds a secret, and every user of this machine can read")
+    assert notes[3].startswith("note: keyarg: args[2] uses ${ANTHROPIC_API_KEY}, a secret, and every user")
+    assert "the server is left out" in notes[2]
+    assert set(notes[4:]) == {
+        "note: web: headers.X-Api held a secret; it is written as ${WEB_X_API}: set WEB_X_API in the "
+        "daemon's environment",
+        "note: web: url held a secret (a password); it is written as ${WEB_URL}: set WEB_URL to the whole URL "
+        "in the daemon's environment",
+    }
+    text = d.config.read_text()
+    assert not [s for s in SECRETS if s in text + done.stdout + done.stderr]
+    servers = tomllib.loads(text)["mcp"]["servers"]
+    assert servers["db"]["env"] == {"DB_URL": "${DB_URL}", "X_API": "${X_API}", "TZ": "UTC"}
+    assert servers["web"] == {"url": "${WEB_URL}", "headers": {"X-Api": "${WEB_X_API}"}}
+
+    # A secret written into weald.toml by hand is not shown either, by config, mcp list or mcp.servers.
+    with d.config.open("a") as toml:
+        toml.write(
+            f'\n[mcp.servers.handwritten]\ncommand = "{sys.executable}"\n'
+            'args = ["-m", "mcp_server_time"]\n'
+            f'[mcp.servers.handwritten.env]\nSTORE = "postgres://store:{DB_PASSWORD}@h2/db"\nPLAIN = "{ANT_KEY}"\n'
+        )
+    monkeypatch.setenv("DB_URL", f"postgres://u:{DB_PASSWORD}@h/db")
+    monkeypatch.setenv("X_API", ANT_KEY)
+    monkeypatch.setenv("WEB_URL", "http://127.0.0.1:9/mcp")
+    monkeypatch.setenv("WEB_X_API", GITHUB_KEY)
+    shown = [d.cli("config"), d.cli("config", "--json"), d.cli("mcp", "list"), d.cli("mcp", "list", "--json")]
+    assert all(run.returncode == 0 for run in shown), [run.stderr for run in shown]
+    try:
+        d.start()
+        d.wait_mcp("db", "handwritten")
+        with d.client() as c:
+            servers_view = json.dumps(c.call("mcp.servers"))
+        listed = d.cli("mcp", "list")
+        assert "db: " in listed.stdout
+        everything = servers_view + listed.stdout + listed.stderr + "".join(r.stdout + r.stderr for r in shown)
+        assert not [s for s in SECRETS if s in everything]
+        assert "postgres://store:[redacted]@h2/db" in shown[1].stdout  # the handwritten value, its password cut
+        assert d.terminate() == 0, d.log.read_text()
+    finally:
+        d.close()
+
+
+def test_weald_mcp_add_moves_a_secret_to_a_variable_and_refuses_one_on_the_command_line(tmp_path: Path) -> None:
+    d = DaemonProcess(tmp_path)
+    added = d.cli("mcp", "add", "db", "-e", f"DB_URL=postgres://u:{DB_PASSWORD}@h/db", "--", "npx", "server")
+    assert added.returncode == 0, added.stderr
+    assert tomllib.loads(d.config.read_text())["mcp"]["servers"]["db"]["env"] == {"DB_URL": "${DB_URL}"}
+    assert "set DB_URL in the daemon's environment" in added.stderr
+    refused = d.cli("mcp", "add", "leaky", "--", "npx", "server", "--key", ANT_KEY)
+    assert refused.returncode == 2
+    assert refused.stderr.startswith("weald mcp add: leaky: args[2] holds a secret, and every user of this machine")
+    assert ANT_KEY not in d.config.read_text() + refused.stderr
+
+
+def test_a_secret_variable_on_a_command_line_is_refused_with_a_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    d = DaemonProcess(
+        tmp_path, extra_config='[mcp.servers.x]\ncommand = "npx"\nargs = ["-y", "${ANTHROPIC_API_KEY}"]\n'
+    )
+    shown = d.cli("config")
+    assert shown.returncode == 2
+    assert shown.stderr.splitlines()[1:] == [
+        f"  {d.config}: mcp.servers.x: args[1] uses ${{ANTHROPIC_API_KEY}}, a secret, and every user of this "
+        "machine can read a process's command line (/proc/PID/cmdline): give it to the server in env instead"
+    ]
+    # A variable whose name says nothing, but whose value is a password URL: the server never starts.
+    d.config.write_text(
+        d.config.read_text().split("[mcp.servers.x]")[0]
+        + f'[mcp.servers.y]\ncommand = "{sys.executable}"\nargs = ["-m", "mcp_server_time", "${{WEALD_TEST_TARGET}}"]\n'
+    )
+    monkeypatch.setenv("WEALD_TEST_TARGET", f"postgres://admin:{ARG_PASSWORD}@db/x")
+    try:
+        d.start()
+        deadline = time.monotonic() + 60
+        while True:
+            with d.client() as c:
+                view = next(s for s in c.call("mcp.servers") if s["server"] == "y")
+            if view.get("last_error"):
+                break
+            assert time.monotonic() < deadline, view
+            time.sleep(0.1)
+        assert "args[2] uses ${WEALD_TEST_TARGET}, whose value is a secret" in view["last_error"]
+        assert ARG_PASSWORD not in json.dumps(view)
+        on_argv = scan_proc("cmdline", lambda cmdline: ARG_PASSWORD.encode() in cmdline)
+        assert on_argv == []
+        assert d.terminate() == 0, d.log.read_text()
+    finally:
+        d.close()
+
+
+@pytest.mark.parametrize(
+    ("content", "error"),
+    [
+        ('{"mcpServers": ' + "[" * 100_000 + "]" * 100_000 + "}", "is nested too deep to be an MCP config file"),
+        (
+            '{"mcpServers": {"x": {"command": "npx", "args": ["\\ud800"]}}}',
+            "mcpServers.x.args[0] holds a lone surrogate",
+        ),
+        ('{"mcpServers": {"\\udc00": {"command": "npx"}}}', "a key of mcpServers holds a lone surrogate"),
+    ],
+    ids=["nested", "surrogate-value", "surrogate-key"],
+)
+def test_weald_mcp_import_of_a_hostile_file_fails_in_one_line(tmp_path: Path, content: str, error: str) -> None:
+    source = tmp_path / "hostile.json"
+    source.write_text(content)
+    d = DaemonProcess(tmp_path)
+    done = d.cli("mcp", "import", str(source))
+    assert done.returncode == 2
+    (line,) = done.stderr.splitlines()
+    assert line.startswith(f"weald mcp import: {source}"), done.stderr
+    assert error in line
+    assert "Traceback" not in done.stderr
+    assert not d.config.read_text().count("[mcp")
