@@ -26,6 +26,7 @@ running in it.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import threading
 import time
@@ -168,7 +169,10 @@ class Telemetry:
         settings: where and how to export.
         system: the daemon's system (its events, store and registry).
         sessions_counts: returns ``(awake, asleep)`` sessions, for the gauge (from any thread).
-        model_spec: ``provider:model`` for a session's model (an alias is resolved).
+        model_spec: ``provider:model`` for a session's model, ``(session id, model)`` (an alias is
+            resolved under the session's project); called on the loop.
+        capture_content: whether a session's project puts message contents on spans (called on the
+            loop); default: ``settings.capture_content`` for every session.
     """
 
     def __init__(
@@ -176,9 +180,11 @@ class Telemetry:
         settings: TelemetrySettings,
         system: ActorSystem,
         sessions_counts: Callable[[], tuple[int, int]] | None = None,
-        model_spec: Callable[[str], str] = str,
+        model_spec: Callable[[str, str], str] | None = None,
+        capture_content: Callable[[str], bool] | None = None,
     ) -> None:
-        self._model_spec = model_spec
+        self._model_spec = model_spec or (lambda _session, model: model)
+        self._capture = capture_content or (lambda _session: settings.capture_content)
         self.settings = settings
         self._system = system
         self._sessions_counts = sessions_counts
@@ -204,7 +210,6 @@ class Telemetry:
         self._tools: dict[tuple[str, str], Any] = {}  # (agent path, call id) -> span
         self._permissions: dict[str, Any] = {}  # request id -> the call's span
         self._compactions: dict[str, Any] = {}  # agent path -> span
-        self._models: dict[str, str] = {}  # agent path -> model
         self._loop_lag = 0.0
         self.spans_started = 0
 
@@ -362,10 +367,11 @@ class Telemetry:
             name, context=parent or otel_context.Context(), kind=kind, attributes=attributes, start_time=_ns(at)
         )
 
-    def _content(self, text: Any) -> str | None:
-        if not self.settings.capture_content or text is None:
+    def _content(self, source: str, text: Any) -> str | None:
+        session = _session_of(source)
+        if text is None or session is None or not self._capture(session):
             return None
-        value = text if isinstance(text, str) else str(redact(text))
+        value = text if isinstance(text, str) else json.dumps(redact(text), default=str)
         return redact_text(value)[:_CONTENT_CAP]
 
     def _on_event(self, event: Event) -> None:
@@ -457,9 +463,7 @@ class Telemetry:
             self._turns[source] = (span, trace.set_span_in_context(span))
         elif topic == "agent.message_start":
             turn = self._turns.get(source)
-            model = self._models.get(source)
-            if model is None:
-                model = self._models[source] = self._model_spec(str(data.get("model") or "unknown"))
+            model = self._model_spec(_session_of(source) or "", str(data.get("model") or "unknown"))
             provider, _, model = model.rpartition(":")
             attributes = {
                 "gen_ai.operation.name": "chat",
@@ -490,9 +494,11 @@ class Telemetry:
                         "gen_ai.response.model": attributes["gen_ai.request.model"],
                     }
                 )
-                content = self._content(data.get("text"))
+                content = self._content(source, data.get("text"))
                 if content is not None:
-                    span.set_attribute("gen_ai.output.messages", content)
+                    # The conventions' shape: a JSON list of messages, each with its parts.
+                    message = {"role": "assistant", "parts": [{"type": "text", "content": content}]}
+                    span.set_attribute("gen_ai.output.messages", json.dumps([message]))
                 self._token_usage.record(inputs, {**attributes, "gen_ai.token.type": "input"})
                 self._token_usage.record(outputs, {**attributes, "gen_ai.token.type": "output"})
             self._operation_duration.record(max(0.0, at - began), attributes)
@@ -573,7 +579,7 @@ class Telemetry:
             }
             if tool.startswith("mcp__"):
                 attributes["weald.mcp.server"] = tool.split("__")[1]
-            arguments = self._content(data.get("arguments"))
+            arguments = self._content(agent, data.get("arguments"))
             if arguments is not None:
                 attributes["gen_ai.tool.call.arguments"] = arguments
             self._tools[(agent, call_id)] = self._start(

@@ -471,6 +471,13 @@ class Sessions:
             return provider
         return make_provider(spec, settings)
 
+    def config_of(self, session_id: str) -> Config:
+        """The configuration a running session is under now (its project's), else the daemon's; no I/O, on the loop."""
+        directory = self._session_dirs.get(session_id)
+        if directory is None or not self.projects.known(directory):
+            return self.config
+        return self.projects.current(directory).config
+
     def default_model(self, project: ProjectConfig | None = None) -> str:
         """The configured default model (of ``project``, else the daemon's), or the bundled demo script."""
         config = self.config if project is None else project.config
@@ -1541,11 +1548,18 @@ class Daemon:
         """Start exporting traces and metrics (OpenTelemetry is imported here, and only when it is on)."""
         from weald.runtime.daemon._telemetry import Telemetry
 
-        def model_spec(model: str) -> str:
-            choice = self.config.resolve_model(model)
+        sessions = self.sessions
+        assert sessions is not None
+
+        def model_spec(session_id: str, model: str) -> str:
+            choice = sessions.config_of(session_id).resolve_model(model)
             return DEMO_MODEL if choice is None else choice.spec
 
-        self.telemetry = Telemetry(settings, self.system, self._session_counts, model_spec)
+        def capture_content(session_id: str) -> bool:
+            # Per project: a session's project may opt in; where its messages go is the daemon's choice.
+            return sessions.config_of(session_id).telemetry.capture_content
+
+        self.telemetry = Telemetry(settings, self.system, self._session_counts, model_spec, capture_content)
         self.system.loop.spawn_nowait(self.telemetry.follow)
         self.system.loop.spawn_nowait(self.telemetry.measure_lag)
 

@@ -345,3 +345,35 @@ def test_a_collector_down_or_silent_never_slows_a_turn(tmp_path: Path, collector
                 assert status["export_failures"] >= 1
     finally:
         listener.close()
+
+
+def test_message_contents_go_on_spans_only_for_a_project_that_opts_in(
+    daemon: DaemonProcess, phoenix: str, tmp_path: Path
+) -> None:
+    project = tmp_path / "open-project"
+    project.mkdir()
+    (project / "weald.toml").write_text("[telemetry]\ncapture_content = true\n")
+    (project / "notes.txt").write_text("one\n")
+    model = daemon.script(
+        "contents",
+        [
+            {"text": "reading", "tool_calls": [{"name": "read_file", "arguments": {"path": "notes.txt"}}]},
+            {"text": "one line"},
+        ],
+    )
+    traces = {"open": "6bf92f3577b34da6a3ce929d0e0e4738", "closed": "7bf92f3577b34da6a3ce929d0e0e4739"}
+    with daemon.client() as client:
+        for name, directory in (("open", project), ("closed", daemon.project)):
+            client.call("agent.start", {"working_dir": str(directory), "model": model, "agent_id": f"c-{name}"})
+            traceparent = f"00-{traces[name]}-{PARENT_SPAN}-01"
+            assert client.call("agent.prompt", {"agent_id": f"c-{name}", "text": "go", "traceparent": traceparent})[
+                "ok"
+            ]
+    opened = spans_of(phoenix, traces["open"], 4, "invoke_agent c-open")
+    chat = next(s for s in opened if s["name"].startswith("chat") and "one line" in str(s["attributes"]))
+    assert "one line" in chat["attributes"]["gen_ai.output.messages"]
+    (tool,) = [s for s in opened if s["name"] == "execute_tool read_file"]
+    assert json.loads(tool["attributes"]["gen_ai.tool.call.arguments"]) == {"path": "notes.txt"}
+    closed = spans_of(phoenix, traces["closed"], 4, "invoke_agent c-closed")
+    assert not any("gen_ai.output.messages" in s["attributes"] for s in closed)
+    assert not any("gen_ai.tool.call.arguments" in s["attributes"] for s in closed)
