@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging as _logging
 
 from pykka import ActorDeadError, Timeout
-from weald.runtime._actor import Actor, ActorSnapshot, Down, Exit, IOHandle, Ref, ThreadActor
+from weald.runtime._actor import Actor, ActorMemory, ActorSnapshot, Down, Exit, IOHandle, Ref, ThreadActor
 from weald.runtime._codec import msgspec_convert, msgspec_decoder
 from weald.runtime._errors import (
     ActorError,
@@ -82,6 +82,7 @@ __all__ = [
     "Actor",
     "ActorDeadError",
     "ActorError",
+    "ActorMemory",
     "ActorSnapshot",
     "ActorSystem",
     "ChildProcess",

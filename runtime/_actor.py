@@ -25,12 +25,13 @@ import contextlib
 import itertools
 import logging
 import queue
+import sys
 import threading
 import uuid
 import weakref
 from collections import deque
-from collections.abc import Awaitable, Callable
-from types import CoroutineType
+from collections.abc import Awaitable, Callable, Iterable
+from types import BuiltinFunctionType, CoroutineType, FunctionType, GeneratorType, MethodType, ModuleType
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Self, TypeVar
 
 import attrs
@@ -51,6 +52,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Actor",
+    "ActorMemory",
     "ActorSnapshot",
     "Down",
     "Exit",
@@ -129,6 +131,21 @@ class ActorSnapshot:
     status: str
     mailbox: int
     handled: int
+
+
+@attrs.frozen
+class ActorMemory:
+    """`Ref.memory_estimate`'s answer.
+
+    Attributes:
+        bytes: the sizes of what the actor holds, each object once (an estimate).
+        objects: the objects counted.
+        complete: False when there was more than it was allowed to look at: at least ``bytes``.
+    """
+
+    bytes: int
+    objects: int
+    complete: bool
 
 
 class _Signal:
@@ -376,6 +393,43 @@ class Ref(pykka.ActorRef[A]):
         """Messages waiting in the actor's inbox."""
         return len(self.actor_inbox)  # type: ignore[arg-type]
 
+    def statistics(self) -> ActorSnapshot | None:
+        """The actor's status, mailbox and messages handled, read without sending it a message.
+
+        Erlang's ``process_info``: what the runtime knows of an actor, read
+        from any thread while the actor goes on (``snapshot()`` through the
+        proxy is the actor's own answer, in its turn). None once the actor
+        has ended, and for a stub (nothing runs behind it).
+        """
+        actor = self._actor_weakref()
+        if actor is None or actor._exit is not None:
+            return None
+        return ActorSnapshot(
+            path=self.path,
+            kind=self.actor_class.__name__,
+            status=actor._status,
+            mailbox=len(self.actor_inbox),  # type: ignore[arg-type]
+            handled=actor._handled,
+        )
+
+    def memory_estimate(self, max_objects: int = 20_000) -> ActorMemory | None:
+        """An estimate of the bytes the actor holds, read without sending it a message; None once it ended.
+
+        The sizes (``sys.getsizeof``) of the actor and of what it reaches
+        through its attributes, containers and structs, each object counted
+        once. What is shared rather than held is counted shallow or not at
+        all: other actors and refs, classes, functions, modules, frozen attrs
+        values (configuration, specs) and what a class marks shared with a
+        true ``__weald_shared__`` (the system, its loop, bus and store). At most ``max_objects`` objects
+        are visited, so a huge state is under-counted (``complete`` false),
+        never slow. Call it on the thread the actor runs on (the loop thread,
+        for a loop actor): it walks state the actor may be changing.
+        """
+        actor = self._actor_weakref()
+        if actor is None or actor._exit is not None:
+            return None
+        return _estimate_size(actor, max_objects)
+
     def stop(self, *, block: bool = True, timeout: float | None = None) -> Any:
         """Ask the actor to stop after the messages already in its inbox.
 
@@ -402,6 +456,75 @@ class Ref(pykka.ActorRef[A]):
         actor = self._actor_weakref()
         if actor is not None:
             actor._kill()
+
+
+def _estimate_size(root: object, max_objects: int) -> ActorMemory:
+    """`Ref.memory_estimate`: sizes of what ``root`` reaches, each object once, shared values left out."""
+    seen = {id(root)}
+    stack: list[object] = [root]
+    total = 0
+    visited = 0
+    while stack and visited < max_objects:
+        obj = stack.pop()
+        visited += 1
+        try:
+            total += sys.getsizeof(obj)
+        except TypeError:  # an extension type without a size
+            continue
+        cls = obj.__class__
+        if cls in _ATOMS:
+            continue
+        if isinstance(obj, dict):
+            children: Iterable[object] = itertools.chain(obj.keys(), obj.values())
+        elif isinstance(obj, list | tuple | set | frozenset | deque):
+            children = obj
+        elif obj is root or not (isinstance(obj, _NOT_HELD) or _shared_value(cls)):
+            fields = getattr(cls, "__struct_fields__", None)  # a msgspec Struct
+            if fields is not None:
+                children = [getattr(obj, name, None) for name in fields]
+            else:
+                state = getattr(obj, "__dict__", None)
+                slotted = [getattr(obj, name, None) for name in _slots(cls)]
+                children = itertools.chain(state.values() if isinstance(state, dict) else (), slotted)
+        else:
+            continue
+        for child in children:
+            if child is None or child.__class__ in _SMALL or id(child) in seen:
+                continue
+            if isinstance(child, _NOT_HELD):
+                continue
+            seen.add(id(child))
+            stack.append(child)
+    return ActorMemory(bytes=total, objects=visited, complete=not stack)
+
+
+_ATOMS = frozenset({str, bytes, bytearray, int, float, bool, complex, memoryview})
+# The machinery an actor runs on (its task, its locks, its sockets), not state it holds.
+_RUNTIME_MODULES = frozenset(
+    {"trio", "outcome", "threading", "_thread", "socket", "selectors", "pykka", "_contextvars"}
+)
+_SMALL = frozenset({bool, type(None)})
+
+
+def _shared_value(cls: type) -> bool:
+    """Whether instances of ``cls`` are shared rather than held by one actor.
+
+    A class marked ``__weald_shared__`` (the system, its loop, bus and store,
+    the tool registry), the runtime's machinery (trio, threads, sockets), or
+    a frozen attrs class (configuration and specs).
+    """
+    if getattr(cls, "__weald_shared__", False) or cls.__module__.partition(".")[0] in _RUNTIME_MODULES:
+        return True
+    params = getattr(cls, "__attrs_attrs__", None)
+    return params is not None and getattr(cls.__setattr__, "__name__", "") == "_frozen_setattrs"
+
+
+def _slots(cls: type) -> list[str]:
+    names: list[str] = []
+    for klass in cls.__mro__:
+        slots = klass.__dict__.get("__slots__", ())
+        names.extend([slots] if isinstance(slots, str) else slots)
+    return [name for name in names if name not in ("__dict__", "__weakref__")]
 
 
 def _envelope(message: Any, reply_to: Future[Any] | None = None) -> Envelope[Any]:
@@ -1387,3 +1510,19 @@ class ThreadActor(Actor, pykka.ThreadingActor):
 
     def _loop_main(self) -> Any:  # pragma: no cover - never used by thread actors
         raise AssertionError
+
+
+# What `Ref.memory_estimate` does not count as held by the actor: other actors, code, threads.
+_NOT_HELD = (
+    Ref,
+    Actor,
+    type,
+    ModuleType,
+    FunctionType,
+    BuiltinFunctionType,
+    MethodType,
+    CoroutineType,
+    GeneratorType,
+    weakref.ref,
+    threading.Thread,
+)

@@ -302,6 +302,8 @@ class EventBus:
         default_buffer: a subscription's buffer size unless it asks otherwise.
     """
 
+    __weald_shared__ = True  # shared by every actor: not in one actor's memory estimate
+
     def __init__(self, ring_size: int = 2048, default_buffer: int = 1024) -> None:
         self._ring: deque[Event | _Unbuilt] = deque(maxlen=ring_size)
         self._subs: list[Subscription] = []
@@ -387,18 +389,38 @@ class EventBus:
         topic: str | None = None,
         source: str | None = None,
         where: Callable[[Event], bool] | None = None,
+        exclude: Iterable[str] = (),
     ) -> list[Event]:
-        """Return up to ``limit`` most recent events, oldest first, optionally filtered."""
+        """Return up to ``limit`` most recent events, oldest first, optionally filtered.
+
+        ``topic`` and ``exclude`` are shell-style patterns (``exclude``: topics
+        to leave out); they and ``source`` (a path prefix) are checked before
+        an event is built, ``where`` after. The newest are looked at first, so
+        a small ``limit`` builds few events however large the ring.
+        """
+        if not limit:
+            return []
         with self._lock:
             events = list(self._ring)
         match = re.compile(fnmatch.translate(topic)).match if topic else None
-        built = (
-            e if isinstance(e, Event) else e.built()
-            for e in events
-            if (match is None or match(e.topic)) and (source is None or e.source.startswith(source))
-        )
-        picked = [e for e in built if where is None or where(e)]
-        return picked[-limit:] if limit else []
+        patterns = [fnmatch.translate(pattern) for pattern in exclude]
+        skip = re.compile("|".join(patterns)).match if patterns else None
+        picked: list[Event] = []
+        for e in reversed(events):
+            if match is not None and match(e.topic) is None:
+                continue
+            if skip is not None and skip(e.topic) is not None:
+                continue
+            if source is not None and not e.source.startswith(source):
+                continue
+            event = e if isinstance(e, Event) else e.built()
+            if where is not None and not where(event):
+                continue
+            picked.append(event)
+            if len(picked) >= limit:
+                break
+        picked.reverse()
+        return picked
 
     def statistics(self) -> dict[str, Any]:
         """Counts: events published, per topic, subscribers and their drops."""

@@ -134,6 +134,8 @@ class Loop:
     task still in the nursery and joins the thread.
     """
 
+    __weald_shared__ = True  # shared by every actor: not in one actor's memory estimate
+
     def __init__(self, name: str = "weald-loop") -> None:
         self._name = name
         self._thread: threading.Thread | None = None

@@ -244,6 +244,8 @@ class Store:
         StoreError: the store cannot be created or opened.
     """
 
+    __weald_shared__ = True  # shared by every actor: not in one actor's memory estimate
+
     def __init__(
         self,
         path: str | Path | None = None,
@@ -279,6 +281,7 @@ class Store:
         self.writes = 0
         self.reads = 0
         self.commits = 0
+        self.commit_seconds = 0.0  # time spent in the commits counted by `commits` (their mean is the latency)
         self.failed_commits = 0
         self.rounds = 0  # times the committer woke up and took the gathered writes
         # The committer's wake-ups: ("wake",), ("flush", future, session), ("stop",).
@@ -603,7 +606,9 @@ class Store:
         self._settle_queued(namespace, itertools.chain(puts, wanted), what)
         self._check_open()
         check_namespace(namespace)
+        started = time.perf_counter()
         removed = self._backend.transact(namespace, puts, wanted, what)
+        self.commit_seconds += time.perf_counter() - started
         self.writes += len(puts) + removed
         self.commits += 1
         return removed
@@ -985,12 +990,14 @@ class Store:
             fence = self._fence(group, sessions)
             if not group:
                 return  # every write was a lost session's
+            started = time.perf_counter()
             try:
                 self._backend.write_group(group, fence, self._node)
             except FencedSessions as exc:
                 # Nothing was written: the sessions taken over go, the rest is tried again at once.
                 self._lose(exc.sessions, "another node claimed it (its placement's owner or epoch changed)")
                 continue
+            self.commit_seconds += time.perf_counter() - started
             break
         self.writes += sum(len(values) for values in group.values())
         self.commits += 1
@@ -1233,6 +1240,7 @@ class Store:
             "reads": self.reads,
             "writes": self.writes,
             "commits": self.commits,
+            "commit_seconds": self.commit_seconds,
             "failed_commits": self.failed_commits,
             "queued": self._pending_count,
             "rounds": self.rounds,

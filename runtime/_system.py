@@ -160,6 +160,8 @@ class ActorSystem:
             what a record written by an earlier process cannot carry.
     """
 
+    __weald_shared__ = True  # shared by every actor: not in one actor's memory estimate
+
     _running: ClassVar[list[ActorSystem]] = []
     _running_lock: ClassVar[threading.Lock] = threading.Lock()
 

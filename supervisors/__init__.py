@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging as _logging
 
-from weald.supervisors._core import SupervisorBase, SupervisorSnapshot
+from weald.supervisors._core import SupervisorBase, SupervisorSnapshot, SupervisorStatistics
 from weald.supervisors._dynamic import DynamicSupervisor
 from weald.supervisors._errors import (
     ChildExistsError,
@@ -49,6 +49,7 @@ __all__ = [
     "SupervisorBase",
     "SupervisorError",
     "SupervisorSnapshot",
+    "SupervisorStatistics",
 ]
 
 _logging.getLogger(__name__).addHandler(_logging.NullHandler())

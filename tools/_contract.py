@@ -568,6 +568,8 @@ def validate_arguments(tool_: Tool, arguments: Any) -> str | None:
 class ToolRegistry:
     """Tools by name; filters select a subset with patterns like ``["*", "!shell"]``."""
 
+    __weald_shared__ = True  # shared by every actor: not in one actor's memory estimate
+
     def __init__(self, tools: Iterable[Tool] = ()) -> None:
         self._tools: dict[str, Tool] = {}
         self._lock = threading.Lock()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from typing import Any, ClassVar
 
+import attrs
 import pykka
 import pytest
 import trio
@@ -385,6 +386,73 @@ def test_a_path_held_by_a_live_actor_cannot_be_taken(system: ActorSystem) -> Non
     system.spawn(Echo, name="taken")
     with pytest.raises(NameTakenError, match="/taken"):
         system.spawn(Echo, name="taken")
+
+
+class Hoarder(Actor):
+    """Holds what it is told: a list that grows, and a big shared config it does not own."""
+
+    def __init__(self, shared: Any) -> None:
+        super().__init__()
+        self.kept: list[str] = []
+        self.shared = shared
+
+    def on_receive(self, message: Any) -> None:
+        if message == "wait":
+            threading.Event().wait(0.3)  # a slow handler: what is sent meanwhile waits in the mailbox
+            return
+        self.kept.append(message)
+
+
+@attrs.frozen
+class BigConfig:
+    blob: str
+
+
+def test_statistics_read_status_mailbox_and_handled_without_a_message(system: ActorSystem) -> None:
+    ref = system.spawn(Hoarder, kwargs={"shared": None}, name="stats")
+    ref.ask("first")
+    stats = ref.statistics()
+    assert stats is not None
+    assert (stats.path, stats.kind, stats.status, stats.mailbox, stats.handled) == (
+        "/stats",
+        "Hoarder",
+        "running",
+        0,
+        1,
+    )
+    ref.tell("wait")
+    for n in range(5):
+        ref.tell(f"queued {n}")
+    wait_until(lambda: (s := ref.statistics()) is not None and s.mailbox == 5, timeout=10)
+    wait_until(lambda: (s := ref.statistics()) is not None and s.handled == 7, timeout=10)
+    # Asking it nothing: its handled count moved only by what it was sent.
+    assert ref.proxy().snapshot().get(timeout=5).handled == 7
+    ref.stop()
+    assert ref.statistics() is None
+
+
+def test_memory_estimate_grows_with_what_the_actor_holds_and_leaves_out_what_it_shares(system: ActorSystem) -> None:
+    config = BigConfig("x" * 1_000_000)
+    ref = system.spawn(Hoarder, kwargs={"shared": config}, name="hoard")
+    empty = ref.memory_estimate()
+    assert empty is not None
+    assert empty.complete
+    assert empty.bytes < 100_000, "the shared frozen config (1 MB), the system and the loop are not the actor's"
+    for n in range(200):
+        ref.tell("y" * 1000 + str(n))
+    wait_until(lambda: (s := ref.statistics()) is not None and s.handled == 200, timeout=10)
+    full = ref.memory_estimate()
+    assert full is not None
+    assert 200_000 <= full.bytes - empty.bytes <= 300_000
+    assert full.objects > 200
+    # A bound on the walk: a huge state is under-counted, and says so, never slow.
+    cut = ref.memory_estimate(max_objects=10)
+    assert cut is not None
+    assert cut.objects == 10
+    assert not cut.complete
+    assert cut.bytes < full.bytes
+    ref.stop()
+    assert ref.memory_estimate() is None
 
 
 def test_snapshot_returns_a_frozen_attrs_value(system: ActorSystem) -> None:

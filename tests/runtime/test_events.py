@@ -9,7 +9,7 @@ import time
 import pytest
 import trio
 import trio.testing
-from weald.runtime import REDACTED, EventBus, register_secret
+from weald.runtime import REDACTED, Event, EventBus, register_secret
 
 
 def test_subscribers_get_events_matching_their_patterns() -> None:
@@ -187,3 +187,20 @@ def test_a_secret_known_by_the_time_an_emitted_event_is_read_never_reaches_it() 
     bus.emit("tool.finished", "/x", {"output": "the value is sk-emit-0123456789abcdef"})
     register_secret("sk-emit-0123456789abcdef")
     assert "sk-emit" not in repr(bus.recent(1))
+
+
+def test_recent_leaves_out_excluded_topics_and_builds_only_what_it_returns() -> None:
+    bus = EventBus(ring_size=10_000)
+    bus.emit("fault.injected", "/faults", {"id": "early"})
+    for n in range(5000):
+        bus.emit("agent.message_delta", f"/sessions/a{n % 7}/agent", {"text": "x"})
+    bus.emit("tool.started", "/sessions/a1/tool_runner", {"tool": "glob"})
+    # The fault is still found behind 5,000 deltas: a filter searches the whole ring.
+    assert [e.data["id"] for e in bus.recent(10, topic="fault.*")] == ["early"]
+    kept = bus.recent(3, exclude=["agent.message_delta"])
+    assert [e.topic for e in kept] == ["fault.injected", "tool.started"]
+    newest = bus.recent(2, source="/sessions/a1")
+    assert [e.topic for e in newest] == ["agent.message_delta", "tool.started"]
+    # Only what was returned was built: the ring still holds the others unbuilt.
+    ring = list(bus._ring)
+    assert sum(1 for e in ring if not isinstance(e, Event) and e.event is not None) <= 5

@@ -253,3 +253,22 @@ def test_a_rebuild_that_fails_or_makes_another_child_is_a_failed_start(system: A
     assert statuses == {"a": "stopped", "b": "stopped", "c": "running"}
     with pytest.raises(TypeError, match="rebuild is None or a function"):
         ChildSpec("d", Worker, rebuild="not callable")  # type: ignore[arg-type]
+
+
+def test_which_children_answers_for_the_children_asked_about_and_statistics_count_them_all(
+    system: ActorSystem,
+) -> None:
+    sup = DynamicSupervisor.start()
+    for n in range(5):
+        sup.proxy().start_child(ChildSpec(f"w{n}", Worker)).get(timeout=5)
+    assert sup.proxy().hibernate_child("w3").get(timeout=5) is True
+    infos = sup.proxy().which_children(["w4", "nobody", "w1", "w4"]).get(timeout=5)
+    assert [(i.id, i.status) for i in infos] == [("w4", "running"), ("w1", "running")]
+    assert [i.id for i in sup.proxy().which_children().get(timeout=5)] == ["w0", "w1", "w2", "w3", "w4"]
+    stats = sup.proxy().statistics().get(timeout=5)
+    assert (stats.children, stats.asleep, stats.restarts) == (5, 1, 0)
+    system.whereis(f"{sup.path}/w3").tell("wake up")  # any message wakes it
+    wait_until(lambda: sup.proxy().statistics().get(timeout=5).asleep == 0, timeout=10)
+    system.whereis(f"{sup.path}/w0").tell("crash")
+    wait_until(lambda: sup.proxy().statistics().get(timeout=5).restarts == 1, timeout=10)
+    sup.stop()

@@ -63,6 +63,17 @@ def observe(ref: Ref[Any], base: str) -> dict[str, tuple[str, Any]]:
     return out
 
 
+def check_counts(ref: Ref[Any]) -> None:
+    """Each running supervisor's constant-time statistics() agree with its children, as which_children lists them."""
+    infos = ref.proxy().which_children().get(timeout=5)
+    stats = ref.proxy().statistics().get(timeout=5)
+    asleep = sum(1 for info in infos if info.status in ("dormant", "hibernated"))
+    assert (stats.children, stats.asleep) == (len(infos), asleep), (ref.path, stats, [i.status for i in infos])
+    for info in infos:
+        if info.status == "running" and issubclass(info.ref.actor_class, SupervisorBase):
+            check_counts(info.ref)
+
+
 @settings(
     max_examples=40,
     deadline=None,
@@ -104,6 +115,7 @@ def test_random_trees_return_to_their_spec_shape_or_escalate_exactly_as_otp_woul
             return True
 
         def record() -> None:
+            check_counts(top)
             real = {p.replace(base, "/top", 1): v for p, v in observe(top, base).items()}
             for path, (status, gen) in model.paths().items():
                 if status == "running":
