@@ -243,6 +243,7 @@ class HistoryEntry(msgspec.Struct, kw_only=True):
     message: Message
     compaction: CompactionMark | None = None
     left_out: str | None = None
+    usage: Usage | None = None  # an assistant message: the tokens of the model call that made it
 
 
 class TurnRecord(msgspec.Struct, kw_only=True):
@@ -646,7 +647,8 @@ class Agent(Actor):
         hibernate: asks for the agent's session to be hibernated (see
             `weald.runtime.agents.session.SessionRuntime.hibernate`); returns
             whether it will be. Called once the agent has been idle for
-            ``idle_after`` seconds, while it holds its messages.
+            ``idle_after`` seconds, or when `hibernate_now` is asked, while
+            it holds its messages. None: the agent never hibernates.
         idle_after: seconds of idleness before ``hibernate`` is called; None: never.
         skills_nowait: the skill catalog when it is at hand without a scan,
             else None (then ``skills`` is called in a worker thread).
@@ -719,8 +721,9 @@ class Agent(Actor):
         self._unacknowledged: list[tuple[list[Future[TurnResult]], TurnResult]] = []
         # token -> (what to run once committed, what to run with the store's error instead)
         self._flush_waiters: dict[int, tuple[Callable[[], None], Callable[[BaseException], None]]] = {}
-        self._hibernate = hibernate if idle_after is not None else None
+        self._hibernate = hibernate
         self._idle_after = idle_after
+        self._hibernate_waiters: list[Future[bool]] | None = None  # asked for (`hibernate_now`), not answered
         self._idle_timer: Any = None
         self._idle_token = 0
 
@@ -824,18 +827,56 @@ class Agent(Actor):
                 # turn re-arms the clock itself once it is acknowledged.
                 self._arm_idle()
             return
+        self._go_to_sleep({"idle_for": self._idle_after})
+
+    def _go_to_sleep(self, why: Mapping[str, Any]) -> None:
         # From here on what arrives is kept, and handed on, in order, to the
         # session when it wakes (or handled here if it does not hibernate).
+        assert self._hibernate is not None
         self.hold_messages()
-        self._publish("agent.hibernating", {"idle_for": self._idle_after})
+        self._publish("agent.hibernating", why)
         self.run_io(self._hibernate, reply=_HibernateAnswer, name="hibernate")
+
+    def hibernate_now(self) -> Future[bool]:
+        """Hibernate the session now if this agent is idle (an operator's ``agent.hibernate``).
+
+        What ``hibernate_after`` idle seconds would do, without the wait:
+        the agent holds what it is sent from here on, and its session's
+        supervisor stops the subtree and leaves a stub, which the next
+        message wakes. Nothing is cut short: an agent in a turn, with a
+        question or a permission request open, a compaction or a write not
+        yet committed, or a tool runner with anything running, stays awake.
+
+        Returns:
+            A future resolved with whether the session hibernated.
+        """
+        future: Future[bool] = Future()
+        if self._hibernate is None or not self._is_idle():
+            future.set(False)
+            return future
+        if self._hibernate_waiters is not None:  # asked already: the same answer
+            self._hibernate_waiters.append(future)
+            return future
+        self._hibernate_waiters = [future]
+        self._disarm_idle()
+        self._go_to_sleep({"asked": True})
+        return future
 
     def _on_hibernate_answer(self, answer: _HibernateAnswer) -> None:
         result = answer.result
-        if isinstance(result, outcome.Value) and result.value:
-            return  # the session is stopping us; what arrives is held and handed on
+        hibernated = isinstance(result, outcome.Value) and bool(result.value)
+        if hibernated:
+            return  # the session is stopping us (`_shutdown` answers who asked); what arrives is held
+        self._settle_hibernation(False)
         self.release_messages()
         self._arm_idle()
+
+    def _settle_hibernation(self, hibernated: bool) -> None:
+        """Answer whoever asked `hibernate_now`: declined, or stopping for it (a hibernation ends this actor)."""
+        waiters, self._hibernate_waiters = self._hibernate_waiters or [], None
+        for waiter in waiters:
+            with contextlib.suppress(Exception):
+                waiter.set(hibernated)
 
     async def _compose_system_prompt(self) -> str | None:
         """The configured system prompt, followed by the skill catalog when ``use_skill`` is offered."""
@@ -880,6 +921,8 @@ class Agent(Actor):
         return self._shutdown()
 
     async def _shutdown(self) -> None:
+        # Stopping while holding its messages for a hibernation: the session is going to sleep.
+        self._settle_hibernation(self._holding is not None)
         crashed = self._crashed_dependency()
         if self._turn is not None or self._compaction is not None or self._compact_waiters:
             if crashed is None:
@@ -926,9 +969,11 @@ class Agent(Actor):
 
     def on_failure(self, *exc_info: Any) -> None:
         """Tell whoever waits on the turn that it was interrupted (the supervisor restarts us)."""
+        self._settle_hibernation(False)
         self._interrupt_waiters(repr(exc_info[1]))
 
     def _on_killed(self) -> None:
+        self._settle_hibernation(False)
         self._interrupt_waiters("killed")
 
     def _interrupt_waiters(self, error: str) -> None:
@@ -1384,7 +1429,7 @@ class Agent(Actor):
         record = self._record
         assert record is not None
         record.usage = record.usage + event.usage
-        kept = self._append(message, turn.id).message
+        kept = self._append(message, turn.id, usage=event.usage).message
         self._publish(
             "agent.message_end",
             {
@@ -1664,11 +1709,14 @@ class Agent(Actor):
 
     # -- persistence ----------------------------------------------------------------------------------
 
-    def _append(self, message: Message, turn_id: str, *, left_out: str | None = None) -> HistoryEntry:
+    def _append(
+        self, message: Message, turn_id: str, *, left_out: str | None = None, usage: Usage | None = None
+    ) -> HistoryEntry:
         """Add a message to the history (in the store, and in the context unless ``left_out`` says why not).
 
         Known secrets are cut out first (a key the model or a tool output
         repeats): histories, turn results and the store never hold one.
+        ``usage`` is the model call's, for an assistant message.
 
         Returns:
             The entry stored, with the message as kept.
@@ -1680,7 +1728,9 @@ class Agent(Actor):
         record.next_seq += 1
         if left_out is None:
             self._context.append(seq, message)
-        entry = HistoryEntry(seq=seq, turn_id=turn_id, time=time.time(), message=message, left_out=left_out)
+        entry = HistoryEntry(
+            seq=seq, turn_id=turn_id, time=time.time(), message=message, left_out=left_out, usage=usage
+        )
         self._enqueue_write("history", f"{self._key}/{seq:08d}", entry)
         return entry
 

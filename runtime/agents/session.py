@@ -558,7 +558,8 @@ def session_spec(
                 "provider_factory": agent_factory,
                 "skills": runtime.skills_prompt,
                 "skills_nowait": runtime.skills_prompt_nowait,
-                "hibernate": runtime.hibernate if config.hibernate_after is not None else None,
+                # Asked after hibernate_after idle seconds, or at once by an operator (`Agent.hibernate_now`).
+                "hibernate": runtime.hibernate,
                 "idle_after": config.hibernate_after,
                 "settings": config.settings,
             },
