@@ -603,11 +603,15 @@ class DaemonConfig:
         http_remote: Let ``http`` be an address other than loopback. Off,
             a non-loopback address is refused: anyone who can reach the
             port and holds the token sees and answers everything.
+        event_history: Recent events the daemon keeps in memory, newest
+            first out: what ``events.query``, ``debug_state`` and the
+            observer's event filters search.
     """
 
     socket: Path = Path("~/.weald/weald.sock")
     http: str | None = checked(None, optional(check_http_address))
     http_remote: bool = checked(False, check_bool)
+    event_history: int = checked(10_000, check_positive_int)
 
 
 @attrs.frozen(kw_only=True)

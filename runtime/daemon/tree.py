@@ -8,6 +8,7 @@
     ├── io         trio loop thread
     ├── mcp        one MCPConnection per configured server (one_for_one, backoff)
     ├── sessions   DynamicSupervisor: one session subtree per agent
+    ├── metrics    the sampler: the daemon's counters every second, in fixed-size rings (``metrics.series``)
     ├── server     JSON-RPC front (Unix socket / stdio)
     └── http       the observer: a live web view (``[server] http``, ``weald serve --http``)
 
@@ -86,10 +87,12 @@ from weald.runtime.agents.session import SessionConfig, agent_path, session_shap
 from weald.runtime.agents.tool_runner import RunnerConfig
 from weald.runtime.daemon._config_load import ProjectFiles, source_from_data, weald_home
 from weald.runtime.daemon._hygiene import SandboxReport, prepare_process, stop_leftovers
+from weald.runtime.daemon._index import SessionIndex
 from weald.runtime.daemon._projects import ProjectConfig, Projects
 from weald.runtime.daemon._runlog import DaemonLog, PreviousRun
 from weald.runtime.daemon._telemetry_settings import TelemetrySettings, telemetry_settings
 from weald.runtime.daemon.config import CONFIG_ENV, Config, ConfigError, config_to_dict
+from weald.runtime.daemon.metrics import Sampler
 from weald.runtime.daemon.server import SHUTDOWN_REASON, Server, SessionMCPServer, prepare_socket
 from weald.runtime.llm import Image, Provider, Recorder, RecordingError, ReplayDivergence, Usage, make_provider
 from weald.supervisors import ChildExistsError, ChildSpec, DynamicSupervisor, MaxChildrenError
@@ -427,6 +430,8 @@ class Sessions:
         self.system = system
         self.config = config
         self.roots = roots if roots is not None else Roots(system)
+        # Every active session's project and model, for pages of sessions (sessions.page).
+        self.index = SessionIndex()
         # What no sandboxed command may see: the state directory, the socket, the config file.
         self.private_paths = private_paths
         # Each session's own configuration: its project's (the daemon's config is its base when built by hand).
@@ -945,6 +950,7 @@ class Sessions:
             self.system.loop.spawn_nowait(self._start_batches)
         ref: Ref[Any] = await result
         self.roots.set_nowait(record.session_id, record.working_dir)
+        self.index.add(record.session_id, record.working_dir, record.model)
         return ref
 
     async def _start_batches(self) -> None:
@@ -1052,6 +1058,7 @@ class Sessions:
                     await self._proxy.terminate_child(outcome)
                 continue
             self.roots.set_nowait(record.session_id, record.working_dir)
+            self.index.add(record.session_id, record.working_dir, record.model)
             added.append(result)
         if not added:
             return
@@ -1067,6 +1074,7 @@ class Sessions:
             raise
         for result in added:
             result.set(None)
+        self.system.events.publish("daemon.sessions_added", "/sessions", {"sessions": len(added), "asleep": True})
 
     def _refusal(self, outcome: BaseException, session_id: str) -> BaseException:
         """What a start answers for the supervisor's refusal ``outcome``."""
@@ -1106,6 +1114,8 @@ class Sessions:
         held = self._session_dirs.pop(session_id, None)
         if held is not None:
             self.projects.release_nowait(held)
+        self.index.remove(session_id)
+        self.system.events.publish("daemon.session_stopped", "/sessions", {"session_id": session_id, "ran": ran})
         if record is not None:
             # Stopped for good: its saved tool outputs go with it.
             await trio.to_thread.run_sync(remove_spill_dir, self.spill_root / session_id)
@@ -1251,6 +1261,7 @@ class Sessions:
                 added += 1
                 self._configured_nowait(record)
                 self.roots.set_nowait(record.session_id, record.working_dir)
+                self.index.add(record.session_id, record.working_dir, record.model)
         return added
 
     async def _configure_all(self, directories: list[str]) -> dict[str, str]:
@@ -1439,7 +1450,11 @@ class Daemon:
         # Read before the environment loses its secrets (OTEL_EXPORTER_OTLP_HEADERS); None: telemetry is off.
         self.telemetry_settings = telemetry_settings(config.telemetry)
         self.telemetry: Any = None  # a `_telemetry.Telemetry` once started, when on
-        self.system = ActorSystem(store_path=config.store.path, durability=config.store.durability)
+        self.system = ActorSystem(
+            store_path=config.store.path,
+            durability=config.store.durability,
+            ring_size=config.server.event_history,
+        )
         self.roots = Roots(self.system)
         self.state_dir = self.system.store_path.parent
         self.sandbox: SandboxReport | None = None
@@ -1510,6 +1525,8 @@ class Daemon:
                 self._start_telemetry(self.telemetry_settings)
             if restore:
                 self.system.loop.run(self.sessions.restore, progress)
+            # The charts' figures, sampled whether anyone watches or not (a few us a second).
+            root.start_child(ChildSpec("metrics", Sampler, shutdown=5)).get(timeout=30)
             if self.socket_path is not None or self.stdio or self.http:
                 root.start_child(
                     ChildSpec(
