@@ -59,6 +59,7 @@ from starlette.applications import Starlette
 from starlette.responses import HTMLResponse, Response
 from starlette.routing import Route
 from weald.runtime import Actor, ActorDeadError, WealdError
+from weald.runtime.faults import KINDS
 
 __all__ = [
     "EVENT_BATCH",
@@ -84,28 +85,42 @@ _MAX_BODY = 256 * 1024  # a request to /api/call; fault declarations and answers
 
 OBSERVER_METHODS = frozenset(
     {
+        "actor.restart",
         "actor.snapshot",
+        "actors.list",
         "agent.abort",
+        "agent.hibernate",
         "agent.history",
         "agent.list",
+        "agent.send",
+        "agent.stop",
+        "agent.wake",
         "ask_user.list",
         "ask_user.respond",
         "daemon.status",
         "debug_state",
+        "events.query",
         "fault.clear",
         "fault.inject",
         "fault.list",
         "mcp.servers",
+        "metrics.series",
         "permission.list",
         "permission.respond",
+        "sessions.page",
         "tasks.list",
         "tree",
     }
 )
 """The JSON-RPC methods the page may call through ``/api/call``."""
 
-# Topics that come many to a turn and change no view: they are forwarded, never refresh anything.
+# Topics that come many to a turn and change no view: forwarded only for the agent a viewer watches.
 _QUIET = frozenset({"agent.message_delta", "tool.output"})
+MAX_BATCH = 500
+"""Events one batch carries at most; the older ones of a larger batch are skipped (and counted)."""
+SESSIONS_PACE = 0.25
+"""Seconds between two ``sessions`` messages (which sessions changed) to one viewer."""
+_HELLO_EVENTS = 200
 
 
 class ObserverError(WealdError):
@@ -114,7 +129,12 @@ class ObserverError(WealdError):
 
 @attrs.frozen
 class _View:
-    """A live view: a method's result, sent again when an event matching ``dirtied_by`` may have changed it."""
+    """A live view: a method's result, sent again when an event matching ``dirtied_by`` may have changed it.
+
+    With ``outside``, events from sources below that path (``/sessions/a1/...``)
+    do not dirty it: the view leaves that subtree out (the tree's sessions,
+    which the page lists a page at a time).
+    """
 
     name: str
     method: str
@@ -122,19 +142,17 @@ class _View:
     interval: float  # the least time between two refreshes
     params: dict[str, Any] = attrs.field(factory=dict)
     needs_faults: bool = False
+    outside: str | None = None
 
-    def dirtied(self, topic: str) -> bool:
+    def dirtied(self, topic: str, source: str) -> bool:
+        if self.outside is not None and source.startswith(self.outside):
+            return False
         return any(fnmatch.fnmatchcase(topic, pattern) for pattern in self.dirtied_by)
 
 
 _VIEWS = (
-    _View("tree", "tree", ("*",), 0.1),
-    _View(
-        "agents",
-        "agent.list",
-        ("agent.*", "tool.*", "supervisor.*", "permission.*", "question.*", "daemon.*", "fault.injected"),
-        0.25,
-    ),
+    # The daemon's own part of the tree; /sessions as one node with its counts (sessions.page lists them).
+    _View("tree", "tree", ("*",), 0.25, params={"collapse": ["/sessions"]}, outside="/sessions/"),
     _View("permissions", "permission.list", ("permission.*",), 0.05),
     _View("questions", "ask_user.list", ("question.*",), 0.05),
     _View("mcp", "mcp.servers", ("mcp.*", "supervisor.*"), 0.5),
@@ -272,6 +290,7 @@ class Observer(Actor):
         self._streams = 0
         self._requests = 0
         self._refused = 0
+        self._open: dict[str, _Stream] = {}  # the open streams by their id (`/api/watch` names one)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -342,6 +361,7 @@ class Observer(Actor):
             routes=[
                 Route("/", self._page_endpoint, methods=["GET"]),
                 Route("/api/call", self._call_endpoint, methods=["POST"]),
+                Route("/api/watch", self._watch_endpoint, methods=["POST"]),
                 Route("/api/stream", _AsgiEndpoint(self._stream_endpoint), methods=["GET"]),
             ]
         )
@@ -416,6 +436,31 @@ class Observer(Actor):
             )
         return _json_response(await self._call(method, call.get("params") or {}))
 
+    async def _watch_endpoint(self, request: Any) -> Any:
+        """``{"stream": id, "agent_id": id or null}``: the agent whose text deltas that stream carries."""
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > 4096:
+                self._refused += 1
+                return Response("a watch request is at most 4096 bytes", 413, media_type="text/plain")
+        try:
+            watch = msgspec.json.decode(bytes(body))
+        except (msgspec.DecodeError, UnicodeDecodeError):
+            watch = None
+        agent_id = watch.get("agent_id") if isinstance(watch, dict) else None
+        if (
+            not isinstance(watch, dict)
+            or not isinstance(watch.get("stream"), str)
+            or not (agent_id is None or isinstance(agent_id, str))
+        ):
+            return _json_response({"error": {"code": -32600, "message": 'expected {"stream": ..., "agent_id": ...}'}})
+        stream = self._open.get(watch["stream"])
+        if stream is None:
+            return _json_response({"error": {"code": -32001, "message": f"no open stream {watch['stream']!r}"}})
+        stream.watching = agent_id
+        return _json_response({"result": {"stream": watch["stream"], "agent_id": agent_id}})
+
     async def _call(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
         """One JSON-RPC method, through the server's own method table."""
         restarting = {"error": {"code": -32000, "message": "the daemon's JSON-RPC server is restarting; try again"}}
@@ -437,6 +482,9 @@ class Observer(Actor):
             return
         self._viewers += 1
         self._streams += 1
+        stream = _Stream(self, send)
+        self._open[stream.id] = stream
+        self.system.events.publish("observer.viewer_opened", self.path, {"viewers": self._viewers})
         try:
             headers = [(b"content-type", b"text/event-stream; charset=utf-8"), *_COMMON_HEADERS]
             await send({"type": "http.response.start", "status": 200, "headers": headers})
@@ -448,16 +496,28 @@ class Observer(Actor):
                     nursery.cancel_scope.cancel()
 
                 nursery.start_soon(until_disconnected)
-                await _Stream(self, send).run()
+                await stream.run()
                 nursery.cancel_scope.cancel()
         finally:
             self._viewers -= 1
+            self._open.pop(stream.id, None)
+            self.system.events.publish("observer.viewer_closed", self.path, {"viewers": self._viewers})
 
 
 class _Stream:
-    """One viewer's server-sent events: batches of events, and views refreshed when events dirty them."""
+    """One viewer's server-sent events.
+
+    ``hello`` first (the daemon, the last events, the metrics so far), then:
+    ``events`` batches (at most every `EVENT_BATCH` s; text deltas and tool
+    output only of the agent it watches), ``view`` when an event may have
+    changed a view and it did change, ``sessions`` (which sessions changed,
+    at most every `SESSIONS_PACE` s: the page refetches the rows it shows)
+    and ``metrics`` (the new samples, once a sample).
+    """
 
     def __init__(self, observer: Observer, send: Send) -> None:
+        self.id = secrets.token_urlsafe(12)
+        self.watching: str | None = None  # the agent whose text deltas and tool output are forwarded
         self._observer = observer
         self._send = send
         faults = observer._daemon.faults is not None
@@ -470,22 +530,35 @@ class _Stream:
         self._dropped = 0  # events this viewer missed since the last batch
         self._bus_dropped = 0  # the subscription's own count, as last read
         self._arrived = trio.Event()
+        self._changed: set[str] = set()  # sessions changed since the last `sessions` message
+        self._membership = False  # a session started, stopped, woke or went to sleep
+        self._changed_sent = -1e9
+        self._metrics_next = 0  # the next sample to send
+        self._metrics_due = 0.0
 
     async def run(self) -> None:
-        system = self._observer.system
+        observer = self._observer
+        system = observer.system
         with system.events.subscribe("*", max_buffer=VIEWER_BUFFER) as sub:
-            # The daemon's own debug_state: its status, and the recent events the page starts from.
-            hello = await self._observer._call("debug_state", {"events": 200})
-            result = hello.get("result") or {}
+            status = await observer._call("daemon.status", {})
+            events = system.events.recent(_HELLO_EVENTS, exclude=_QUIET)
+            metrics = await observer._call("metrics.series", {})
+            series = metrics.get("result")
+            if series is not None:
+                self._metrics_next = series["next"]
             await self._message(
                 "hello",
                 {
-                    "daemon": result.get("daemon"),
-                    "events": result.get("recent_events", []),
-                    "faults_enabled": self._observer._daemon.faults is not None,
+                    "stream": self.id,
+                    "daemon": status.get("result"),
+                    "events": events,
+                    "faults_enabled": observer._daemon.faults is not None,
+                    "fault_kinds": _fault_kinds(),
                     "views": [view.name for view in self._views],
+                    "metrics": series,
                 },
             )
+            self._metrics_due = trio.current_time() + 1.0
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._read, sub)
                 await self._loop()
@@ -500,28 +573,54 @@ class _Stream:
             self._bus_dropped = sub.dropped
             self._arrived.set()
 
+    def _due(self) -> float:
+        due = [self._last.get(v.name, -1e9) + self._pace[v.name] for v in self._views if v.name in self._dirty]
+        due.append(self._metrics_due)
+        if self._changed or self._membership:
+            due.append(self._changed_sent + SESSIONS_PACE)
+        return min(due)
+
     async def _loop(self) -> None:
         while True:
             now = trio.current_time()
             for view in self._views:
                 if view.name in self._dirty and now >= self._last.get(view.name, -1e9) + self._pace[view.name]:
                     await self._refresh(view)
-            due = [self._last.get(v.name, -1e9) + self._pace[v.name] for v in self._views if v.name in self._dirty]
-            with trio.move_on_at(min(due) if due else float("inf")):
+            if now >= self._metrics_due:
+                await self._metrics()
+            if (self._changed or self._membership) and now >= self._changed_sent + SESSIONS_PACE:
+                await self._sessions()
+            with trio.move_on_at(self._due()):
                 await self._arrived.wait()
             if not self._pending:
                 continue
             await trio.sleep(EVENT_BATCH)  # gather what comes with it: one message, not one per event
             self._arrived = trio.Event()
             events, self._pending = list(self._pending), deque()
-            for event in events:
-                if event.topic in _QUIET:
-                    continue
-                for view in self._views:
-                    if view.name not in self._dirty and view.dirtied(event.topic):
-                        self._dirty.add(view.name)
-            dropped, self._dropped = self._dropped, 0
-            await self._message("events", {"events": events, "dropped": dropped})
+            await self._forward(events)
+
+    async def _forward(self, events: list[Any]) -> None:
+        watched = f"/sessions/{self.watching}/" if self.watching else None
+        forwarded = []
+        for event in events:
+            topic, source = event.topic, event.source
+            quiet = topic in _QUIET
+            if source.startswith("/sessions/"):
+                self._changed.add(source.split("/", 3)[2])
+            elif source == "/sessions":  # a session started, stopped, woke or went to sleep
+                self._membership = True
+            if quiet:
+                if watched is not None and source.startswith(watched):
+                    forwarded.append(event)
+                continue
+            forwarded.append(event)
+            for view in self._views:
+                if view.name not in self._dirty and view.dirtied(topic, source):
+                    self._dirty.add(view.name)
+        skipped = max(len(forwarded) - MAX_BATCH, 0)
+        dropped, self._dropped = self._dropped, 0
+        if forwarded or dropped:
+            await self._message("events", {"events": forwarded[skipped:], "dropped": dropped, "skipped": skipped})
 
     async def _refresh(self, view: _View) -> None:
         started = trio.current_time()
@@ -538,11 +637,34 @@ class _Stream:
         name = _encoder.encode(view.name)
         await self._send_raw(b'event: view\ndata: {"name":' + name + b',"outcome":' + data + b"}\n\n")
 
+    async def _metrics(self) -> None:
+        self._metrics_due = trio.current_time() + 1.0
+        outcome = await self._observer._call("metrics.series", {"since": self._metrics_next})
+        series = outcome.get("result")
+        if series is None or not series["t"]:
+            return
+        self._metrics_next = series["next"]
+        del series["series"]  # what each series means went with the hello
+        await self._message("metrics", series)
+
+    async def _sessions(self) -> None:
+        self._changed_sent = trio.current_time()
+        changed, self._changed = self._changed, set()
+        membership, self._membership = self._membership, False
+        # Too many to name: the page refetches what it shows.
+        named = sorted(changed) if len(changed) <= 1000 else None
+        await self._message("sessions", {"changed": named, "membership": membership})
+
     async def _message(self, name: str, data: Any) -> None:
         await self._send_raw(b"event: " + name.encode() + b"\ndata: " + _encoder.encode(data) + b"\n\n")
 
     async def _send_raw(self, data: bytes) -> None:
         await self._send({"type": "http.response.body", "body": data, "more_body": True})
+
+
+def _fault_kinds() -> dict[str, list[str]]:
+    """Each fault target's kinds, for the page's fault form (`weald.runtime.faults.KINDS`)."""
+    return {target: list(kinds) for target, kinds in KINDS.items()}
 
 
 class _AsgiEndpoint:

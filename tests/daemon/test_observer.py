@@ -175,29 +175,77 @@ def test_nobody_watching_costs_nothing_and_a_viewer_gets_bounded_coalesced_updat
 
         wait_until(turns_seen, timeout=30, message="every turn's end on the stream")
         wait_until(
-            lambda: any(
-                {r["agent_id"] for r in view.get("result", [])} >= set(agents) for view in stream.views("agents")
-            ),
+            lambda: set(agents) <= {a for m in stream.named("sessions") for a in m["changed"] or ()},
             timeout=30,
-            message="the agents view to list the new agents",
+            message="the sessions messages to name the busy sessions",
         )
+        wait_until(lambda: len(stream.named("metrics")) >= 2, timeout=30, message="two metrics messages")
     # The stream is gone, and so is its subscription.
     wait_until(lambda: subscribers(observed) == idle, timeout=30, message="the viewer's subscription to end")
 
     lasted = stream.closed - stream.opened
     events = stream.events()
     topics = {e["topic"] for e in events}
-    assert {"agent.message_delta", "tool.started", "tool.finished", "agent.turn_end"} <= topics
-    # Coalesced: at most one tree every 100 ms and one batch of events every 50 ms, over the stream's whole life.
+    assert {"tool.started", "tool.finished", "agent.turn_end"} <= topics
+    # Text deltas and tool output only of the agent the viewer watches (none here).
+    assert not topics & {"agent.message_delta", "tool.output"}
+    # Coalesced: at most one tree every 250 ms, one batch of events every 50 ms, one sessions message every
+    # 250 ms and one metrics message a second, over the stream's whole life.
     trees = stream.views("tree")
     batches = stream.named("events")
-    assert 1 <= len(trees) <= lasted / 0.1 + 1, (len(trees), lasted)
+    assert 1 <= len(trees) <= lasted / 0.25 + 1, (len(trees), lasted)
     assert len(batches) <= lasted / 0.05 + 1, (len(batches), lasted)
+    assert len(stream.named("sessions")) <= lasted / 0.25 + 1
+    assert len(stream.named("metrics")) <= lasted + 1
     assert len(events) > 2 * len(batches)
+    # The tree is the daemon's own part, the sessions one collapsed node: the busy agents did not redraw it.
+    sessions_node = next(n for n in trees[-1]["result"]["children"] if n["path"] == "/sessions")
+    assert sessions_node["children"] == []
+    assert sessions_node["children_hidden"] >= len(agents)
     # Each view is sent again only when it changed.
     encoded = [repr(view) for view in trees]
     assert all(a != b for a, b in itertools.pairwise(encoded))
     assert all(batch["dropped"] == 0 for batch in batches)
+    # The metrics: the hello has every series so far, each message only the samples after.
+    hello = stream.named("hello")[0]
+    assert [s["name"] for s in hello["metrics"]["series"]][:2] == ["rss_bytes", "loop_lag_ms"]
+    nexts = [hello["metrics"]["next"]] + [m["next"] for m in stream.named("metrics")]
+    assert nexts == sorted(nexts)
+    assert all(len(m["t"]) == m["next"] - previous for m, previous in zip(stream.named("metrics"), nexts, strict=False))
+
+
+def test_a_viewer_watching_an_agent_gets_its_text_as_it_streams(observed: DaemonProcess) -> None:
+    base, token = split_url(observer_url(observed))
+    start_agent(observed, "watched", [{"text": "streamed to the watcher"}])
+    start_agent(observed, "unwatched", [{"text": "not streamed to anyone"}])
+    with StreamReader(base, token) as stream, observed.client() as client:
+        stream_id = stream.named("hello")[0]["stream"]
+        watch = httpx.post(
+            f"{base}/api/watch",
+            json={"stream": stream_id, "agent_id": "watched"},
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=30,
+        ).json()
+        assert watch == {"result": {"stream": stream_id, "agent_id": "watched"}}
+        for agent in ("watched", "unwatched"):
+            assert client.call("agent.prompt", {"agent_id": agent, "text": "go"}, timeout=60)["ok"]
+        wait_until(
+            lambda: (
+                {e["source"] for e in stream.events() if e["topic"] == "agent.turn_end"}
+                >= {"/sessions/watched/agent", "/sessions/unwatched/agent"}
+            ),
+            timeout=30,
+            message="both turns' ends",
+        )
+    deltas = [e for e in stream.events() if e["topic"] == "agent.message_delta"]
+    assert "".join(e["data"]["text"] for e in deltas) == "streamed to the watcher"
+    assert {e["source"] for e in deltas} == {"/sessions/watched/agent"}
+    unknown = httpx.post(
+        f"{base}/api/watch", json={"stream": "gone", "agent_id": None}, headers={"Authorization": f"Bearer {token}"}
+    ).json()
+    assert unknown["error"]["code"] == -32001
+    refused = httpx.post(f"{base}/api/watch", json={"stream": stream_id, "agent_id": None}, timeout=30)
+    assert refused.status_code == 401
 
 
 def test_a_permission_request_is_live_on_the_stream_and_answered_through_the_observer(observed: DaemonProcess) -> None:
