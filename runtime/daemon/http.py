@@ -3,8 +3,9 @@
 ::
 
     GET  /?token=T      the page: one HTML document, its script and style inlined (nothing from elsewhere)
-    GET  /api/stream    server-sent events: the event stream and live views (tree, agents, prompts...)
+    GET  /api/stream    server-sent events: events, live views, which sessions changed, metrics
     POST /api/call      {"method": ..., "params": ...} -> {"result": ...} | {"error": {...}}
+    POST /api/watch     {"stream": id, "agent_id": id | null}: the agent whose text that stream carries
 
 `Observer` is an actor beside the JSON-RPC server in the daemon's tree
 (``/http``). Its HTTP server is Hypercorn's trio worker running a Starlette
@@ -28,9 +29,17 @@ event bus and runs no timer; it is a listening socket. Each viewer's stream
 (at most `MAX_VIEWERS` at once) holds one bus subscription with a bounded
 buffer (`VIEWER_BUFFER` events; the oldest are dropped and counted when
 the viewer falls behind), sends events in batches at most every
-`EVENT_BATCH` seconds, and refreshes a view only when an event may have
-changed it, at most every 100 ms for the tree (slower when refreshing takes
-long: never more than a fifth of the loop's time per view).
+`EVENT_BATCH` seconds (text deltas and tool output only of the agent it
+watches, at most `MAX_BATCH` a batch), and refreshes a view only when an
+event may have changed it, at most every 250 ms for the tree (slower when
+refreshing takes long: never more than a fifth of the loop's time per
+view). At 100,000 sessions nothing here is proportional to the sessions:
+the tree is the daemon's own part (``/sessions`` collapsed to its counts),
+the page asks for the sessions and actors it shows a page at a time
+(``sessions.page``, ``actors.list``), and the stream tells it which
+sessions changed (at most every `SESSIONS_PACE` s), so it fetches again
+only the rows on screen. The metrics come from the ``/metrics`` sampler,
+once a second.
 """
 
 from __future__ import annotations

@@ -79,7 +79,7 @@ SERIES: tuple[MetricSpec, ...] = (
     MetricSpec("restarts_per_s", "/s", "supervised restarts (supervisor.child_restarted)"),
     MetricSpec("commits_per_s", "/s", "store transactions committed"),
     MetricSpec("commit_ms", "ms", "their mean latency over the interval"),
-    MetricSpec("store_bytes", "bytes", "the store's files on disk (database and write-ahead log)"),
+    MetricSpec("store_bytes", "bytes", "the store's files on disk (database and write-ahead log; none for PostgreSQL)"),
     MetricSpec("connections", "", "socket clients and observer viewers connected"),
     MetricSpec("sessions_awake", "", "top-level sessions whose actors run"),
     MetricSpec("sessions_asleep", "", "top-level sessions held by a stub (hibernated or started asleep)"),
@@ -348,7 +348,8 @@ class Sampler(Actor):
         if store is not None:
             counters["commits"] = store.commits
             counters["commit_seconds"] = store.commit_seconds
-            counters["store_bytes"] = _file_size(str(store.path)) + _file_size(f"{store.path}-wal")
+            if store.path is not None:  # a database server's size is not on this disk
+                counters["store_bytes"] = _file_size(str(store.path)) + _file_size(f"{store.path}-wal")
         if self._statm is not None:
             fields = os.pread(self._statm, 128, 0).split()
             counters["rss"] = int(fields[1]) * self._page

@@ -192,7 +192,15 @@ def test_the_tree_shows_every_node_with_kind_status_restarts_and_mailbox(daemon:
         c.call("agent.start", {"working_dir": str(daemon.project), "agent_id": "t1", "asleep": False})
         root = c.call("tree")
     assert (root["path"], root["kind"]) == ("/", "Supervisor")
-    assert [n["path"] for n in root["children"]] == ["/store", "/events", "/io", "/mcp", "/sessions", "/server"]
+    assert [n["path"] for n in root["children"]] == [
+        "/store",
+        "/events",
+        "/io",
+        "/mcp",
+        "/sessions",
+        "/metrics",
+        "/server",
+    ]
     session = root["children"][4]["children"][0]
     assert session["path"] == "/sessions/t1"
     assert [n["path"].rsplit("/", 1)[1] for n in session["children"]] == ["tool_runner", "sub_agents", "agent"]

