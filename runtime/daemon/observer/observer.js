@@ -908,7 +908,8 @@
         result = await call("debug_state", { agent_id: agentId, events: 10, messages: 5 });
         const files = result.config_files || (result.config && result.config.files);
         if (Array.isArray(files) && files.length) {
-          $("detail-config-files").replaceChildren(...files.map((f) => el("li", { class: "mono", text: typeof f === "string" ? f : JSON.stringify(f) })));
+          $("detail-config-files").replaceChildren(...files.map((f) => el("li", { class: "mono",
+            text: typeof f === "string" ? f : `${f.path}` + (f.layer ? ` (${f.layer})` : ""), title: f.digest ? `digest ${f.digest}` : undefined })));
           config.hidden = false;
         }
       } else {
