@@ -2189,7 +2189,7 @@ _HISTORY_MAX = 10_000
 
 
 def _history_row(entry: Any) -> dict[str, Any]:
-    """One stored history entry as agent.history shows it: the message, its seq, time, a summary's mark, why left out."""
+    """One stored history entry as agent.history shows it: the message, its seq and time, a summary, why left out."""
     row: dict[str, Any] = {"seq": entry.seq, "time": entry.time, "turn_id": entry.turn_id, **_plain(entry.message)}
     if entry.compaction is not None:
         row["compaction"] = _plain(entry.compaction)
