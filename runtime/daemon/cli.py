@@ -738,7 +738,10 @@ def cmd_observe(args: argparse.Namespace) -> int:
     """Open the running daemon's observer (a live web view) in a browser, or print its address.
 
     The address carries the daemon's token, which only the daemon's owner-only
-    socket gives out: keep it to yourself. The daemon serves the observer when
+    socket gives out: keep it to yourself. The browser is not given it on its
+    command line (every user of the machine can read that, in
+    ``/proc/PID/cmdline``): it opens a redirect file only this user can read,
+    as Jupyter does (`_redirect_file`). The daemon serves the observer when
     started with ``weald serve --http 127.0.0.1:8765`` (or ``[server] http``).
     """
     with _connect(args) as client:
@@ -750,13 +753,52 @@ def cmd_observe(args: argparse.Namespace) -> int:
     if not args.no_browser and _has_browser():
         import webbrowser
 
-        with contextlib.suppress(webbrowser.Error):
-            opened = webbrowser.open(url)
+        try:
+            redirect = _redirect_file(url)
+        except OSError as exc:
+            _print_error(_console(stderr=True), f"weald observe: no private file for the browser to open: {exc}")
+        else:
+            with contextlib.suppress(webbrowser.Error):
+                opened = webbrowser.open(redirect.as_uri())
     if opened:
-        _console(stderr=True).print(f"opened the observer in a browser: {url}", markup=False, soft_wrap=True)
+        where = url.split("?", 1)[0]
+        _console(stderr=True).print(f"opened the observer in a browser: {where}", markup=False, soft_wrap=True)
     else:
         sys.stdout.write(url + "\n")
     return EXIT_OK
+
+
+def _redirect_file(url: str) -> Path:
+    """A page that sends the browser on to ``url``, in a file and directory only this user can read.
+
+    ``$XDG_RUNTIME_DIR/weald`` (or ``weald-observe-UID`` in the temporary
+    directory), made 0700 and checked to be this user's own real directory,
+    holds ``observe.html`` (0600), replaced at each ``weald observe``: the
+    token in it is no more exposed than the owner-only socket that gave it.
+
+    Raises:
+        OSError: The directory is another user's, a link, or open to others.
+    """
+    import html
+
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    base = Path(runtime) / "weald" if runtime else Path(tempfile.gettempdir()) / f"weald-observe-{os.getuid()}"
+    base.mkdir(mode=0o700, exist_ok=True)
+    info = os.lstat(base)
+    if not os.path.isdir(base) or os.path.islink(base) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+        raise OSError(f"{base} is not a directory only this user can use")
+    target = json.dumps(url).replace("<", "\\u003c")
+    page = (
+        "<!doctype html><meta charset=utf-8><title>weald observer</title>"
+        f'<meta http-equiv="refresh" content="0;url={html.escape(url, quote=True)}">'
+        f"<script>location.replace({target})</script>"
+    )
+    fd, temporary = tempfile.mkstemp(dir=base, prefix=".observe-", suffix=".html")  # 0600
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        out.write(page)
+    path = base / "observe.html"
+    os.replace(temporary, path)
+    return path
 
 
 def _has_browser() -> bool:
