@@ -34,7 +34,13 @@ from weald.runtime._errors import (
     WealdError,
 )
 from weald.runtime._events import Event, EventBus, Subscription
-from weald.runtime._files import check_regular_file, open_directory_nofollow, read_regular_file, replace_file
+from weald.runtime._files import (
+    check_regular_file,
+    make_private_dirs,
+    open_directory_nofollow,
+    read_regular_file,
+    replace_file,
+)
 from weald.runtime._future import Future, is_loop_thread
 from weald.runtime._loop import Loop, LoopStatistics
 from weald.runtime._processes import (
@@ -136,6 +142,7 @@ __all__ = [
     "is_loop_thread",
     "is_secret_name",
     "is_secret_value",
+    "make_private_dirs",
     "marked_processes",
     "mask_url",
     "msgspec_convert",

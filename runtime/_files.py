@@ -14,6 +14,11 @@ before, so such a link is refused (`LinkInPathError`), never followed; the
 file tools (``weald.tools._sandbox``), `read_regular_file` with
 ``follow_symlinks=False`` and `replace_file` build on it.
 
+What weald keeps for itself (the state directory, the store, spilled
+outputs, logs) holds histories and tokens: `make_private_dirs` makes its
+directories owner-only (0700) whatever the umask, and its files are created
+0600.
+
 Everything here blocks: call it from a worker thread (``trio.to_thread``),
 never on the trio loop thread.
 """
@@ -29,7 +34,13 @@ from collections.abc import Sequence
 
 from weald.runtime._errors import LinkInPathError, UnreadableFileError
 
-__all__ = ["check_regular_file", "open_directory_nofollow", "read_regular_file", "replace_file"]
+__all__ = [
+    "check_regular_file",
+    "make_private_dirs",
+    "open_directory_nofollow",
+    "read_regular_file",
+    "replace_file",
+]
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -235,3 +246,28 @@ def replace_file(path: str | os.PathLike[str], data: bytes, *, mode: int = 0o600
             os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+def make_private_dirs(path: str | os.PathLike[str]) -> None:
+    """Make the directory ``path`` and its missing parents, each new one owner-only (0700) whatever the umask.
+
+    Directories that exist already are left as they are (``weald doctor``
+    warns about a state directory others may read).
+
+    Raises:
+        FileExistsError: ``path`` exists and is not a directory.
+        OSError: a directory could not be made.
+    """
+    missing: list[str] = []
+    current = os.path.abspath(path)
+    while not os.path.lexists(current) and os.path.dirname(current) != current:
+        missing.append(current)
+        current = os.path.dirname(current)
+    for directory in reversed(missing):
+        try:
+            os.mkdir(directory, 0o700)
+        except FileExistsError:
+            continue  # made meanwhile by someone else: theirs
+        os.chmod(directory, 0o700)  # the umask may have taken the owner's bits too
+    if not os.path.isdir(path):
+        raise FileExistsError(errno.EEXIST, "exists and is not a directory", os.fspath(path))

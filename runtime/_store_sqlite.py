@@ -40,6 +40,7 @@ from typing import Any, Final, Literal, TypeVar
 
 from sqlitedict import SqliteDict
 from weald.runtime._errors import StoreClosedError, StoreCorruptError, StoreError, StoreFullError
+from weald.runtime._files import make_private_dirs
 from weald.runtime._store_backend import (
     TAG_SEPARATOR,
     TEXT_NAMESPACE,
@@ -156,7 +157,7 @@ class SqliteBackend(StoreBackend):
             msg = f"store path {path} is a directory, not a database file"
             raise StoreError(msg)
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            make_private_dirs(path.parent)
         except OSError as exc:
             blocker = next((p for p in (path.parent, *path.parent.parents) if p.exists()), None)
             if blocker is not None and not blocker.is_dir():
@@ -171,6 +172,11 @@ class SqliteBackend(StoreBackend):
             except OSError as exc:
                 msg = f"store file {path} cannot be read: {exc.strerror}"
                 raise StoreError(msg) from exc
+        else:
+            # Owner-only whatever the umask: it holds histories and tokens. SQLite
+            # gives its -wal and -shm files the database file's permissions.
+            with contextlib.suppress(FileExistsError):
+                os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
         try:
             conn = sqlite3.connect(str(path))
             try:
@@ -601,6 +607,9 @@ class SqliteBackend(StoreBackend):
             StoreError: the copy failed (the target is then removed).
         """
         try:
+            # A new copy is owner-only, as the store is (one that cannot be made: sqlite says why below).
+            with contextlib.suppress(OSError):
+                os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
 
             def step(_status: int, remaining: int, total: int) -> None:
                 if progress is not None:

@@ -14,11 +14,13 @@ Saving writes a file: call `limit_output` from a worker thread, not the trio loo
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Literal
 
 import attrs
+from weald.runtime import make_private_dirs
 from weald.tools._contract import ToolResult
 from weald.tools._spill import SpillBudget
 
@@ -130,8 +132,11 @@ def _save(save_dir: Path, call_id: str, text: str, spill: SpillBudget) -> _Saved
     if granted == 0:
         return _Saved(None, 0, why)
     try:
-        save_dir.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(data[:granted])
+        make_private_dirs(save_dir)
+        # Owner-only whatever the umask: a command's output may hold anything.
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "wb") as file:
+            file.write(data[:granted])
     except OSError as exc:
         spill.give_back(granted)
         return _Saved(None, 0, f"writing {path} failed ({exc.strerror or exc})")

@@ -58,7 +58,14 @@ from typing import IO, Any
 
 import attrs
 import trio
-from weald.runtime import MARK_VARIABLE, ChildProcess, marked_processes, open_child_process, scan_proc
+from weald.runtime import (
+    MARK_VARIABLE,
+    ChildProcess,
+    make_private_dirs,
+    marked_processes,
+    open_child_process,
+    scan_proc,
+)
 from weald.tools._contract import ToolError
 from weald.tools._spill import SpillBudget
 
@@ -577,7 +584,7 @@ class OutputCapture:
         try:
             if self._spool_file is None:
                 assert self._spool_dir is not None
-                self._spool_dir.mkdir(parents=True, exist_ok=True)
+                make_private_dirs(self._spool_dir)
                 fd, name = tempfile.mkstemp(prefix=self._spool_prefix, suffix=".log", dir=self._spool_dir)
                 self._spool_file = os.fdopen(fd, "wb")
                 self._spool_path = Path(name)

@@ -50,7 +50,7 @@ from typing import Any
 
 import attrs
 import trio
-from weald.runtime import ChildProcess, new_process_mark, sanitized_env
+from weald.runtime import ChildProcess, make_private_dirs, new_process_mark, sanitized_env
 from weald.tools._bwrap import (
     SANDBOX_ENABLE_HINT,
     SandboxPolicy,
@@ -453,7 +453,7 @@ def _sandbox_options(
     if ctx.session is not None:
         # One private /tmp per session, so a job and later calls share it.
         tmp = Path(ctx.session.output_dir) / "tmp"
-        tmp.mkdir(mode=0o700, parents=True, exist_ok=True)
+        make_private_dirs(tmp)
     project = Path(ctx.working_dir)
     policy = SandboxPolicy(
         project=project,

@@ -13,6 +13,7 @@ import os
 import platform
 import shutil
 import socket
+import stat
 import subprocess
 import sys
 from collections.abc import Callable
@@ -71,6 +72,7 @@ def run_checks(config: Config, config_error: str | None = None) -> list[Check]:
         _npx,
         _mcp_commands,
         _state_directory,
+        _state_permissions,
         _previous_run,
         _telemetry,
         _python,
@@ -279,6 +281,38 @@ def _state_directory(config: Config) -> Check:
     if free < _LOW_SPACE:
         return Check("state directory", "warn", f"{detail}: little space left", "free space there")
     return Check("state directory", "ok", detail)
+
+
+def _state_paths(config: Config) -> list[Path]:
+    """The state directory and the store's, with the store and its WAL and SHM files: what holds histories."""
+    store = Path(config.store.path).expanduser()
+    directories = [store.parent]
+    if config.daemon.state_dir is not None:
+        directories.insert(0, Path(config.daemon.state_dir).expanduser())
+    files = [store, store.with_name(store.name + "-wal"), store.with_name(store.name + "-shm")]
+    return list(dict.fromkeys([*directories, *files]))
+
+
+def _state_permissions(config: Config) -> Check:
+    """Warn when others may read the state directory or the store (histories, tasks, MCP OAuth tokens)."""
+    wide = []
+    for path in _state_paths(config):
+        try:
+            info = os.stat(path)
+        except OSError:
+            continue  # not made yet: weald makes it owner-only
+        if info.st_mode & 0o077:
+            wide.append((path, stat.S_IMODE(info.st_mode), stat.S_ISDIR(info.st_mode)))
+    if not wide:
+        return Check("state permissions", "ok", "the state directory and the store are readable by their owner only")
+    listed = ", ".join(f"{path} ({mode:o})" for path, mode, _ in wide)
+    fix = "; ".join(f"chmod {'700' if is_dir else '600'} {path}" for path, _, is_dir in wide)
+    return Check(
+        "state permissions",
+        "warn",
+        f"others may read what holds histories, tasks and tokens: {listed}",
+        f"run: {fix} (weald makes new ones owner-only, but leaves existing ones as they are)",
+    )
 
 
 def _telemetry(config: Config) -> Check:

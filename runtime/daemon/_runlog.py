@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import attrs
+from weald.runtime import make_private_dirs
 
 __all__ = ["LOG_NAME", "DaemonLog", "PreviousRun", "last_crash"]
 
@@ -133,7 +134,7 @@ class DaemonLog:
         Raises:
             OSError: the log or the marker cannot be written.
         """
-        state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        make_private_dirs(state_dir)
         previous = _take_marker(state_dir)
         path = state_dir / LOG_NAME
         with contextlib.suppress(FileNotFoundError):

@@ -55,6 +55,7 @@ from weald.runtime import (
     StoreError,
     Stub,
     WealdError,
+    make_private_dirs,
     redact,
     redact_secret_values,
 )
@@ -351,7 +352,7 @@ def prepare_socket(path: Path) -> None:
         SocketInUseError: a daemon answers on it.
         WealdError: something that is not a socket is in the way.
     """
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    make_private_dirs(path.parent)
     if not path.exists() and not path.is_symlink():
         return
     mode = path.lstat().st_mode

@@ -77,6 +77,7 @@ from weald.runtime import (
     WealdError,
     environ_value,
     is_secret_name,
+    make_private_dirs,
     redact,
     register_secret,
     restore_environ,
@@ -1759,7 +1760,7 @@ def lock_state_dir(store_path: Path) -> int:
     state_dir = store_path.parent
     lock_path = state_dir / f"{store_path.name}.lock"
     try:
-        state_dir.mkdir(parents=True, exist_ok=True)
+        make_private_dirs(state_dir)
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     except OSError as exc:
         msg = f"cannot open the store's lock file {lock_path}: {exc.strerror or exc}"
