@@ -74,7 +74,7 @@ def check_regular_file(path: str | os.PathLike[str], *, max_bytes: int, what: st
     Raises:
         UnreadableFileError: it does not exist, is not a regular file, or is too large.
     """
-    name = os.fspath(path)
+    name = os.path.abspath(os.fspath(path))  # a message names the file where it was looked for
     try:
         info = os.stat(name)
     except OSError as exc:
@@ -169,7 +169,7 @@ def read_regular_file(
             file (a FIFO, a device, a directory...), is larger than
             ``max_bytes``, or (``follow_symlinks=False``) a link is on its path.
     """
-    name = os.fspath(path)
+    name = os.path.abspath(os.fspath(path))  # a message names the file where it was looked for
     # O_NONBLOCK: opening a FIFO with no writer returns at once instead of waiting for one.
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
     try:

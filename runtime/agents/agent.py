@@ -1009,7 +1009,7 @@ class Agent(Actor):
                         turn_id=self._turn.id if self._turn else "",
                         ok=False,
                         text="",
-                        usage=Usage(),
+                        usage=self._turn.usage if self._turn else Usage(),  # the model calls it made count
                         steps=self._turn.steps if self._turn else 0,
                         error=f"the agent crashed ({error}); it is being restarted with its history",
                         interrupted=True,
@@ -1100,13 +1100,20 @@ class Agent(Actor):
             self._compact_between_turns()
         return future
 
-    def answer(self, question_id: str, answer: str) -> bool:
-        """Answer an open question; returns False if it is unknown or already answered."""
+    def answer(self, question_id: str, answer: str, *, declined: str | None = None) -> bool:
+        """Answer an open question; returns False if it is unknown or already answered.
+
+        With ``declined`` (why no answer came: no one could be asked, say), the
+        question gets no answer: whoever asked it fails with that reason.
+        """
         question = self._questions.pop(question_id, None)
         if question is None:
             return False
         with contextlib.suppress(Exception):
-            question.reply.set(answer)
+            if declined is not None:
+                question.reply.set_exception((RuntimeError, RuntimeError(declined), None))
+            else:
+                question.reply.set(answer)
         self._publish("question.answered", {"question_id": question_id})
         self._refresh_waiting()
         return True

@@ -19,20 +19,25 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["add_mcp_commands"]
+from weald.runtime.daemon._cli_common import EXIT_OK, EXIT_USAGE, print_json, socket_path
 
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_USAGE = 2
+__all__ = ["add_mcp_commands"]
 
 
 class CommandError(Exception):
     """A command cannot do what was asked; the message says why (exit status 2)."""
 
 
-def add_mcp_commands(sub: Any, common: argparse.ArgumentParser, print_json: Callable[[Any], None]) -> None:
+def add_mcp_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     """Add ``weald mcp ...`` to the ``weald`` parser's subcommands."""
-    mcp = sub.add_parser("mcp", help="list, add, remove and import MCP servers", description=__doc__)
+    description = __doc__.replace("``", "").replace("`", "")  # docstring markup is not for --help
+    mcp = sub.add_parser(
+        "mcp",
+        help="list, add, remove and import MCP servers",
+        description=description,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    mcp.set_defaults(parser=mcp)
     commands = mcp.add_subparsers(dest="mcp_command", metavar="SUBCOMMAND")
     commands.required = True
     scope = argparse.ArgumentParser(add_help=False)
@@ -44,7 +49,7 @@ def add_mcp_commands(sub: Any, common: argparse.ArgumentParser, print_json: Call
     )
 
     p = commands.add_parser("list", parents=[common], help="the configured servers, and their state if a daemon runs")
-    p.set_defaults(func=lambda args: _run(_list, args, print_json))
+    p.set_defaults(parser=p, func=lambda args: _run(_list, args, print_json))
 
     p = commands.add_parser(
         "add",
@@ -57,11 +62,11 @@ def add_mcp_commands(sub: Any, common: argparse.ArgumentParser, print_json: Call
     p.add_argument("target", nargs="*", help="-- COMMAND ARGS... (stdio), or URL (HTTP)")
     p.add_argument("-e", "--env", action="append", default=[], metavar="KEY=VALUE", help="an environment variable")
     p.add_argument("-H", "--header", action="append", default=[], metavar="'NAME: VALUE'", help="an HTTP header")
-    p.set_defaults(func=lambda args: _run(_add, args, print_json))
+    p.set_defaults(parser=p, func=lambda args: _run(_add, args, print_json))
 
     p = commands.add_parser("remove", parents=[common, scope], help="remove a server")
     p.add_argument("name")
-    p.set_defaults(func=lambda args: _run(_remove, args, print_json))
+    p.set_defaults(parser=p, func=lambda args: _run(_remove, args, print_json))
 
     p = commands.add_parser(
         "import",
@@ -73,7 +78,7 @@ def add_mcp_commands(sub: Any, common: argparse.ArgumentParser, print_json: Call
     p.add_argument("file", help="claude_desktop_config.json, .mcp.json, ~/.claude.json or opencode.json[c]")
     p.add_argument("--dry-run", action="store_true", help="print the tables instead of writing them")
     p.add_argument("--replace", action="store_true", help="replace servers of the same name")
-    p.set_defaults(func=lambda args: _run(_import, args, print_json))
+    p.set_defaults(parser=p, func=lambda args: _run(_import, args, print_json))
 
 
 def _run(command: Callable[..., int], args: argparse.Namespace, print_json: Callable[[Any], None]) -> int:
@@ -205,11 +210,10 @@ def _list(args: argparse.Namespace, print_json: Callable[[Any], None]) -> int:
 
 def _live_states(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     """Each server's live state, if a daemon answers (quickly); empty otherwise."""
-    from weald.runtime.daemon.cli import _socket_path
     from weald.runtime.daemon.client import Client, DaemonUnavailableError
 
     try:
-        with Client.connect(_socket_path(args), timeout=2) as client:
+        with Client.connect(socket_path(args), timeout=2) as client:
             return {s["server"]: s for s in client.call("mcp.servers", timeout=10)}
     except (DaemonUnavailableError, OSError):
         return {}

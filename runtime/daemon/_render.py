@@ -17,9 +17,11 @@ import logging
 import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
+import attrs
 from rich import box
+from rich.cells import cell_len
 from rich.console import Console, ConsoleOptions, Group, RenderableType
 from rich.markup import escape
 from rich.panel import Panel
@@ -29,9 +31,12 @@ from rich.text import Text
 from rich.tree import Tree
 
 __all__ = [
+    "Column",
     "PrintableFormatter",
     "SafeConsole",
+    "event_summary",
     "events_table",
+    "fitted_table",
     "flatten",
     "format_value",
     "key_value_table",
@@ -161,6 +166,75 @@ def _mcp_label(server: Mapping[str, Any]) -> str:
     return " ".join(parts)
 
 
+# -- tables that fit the terminal ---------------------------------------------------------------------------
+
+
+@attrs.frozen
+class Column:
+    """A column of a `fitted_table`.
+
+    Attributes:
+        key: the rows' key for it.
+        priority: 0 is never dropped; a narrow terminal drops the highest numbers first.
+        no_wrap: its values are never wrapped or cut (ids: a command needs them whole).
+        fold: long values wrap onto more lines (paths, values); never cut.
+        ellipsis: long values are cut with "…" (only for what no command needs, such as a title).
+        min_width: the narrowest it may get.
+        header: its heading (default: ``key``).
+    """
+
+    key: str
+    priority: int = 1
+    no_wrap: bool = False
+    fold: bool = False
+    ellipsis: bool = False
+    min_width: int | None = None
+    header: str | None = None
+    style: str | None = None
+    justify: Literal["left", "right"] = "left"
+
+
+def fitted_table(columns: Sequence[Column], rows: Sequence[Mapping[str, str]], width: int) -> Table:
+    """A table of ``rows`` that fits ``width`` columns without cutting an id or a value a command needs.
+
+    As ``kubectl get`` and ``docker ps`` do, the least important columns are
+    dropped first (highest ``priority``) until what is left fits; within it,
+    values that may be long wrap (``fold``), and only titles are cut.
+    """
+    shown = list(columns)
+    while True:
+        needed = sum(_narrowest(column, rows) for column in shown) + 2 * (len(shown) - 1)
+        droppable = [c for c in shown if c.priority > 0]
+        if needed <= width or not droppable:
+            return _table(shown, rows)
+        shown.remove(max(droppable, key=lambda c: (c.priority, shown.index(c))))
+
+
+def _narrowest(column: Column, rows: Sequence[Mapping[str, str]]) -> int:
+    """The fewest characters ``column`` can have: all of its widest value when it is never wrapped."""
+    header = len(column.header or column.key)
+    if column.no_wrap:
+        return max([header, *(cell_len(str(row.get(column.key, ""))) for row in rows)])
+    return max(header, column.min_width or 8)
+
+
+def _table(columns: Sequence[Column], rows: Sequence[Mapping[str, str]]) -> Table:
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    for column in columns:
+        table.add_column(
+            column.header or column.key,
+            no_wrap=column.no_wrap or column.ellipsis,
+            overflow="ellipsis" if column.ellipsis else "fold",
+            min_width=_narrowest(column, rows) if column.no_wrap else column.min_width,
+            style=column.style,
+            justify=column.justify,
+            ratio=1 if (column.fold or column.ellipsis) else None,
+        )
+    for row in rows:
+        table.add_row(*(safe_text(row.get(column.key, "")) for column in columns))
+    return table
+
+
 # -- values -------------------------------------------------------------------------------------------
 
 
@@ -206,22 +280,37 @@ def _when(stamp: float | None) -> str:
     return time.strftime("%H:%M:%S", time.localtime(stamp)) + f".{int(stamp % 1 * 1000):03d}"
 
 
+def event_summary(event: Mapping[str, Any], *, limit: int = 60) -> str:
+    """An event's data in a line, without what its source already says (the session and agent ids)."""
+    data = event.get("data") or {}
+    if not isinstance(data, Mapping):
+        return format_value(data, limit=limit)
+    source = str(event.get("source") or "")
+    parts = source.split("/")
+    known = {parts[2]} if len(parts) > 2 and parts[1] == "sessions" else set()
+    shown = []
+    for key, value in data.items():
+        if key in ("session_id", "agent_id") and value in known:
+            continue
+        if key == "agent_path" and value == source:
+            continue
+        shown.append(f"{printable(key)}={format_value(value, limit=limit)}")
+    return ", ".join(shown)
+
+
 def events_table(events: Sequence[Mapping[str, Any]], *, title: str = "recent events") -> Table:
-    """Events one line each: time, topic, source path and a short form of the data."""
+    """Events one line each: time, topic, source path and a short form of the data (ids the source names left out)."""
     table = Table(title=f"{title} ({len(events)})", title_justify="left", box=box.SIMPLE, pad_edge=False)
     table.add_column("time", style="dim", no_wrap=True, min_width=12)
-    table.add_column("topic", style="cyan", no_wrap=True, min_width=22)
-    table.add_column("source", overflow="ellipsis", no_wrap=True, min_width=10, max_width=40)
-    table.add_column("data", overflow="ellipsis", no_wrap=True, ratio=1)
+    table.add_column("topic", style="cyan", no_wrap=True)
+    table.add_column("source", overflow="fold", min_width=10)
+    table.add_column("data", overflow="fold", ratio=1, min_width=20)
     for event in events:
-        data = event.get("data") or {}
-        short = (
-            ", ".join(f"{printable(k)}={format_value(v, limit=40)}" for k, v in data.items())
-            if isinstance(data, dict)
-            else ""
-        )
         table.add_row(
-            _when(event.get("time")), safe_text(event.get("topic", "")), safe_text(event.get("source", "")), Text(short)
+            _when(event.get("time")),
+            safe_text(event.get("topic", "")),
+            safe_text(event.get("source", "")),
+            Text(event_summary(event)),
         )
     return table
 
@@ -234,7 +323,21 @@ def render_status(status: Mapping[str, Any]) -> RenderableType:
     shown = dict(status)
     if isinstance(shown.get("uptime"), int | float):
         shown["uptime"] = _duration(float(shown["uptime"]))
-    return Panel(key_value_table(shown), title="[green]weald daemon running[/green]", title_align="left", expand=False)
+    table = Table(show_header=False, box=box.SIMPLE, pad_edge=False)
+    table.add_column("key", style="bold", no_wrap=True)
+    table.add_column("value", overflow="fold")
+    for key, item in flatten(shown):
+        table.add_row(safe_text(key), Text(_NONE_MEANS.get(key, "none") if item is None else format_value(item)))
+    return Panel(table, title="[green]weald daemon running[/green]", title_align="left", expand=False)
+
+
+#: What a missing value of ``weald status`` means, in words (never a bare ``null``).
+_NONE_MEANS = {
+    "socket": "none (serving on stdio)",
+    "store_write_failure": "none (writes reach the store)",
+    "turns.limit": "no limit (limits.max_concurrent_turns)",
+    "sandbox": "not checked",
+}
 
 
 def _duration(seconds: float) -> str:
@@ -350,5 +453,5 @@ def render_config(files: Sequence[str], config: Mapping[str, Any]) -> Renderable
         shown = (
             json.dumps(value, default=str, ensure_ascii=False) if not isinstance(value, bool) else str(value).lower()
         )
-        table.add_row(safe_text(key), safe_text(shown))
+        table.add_row(safe_text(key), safe_text(shown))  # folded onto more lines when long, never cut
     return Group(head, table)

@@ -1,30 +1,24 @@
-"""The ``weald`` command.
+"""The ``weald`` command: the parser, ``main`` (one line for every error, never a traceback), the daemon's commands.
 
-::
+``weald --help`` lists the commands by what they are for (`COMMAND_GROUPS`);
+each has ``--help`` and ``--json``. The commands that work on agents live in
+``_cli_run`` (run, prompt), ``_cli_agents`` (agent ..., abort, history,
+permissions, answer) and ``_cli_inspect`` (tree, tasks, events, fault ...);
+``_cli_mcp`` has ``weald mcp``. What they share (the socket, connecting, an
+embedded daemon, messages in CLI terms) is in ``_cli_common``; imports point
+from here to them, never back.
 
-    weald serve [--socket PATH | --stdio] [--faults FILE]   run the daemon
-                [--http HOST:PORT]                      ... with the observer, a live web view
-    weald observe [--no-browser]                            open the running daemon's observer
-    weald run "PROMPT" [--agent ID] [--cwd DIR] [--yes]     prompt an agent, streaming its work
-              [--record FILE] [--faults FILE]               ... recording its model calls; under faults
-    weald acp [--model M]                                   serve an editor over ACP (stdio)
-    weald agents | tree | debug-state ID | tasks            look inside a running daemon
-    weald compact ID                                        compact an agent's context now
-    weald demo                                              a self-contained tour, no API key needed
-    weald status | stop | config                            the daemon and its configuration
-    weald doctor                                            check this machine (sandbox, rg, node, disk)
-
-Every command takes ``--json`` for scripts. ``weald run`` uses the running
-daemon, or starts an embedded one (in this process) when none runs; with
-``--faults`` it always runs its agent in an embedded daemon of its own, with
-fault injection on and a temporary store, so that a fault run starts from
-nothing and touches no other agent.
+``weald run`` uses the running daemon, or starts an embedded one (in this
+process) when none runs; with ``--faults`` it always runs its agent in an
+embedded daemon of its own, with fault injection on and a temporary store,
+so that a fault run starts from nothing and touches no other agent.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import faulthandler
 import json
 import logging
@@ -32,77 +26,36 @@ import os
 import re
 import signal
 import sys
-import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
 import attrs
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
-from rich.text import Text
-from weald.runtime.daemon._render import (
-    PrintableFormatter,
-    SafeConsole,
-    printable,
-    render_config,
-    render_debug_state,
-    render_status,
-    render_tree,
-    safe_text,
+from weald.runtime.daemon._cli_common import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    CommandError,
+    connect,
+    console,
+    describe_failure,
+    load_config,
+    load_config_files,
+    print_error,
+    print_json,
+    socket_path,
 )
+from weald.runtime.daemon._render import PrintableFormatter, render_config, render_status
 from weald.runtime.daemon.client import Client, DaemonUnavailableError, RPCCallError
 
-__all__ = ["main"]
+__all__ = ["COMMAND_GROUPS", "build_parser", "main"]
 
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_USAGE = 2
-EXIT_ABORTED = 3
-
-
-def _console(stderr: bool = False) -> Console:
-    """The console every command prints with: foreign text in it is shown, never obeyed (`SafeConsole`)."""
-    return SafeConsole(stderr=stderr, highlight=False, soft_wrap=False)
-
-
-def _print_error(err: Console, text: str) -> None:
-    """Print an error as it is: no rich markup (``[tools]`` is text here) and no wrapping of its lines."""
-    err.print(printable(text), style="red", markup=False, soft_wrap=True)
-
-
-def _load_config(args: argparse.Namespace) -> Any:
-    return _load_config_files(args)[0]
-
-
-def _load_config_files(args: argparse.Namespace) -> tuple[Any, Any]:
-    """The configuration of ``--project`` (default: the current directory), and the files it came from."""
-    from weald.runtime.daemon._config_load import find_project_files, load_files
-
-    files = find_project_files(_project_dir(args) or Path.cwd())
-    return load_files(files).config, files
-
-
-def _project_dir(args: argparse.Namespace) -> Path | None:
-    """``--project``, made absolute against the current directory; None when not given."""
-    project = getattr(args, "project", None)
-    return Path(project).expanduser().absolute() if project else None
-
-
-def _socket_path(args: argparse.Namespace, config: Any | None = None) -> Path:
-    if getattr(args, "socket", None):
-        return Path(args.socket).expanduser()
-    if os.environ.get("WEALD_SOCKET"):
-        return Path(os.environ["WEALD_SOCKET"])
-    config = config or _load_config(args)
-    return Path(config.server.socket).expanduser()
-
-
-def _print_json(value: Any) -> None:
-    sys.stdout.write(json.dumps(value, indent=2, default=str) + "\n")
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a command whose reader went away
 
 
 # -- serve ----------------------------------------------------------------------------------------------
@@ -116,15 +69,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from weald.runtime.daemon.tree import Daemon
     from weald.runtime.faults import FaultSpecError
 
-    config, files = _load_config_files(args)
-    err = _console(stderr=True)
+    config, files = load_config_files(args)
+    err = console(stderr=True)
     _log_warnings_to_stderr()
     try:
         faults = _make_faults(args, config)
     except FaultSpecError as exc:
         # Each problem names the file (and the key); one line each, no traceback.
         for problem in exc.problems:
-            _print_error(err, f"weald serve: bad fault file: {problem}")
+            print_error(err, f"weald serve: bad fault file: {problem}")
         return EXIT_USAGE
     if args.http is not None:
         from weald.runtime._checks import ValueProblem
@@ -133,13 +86,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         try:
             check_http_address(args.http)
         except ValueProblem as exc:
-            _print_error(err, f"weald serve: --http: {exc}")
+            print_error(err, f"weald serve: --http: {exc}")
             return EXIT_USAGE
-    socket_path = None if args.stdio and not args.socket else _socket_path(args, config)
+    path = None if args.stdio and not args.socket else socket_path(args, config)
     log: Literal["terminal"] | bool = "terminal" if sys.stderr.isatty() else True
     daemon = Daemon(
         config,
-        socket_path=socket_path,
+        socket_path=path,
         stdio=args.stdio,
         faults=faults,
         http=args.http,
@@ -169,19 +122,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
         try:
             daemon.start(restore=not args.no_restore, progress=on_progress)
         except Exception as exc:
-            _print_error(err, f"weald serve: {exc}")
+            print_error(err, f"weald serve: {describe_failure(exc)}")
             return EXIT_FAILED
     if daemon.previous_run is not None:
-        _print_error(err, f"weald serve: warning: {daemon.previous_run.describe()}")
+        print_error(err, f"weald serve: warning: {daemon.previous_run.describe()}")
     if args.json and not args.stdio:
         # One line a script can read: where to connect, whom to signal.
-        line = {"socket": str(socket_path), "pid": os.getpid(), "store": str(config.store.path)}
+        line = {"socket": str(path), "pid": os.getpid(), "store": str(config.store.path)}
         if daemon.observer_port is not None:
             line["http"] = _observer_address(daemon)
         sys.stdout.write(json.dumps(line) + "\n")
         sys.stdout.flush()
     elif not args.stdio:
-        err.print(f"weald daemon serving on {socket_path} (pid {os.getpid()}); store {config.store.path}")
+        err.print(f"weald daemon serving on {path} (pid {os.getpid()}); store {config.store.path}")
         if daemon.observer_port is not None:
             err.print(f"observer on http://{_observer_address(daemon)}/ (weald observe opens it)")
     while not stop.wait(0.2):
@@ -209,13 +162,6 @@ def _log_warnings_to_stderr() -> None:
     logging.getLogger("weald").addHandler(handler)
 
 
-def _warn_sandbox(daemon: Any, err: Console) -> None:
-    """Say loudly, on stderr, that shell commands run without the OS sandbox (or are refused)."""
-    report = daemon.sandbox
-    if report is not None and report.warning:
-        err.print(f"[bold red]WARNING:[/bold red] {escape(printable(report.warning))}", soft_wrap=True)
-
-
 def _make_faults(args: argparse.Namespace, config: Any) -> Any:
     """The fault injector ``--faults FILE`` or ``[faults]`` asks for, or None.
 
@@ -232,479 +178,70 @@ def _make_faults(args: argparse.Namespace, config: Any) -> Any:
     return FaultInjector()
 
 
-# -- connecting ------------------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def _connect(args: argparse.Namespace, *, embedded: bool = False, faults: Any = None) -> Iterator[Client]:
-    """Connect to the running daemon, or (if ``embedded``) start one in this process.
-
-    With ``faults`` (a fault injector), always start one, with a temporary store.
-    """
-    config, files = _load_config_files(args)
-    if faults is not None:
-        with _embedded_client(config, files, faults=faults) as client:
-            yield client
-        return
-    path = _socket_path(args, config)
-    try:
-        client = Client.connect(path)
-    except DaemonUnavailableError:
-        if not embedded:
-            raise
-        with _embedded_client(config, files) as client:
-            yield client
-        return
-    try:
-        yield client
-    finally:
-        client.close()
-
-
-@contextlib.contextmanager
-def _embedded_client(config: Any, files: Any, *, faults: Any = None) -> Iterator[Client]:
-    """A client of a daemon started in this process for the command (see `_embedded_daemon`)."""
-    with _embedded_daemon(config, files, faults=faults) as socket_path:
-        client = Client.connect(socket_path)
-        client.embedded = True
-        try:
-            yield client
-        finally:
-            client.close()
-
-
-@contextlib.contextmanager
-def _embedded_daemon(config: Any, files: Any, *, faults: Any = None) -> Iterator[Path]:
-    import attrs
-    from weald.runtime.daemon.tree import Daemon
-
-    with tempfile.TemporaryDirectory(prefix="weald-embedded-") as tmp:
-        socket_path = Path(tmp) / "weald.sock"
-        if faults is not None:
-            # A fault run starts from an empty store: the same run again finds the same state.
-            config = attrs.evolve(config, store=attrs.evolve(config.store, path=Path(tmp) / "store.db"))
-        daemon = Daemon(config, socket_path=socket_path, faults=faults, config_files=files)
-        daemon.start(restore=False)
-        _warn_sandbox(daemon, _console(stderr=True))
-        try:
-            yield socket_path
-        finally:
-            daemon.shutdown()
-
-
-# -- run -------------------------------------------------------------------------------------------------
-
-
-def cmd_run(args: argparse.Namespace) -> int:
-    """Send a prompt to an agent and stream what it does; the exit code says how the turn ended.
-
-    ``--record FILE`` records the new agent's model calls into FILE, which
-    ``--model scripted:FILE`` replays. ``--faults FILE`` runs the agent in a
-    daemon of its own with those faults (and a temporary store).
-    """
-    out = _console()
-    err = _console(stderr=True)
-    for option in ("record", "faults"):
-        if getattr(args, option) and args.agent is not None:
-            _print_error(err, f"weald run: --{option} starts a new agent; it cannot be used with --agent")
-            return EXIT_USAGE
-    faults = None
-    if args.faults:
-        from weald.runtime.faults import FaultInjector, FaultSpecError
-
-        try:
-            faults = FaultInjector.from_file(Path(args.faults))
-        except FaultSpecError as exc:
-            for problem in exc.problems:
-                _print_error(err, f"weald run: bad fault file: {problem}")
-            return EXIT_USAGE
-    try:
-        with _connect(args, embedded=True, faults=faults) as client:
-            agent_id = args.agent
-            if agent_id is None:
-                params: dict[str, Any] = {"working_dir": str(Path(args.cwd or Path.cwd()).resolve())}
-                project = _project_dir(args)
-                if project is not None:
-                    # The daemon runs where it was started: it is told which project's rules apply.
-                    params["project"] = str(project)
-                if args.model:
-                    params["model"] = args.model
-                if args.tools:
-                    params["tools"] = args.tools.split(",")
-                if args.record:
-                    params["record"] = str(Path(args.record).resolve())
-                agent_id = client.call("agent.start", params, timeout=60)["agent_id"]
-            client.call("events.subscribe", {"agent_id": agent_id, "topics": ["agent.*", "tool.*"]})
-            pending = client.request("agent.prompt", {"agent_id": agent_id, "text": args.prompt})
-            result = _follow(client, pending, args, (out, err))
-            if args.agent is None and client.embedded:
-                # An embedded daemon's new agent is not left for the next daemon to restore.
-                client.call("agent.stop", {"agent_id": agent_id}, timeout=30)
-    except (DaemonUnavailableError, RPCCallError) as exc:
-        _print_error(err, f"weald run: {exc}")
-        return EXIT_FAILED
-    if args.json:
-        _print_json({"agent_id": agent_id, **result})
-    elif not args.quiet:
-        err.print(
-            f"[dim]agent {agent_id} · {_plural(result['steps'], 'step')} · "
-            f"{result['usage']['input_tokens']} in / {result['usage']['output_tokens']} out tokens[/dim]"
-        )
-    if result.get("aborted"):
-        return EXIT_ABORTED
-    return EXIT_OK if result.get("ok") else EXIT_FAILED
-
-
-def cmd_acp(args: argparse.Namespace) -> int:
-    """Serve the Agent Client Protocol on stdin/stdout, for an editor (Zed, JetBrains, Neovim: see docs/acp.md).
-
-    Each ACP session is a session of the running daemon, or of one started in
-    this process when none runs (as ``weald run`` does).
-    """
-    from weald.runtime.daemon._acp import protocol_stdout, serve_stdio
-
-    stdout = protocol_stdout()  # first: nothing else may write on the protocol's stream
-    with _connect(args, embedded=True) as client:
-        return serve_stdio(client, stdout, model=args.model)
-
-
-def _plural(count: int, noun: str) -> str:
-    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
-
-
-def _follow(client: Client, pending: Any, args: argparse.Namespace, consoles: tuple[Console, Console]) -> Any:
-    out, err = consoles
-    streaming = False  # a line of streamed text is open on the terminal
-    in_message = False  # the model's message is still streaming (its end not seen yet)
-    printed: list[str] = []
-    # A permission request or question can overtake the last text deltas of the
-    # message before it (events and requests travel apart): hold it until that
-    # message's end is seen, so a prompt never lands inside a streamed word.
-    held: list[tuple[str, Any]] = []
-    held_until = 0.0
-    result: Any = None
-    deadline = 0.0
-    while True:
-        if result is None and pending.done():
-            result = pending.get()
-            # Events travel apart from the reply: read on until this turn's end is seen.
-            deadline = time.monotonic() + 2.0
-        if held and (not in_message or time.monotonic() > held_until):
-            streaming = _end_line(out, streaming)
-            for method, params in held:
-                _answer(client, method, params, args, err)
-            held.clear()
-        note = client.next_notification(timeout=0.05)
-        if result is not None and ((note is None and time.monotonic() > deadline) or _is_turn_end(note, result)):
-            if note is not None and not args.json:
-                _show_event(note[1]["event"], out, err, streaming, quiet=args.quiet)
-            text = result.get("text") or ""
-            if not args.json and text and text not in "".join(printed):
-                if streaming:
-                    out.print()
-                out.print(printable(text), markup=False)
-            elif streaming:
-                out.print()
-            if not result.get("ok") and not args.json:
-                _print_error(err, f"turn ended: {result.get('error')}")
-            return result
-        if note is None:
-            continue
-        method, params = note
-        if method in ("permission.request", "ask_user.question"):
-            if in_message:
-                held.append(note)
-                held_until = time.monotonic() + 2.0
-                continue
-            streaming = _end_line(out, streaming)
-            _answer(client, method, params, args, err)
-        elif method == "event":
-            topic = params["event"]["topic"]
-            if topic == "agent.message_delta":
-                in_message = True
-                if not args.json and not args.quiet:
-                    printed.append(params["event"]["data"]["text"])
-            elif topic == "agent.message_end":
-                in_message = False
-            if not args.json:
-                streaming = _show_event(params["event"], out, err, streaming, quiet=args.quiet)
-
-
-def _answer(client: Client, method: str, params: dict[str, Any], args: argparse.Namespace, err: Console) -> None:
-    if method == "permission.request":
-        _answer_permission(client, params, args, err)
-    else:
-        _answer_question(client, params, args, err)
-
-
-def _is_turn_end(note: tuple[str, Any] | None, result: Any) -> bool:
-    if note is None or note[0] != "event":
-        return False
-    event = note[1]["event"]
-    return bool(event["topic"] == "agent.turn_end" and event["data"].get("turn_id") == result.get("turn_id"))
-
-
-def _end_line(out: Console, streaming: bool) -> bool:
-    if streaming:
-        out.print()
-    return False
-
-
-def _show_event(event: dict[str, Any], out: Console, err: Console, streaming: bool, *, quiet: bool) -> bool:
-    topic, data = event["topic"], event["data"]
-    if quiet:
-        return streaming  # only the answer, printed when the turn ends
-    if topic == "agent.message_delta":
-        out.print(printable(data["text"]), end="", markup=False)
-        return True
-    if topic == "agent.message_end":
-        return _end_line(out, streaming)
-    if topic == "tool.started":
-        streaming = _end_line(out, streaming)
-        args = printable(json.dumps(data.get("arguments", {}), ensure_ascii=False))
-        err.print(f"[cyan]▶ {_tool(data)}[/cyan] [dim]{escape(args[:160])}[/dim]")
-    elif topic == "tool.finished":
-        err.print(f"[green]✓ {_tool(data)}[/green] [dim]{data.get('duration_ms', 0):.0f} ms[/dim]")
-    elif topic == "tool.failed":
-        error = printable(str(data.get("error", ""))[:200])
-        err.print(f"[yellow]✗ {_tool(data)}[/yellow] [dim]{escape(error)}[/dim]")
-    elif topic == "agent.recovered":
-        streaming = _end_line(out, streaming)
-        err.print(f"[magenta]agent restarted by its supervisor (restart {data.get('restarts')})[/magenta]")
-    elif topic == "agent.compacted":
-        streaming = _end_line(out, streaming)
-        err.print(
-            f"[dim]context compacted ({data.get('reason')}): "
-            f"{data.get('tokens_before', 0):,} -> {data.get('tokens_after', 0):,} tokens[/dim]"
-        )
-    elif topic == "agent.compaction_failed":
-        streaming = _end_line(out, streaming)
-        error = printable(str(data.get("error", ""))[:200])
-        err.print(f"compacting the context failed: {error}", style="yellow", markup=False)
-    elif topic == "agent.replay_diverged":
-        streaming = _end_line(out, streaming)
-        _print_error(err, f"replay diverged (going on as recorded): {data.get('error')}")
-    return streaming
-
-
-def _tool(data: dict[str, Any]) -> str:
-    """A tool's name as markup-safe, printable text (an MCP server names its own tools)."""
-    return escape(printable(data.get("tool", "")))
-
-
-def _what(request: dict[str, Any]) -> tuple[str, str]:
-    """What a permission request would run, markup-safe and printable: (on the line, below it).
-
-    A command of one line is shown on the prompt's line. One of several lines
-    is shown below it, every line behind a ``│`` gutter, so that no line of
-    the command can pass for a line of weald's own (``allow?`` included).
-    """
-    subject = request.get("subject")
-    shown = printable(subject if subject else json.dumps(request.get("arguments", {}), ensure_ascii=False)[:200])
-    lines = shown.split("\n")
-    if len(lines) == 1:
-        return escape(shown) + " ", ""
-    return "", "".join(f"\n  [dim]│[/dim] {escape(line)}" for line in lines)
-
-
-def _answer_permission(client: Client, request: dict[str, Any], args: argparse.Namespace, err: Console) -> None:
-    inline, below = _what(request)
-    tool = _tool(request)
-    params: dict[str, Any] = {"request_id": request["request_id"]}
-    if args.yes:
-        decision = "allow"
-        err.print(f"[yellow]allowing {tool}:[/yellow] {inline}(--yes){below}")
-    elif not sys.stdin.isatty():
-        decision = "deny"
-        # Nobody said no: tell the model so, rather than "denied by the user".
-        params["message"] = "no one could be asked: run with a terminal, or allow it in weald.toml"
-        err.print(f"[yellow]not running {tool}:[/yellow] {inline}(no terminal to ask; --yes allows it){below}")
-    else:
-        err.print(f"[bold yellow]{tool}[/bold yellow] wants to run: {inline.rstrip()}{below}")
-        if request.get("reason"):
-            err.print(f"  (asked because: {printable(request['reason'])})", markup=False)
-        answer = input("allow? [y]es / [n]o / [a]lways: ").strip().lower()
-        decision = {"y": "allow", "yes": "allow", "a": "allow_always", "always": "allow_always"}.get(answer, "deny")
-    with contextlib.suppress(RPCCallError):
-        client.call("permission.respond", {**params, "decision": decision}, timeout=10)
-
-
-def _answer_question(client: Client, question: dict[str, Any], args: argparse.Namespace, err: Console) -> None:
-    err.print(safe_text(question["question"], style="bold"))
-    choices = question.get("choices") or []
-    for i, choice in enumerate(choices, 1):
-        err.print(f"  {i}. {printable(choice)}", markup=False)
-    if args.answer is not None:
-        answer = args.answer
-    elif sys.stdin.isatty():
-        answer = input("> ").strip()
-        if answer.isdigit() and 1 <= int(answer) <= len(choices):
-            answer = choices[int(answer) - 1]
-    else:
-        answer = choices[0] if choices else ""
-        err.print(f"(no terminal: answering {printable(repr(answer))})", style="dim", markup=False)
-    with contextlib.suppress(RPCCallError):
-        client.call("ask_user.respond", {"question_id": question["question_id"], "answer": answer}, timeout=10)
-
-
-# -- looking inside -------------------------------------------------------------------------------------------
-
-
-def cmd_agents(args: argparse.Namespace) -> int:
-    """List the agents the daemon knows."""
-    with _connect(args) as client:
-        agents = client.call("agent.list", timeout=60)
-    if args.json:
-        _print_json(agents)
-        return EXIT_OK
-    table = Table("agent", "state", "status", "model", "context", "restarts", "working dir")
-    for a in agents:
-        context = a.get("context") or {}
-        table.add_row(
-            safe_text(a["agent_id"]),
-            safe_text(a.get("state", "")),
-            safe_text(a["status"]),
-            safe_text(_short_model(a["model"])),
-            f"{context['tokens']:,}/{context['input_budget']:,}" if context else "",
-            safe_text(a.get("restarts", "")),
-            safe_text(a["working_dir"]),
-        )
-    out = _console()
-    out.print(table)
-    if args.long:
-        for a in agents:
-            out.print(Text(a["agent_id"], style="bold"))
-            out.print(Text(f"  configuration: {_describe_config(a.get('config') or {})}"), soft_wrap=True)
-    return EXIT_OK
-
-
-def _describe_config(state: dict[str, Any]) -> str:
-    """Which files an agent's configuration comes from, each with its digest, in one line per file."""
-    files = state.get("files") or []
-    lines = [f"{file['path']} ({file['layer']}, {str(file['digest'])[:19]})" for file in files]
-    if not lines:
-        lines = ["no file: built-in defaults"]
-    if state.get("project"):
-        lines.insert(0, f"project {state['project']}")
-    for problem in state.get("refused") or []:
-        lines.append(f"REFUSED (the configuration above stays): {problem}")
-    return "\n    ".join(lines)
-
-
-def _short_model(model: str) -> str:
-    if model.startswith("scripted:") and "/" in model:
-        return "scripted:" + Path(model.removeprefix("scripted:")).name
-    return model
-
-
-def cmd_tree(args: argparse.Namespace) -> int:
-    """Draw the live supervision tree."""
-    with _connect(args) as client:
-        root = client.call("tree", {"path": args.path, "depth": args.depth}, timeout=60)
-    if args.json:
-        _print_json(root)
-        return EXIT_OK
-    _console().print(render_tree(root))
-    return EXIT_OK
-
-
-def cmd_debug_state(args: argparse.Namespace) -> int:
-    """Show an agent's debug state (or the daemon's, without an id)."""
-    with _connect(args) as client:
-        params = {"agent_id": args.agent_id, "events": args.events, "messages": args.messages}
-        state = client.call("debug_state", {k: v for k, v in params.items() if v is not None}, timeout=30)
-    if args.json:
-        _print_json(state)
-    else:
-        _console().print(render_debug_state(state))
-    return EXIT_OK
-
-
-def cmd_compact(args: argparse.Namespace) -> int:
-    """Compact an agent's context now: its model summarizes the older part of the conversation.
-
-    Between turns it runs at once; during a turn, before the agent's next
-    model call. Exits 1 if the compaction failed.
-    """
-    with _connect(args) as client:
-        result = client.call("agent.compact", {"agent_id": args.agent_id}, timeout=args.timeout)
-    if args.json:
-        _print_json(result)
-    elif result["compacted"]:
-        _console().print(
-            f"{printable(args.agent_id)}: compacted {result['replaced']} messages: "
-            f"{result['tokens_before']:,} -> {result['tokens_after']:,} estimated tokens",
-            markup=False,
-        )
-    else:
-        _console().print(f"{printable(args.agent_id)}: not compacted: {printable(result['detail'])}", markup=False)
-    failed = not result["compacted"] and not str(result.get("detail") or "").startswith("nothing to compact")
-    return EXIT_FAILED if failed else EXIT_OK
-
-
-def cmd_tasks(args: argparse.Namespace) -> int:
-    """List the task tracker's tasks for a project (or an agent's session)."""
-    params: dict[str, Any] = {"view": args.view, "scope": args.scope}
-    if args.agent:
-        params["agent_id"] = args.agent
-    else:
-        params["working_dir"] = str(Path(args.cwd or Path.cwd()).resolve())
-    with _connect(args) as client:
-        result = client.call("tasks.list", params, timeout=30)
-    if args.json:
-        _print_json(result)
-        return EXIT_OK
-    table = Table("id", "status", "title", "blocked by", "parent")
-    for t in result["tasks"]:
-        table.add_row(
-            safe_text(t["id"]),
-            safe_text(t["status"]),
-            safe_text(t["title"]),
-            safe_text(", ".join(t.get("blocked_by") or [])),
-            safe_text(t.get("parent_id") or ""),
-        )
-    _console().print(table)
-    return EXIT_OK
-
-
 def cmd_status(args: argparse.Namespace) -> int:
-    """Say whether a daemon runs, and how it is."""
+    """Say whether a daemon runs, and how it is (exit 1 when none runs)."""
     try:
-        with _connect(args) as client:
+        with connect(args) as client:
             status = client.call("daemon.status", timeout=10)
     except DaemonUnavailableError as exc:
         if args.json:
-            _print_json({"running": False, "error": str(exc)})
+            print_json({"running": False, "error": describe_failure(exc)})
         else:
-            _console(stderr=True).print(printable(exc), markup=False)
+            console(stderr=True).print(describe_failure(exc), markup=False, soft_wrap=True)
         return EXIT_FAILED
     if args.json:
-        _print_json({"running": True, **status})
+        print_json({"running": True, **status})
     else:
-        _console().print(render_status(status))
+        console().print(render_status(status))
     return EXIT_OK
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
-    """Ask the running daemon to shut down cleanly."""
-    with _connect(args) as client:
+    """Stop the running daemon cleanly: running turns are aborted (their history kept), then it saves and exits.
+
+    Waits until it has stopped (at most --timeout seconds). The agents it
+    hosted come back when a daemon starts again.
+    """
+    with connect(args) as client:
+        pid = client.call("daemon.status", timeout=10)["pid"]
         client.call("daemon.stop", timeout=10)
+    path = socket_path(args)
+    err = console(stderr=True)
+    stopped = False
+    deadline = time.monotonic() + args.timeout
+    with err.status(f"stopping the weald daemon (pid {pid})", spinner="dots") if err.is_terminal else _nothing():
+        while time.monotonic() < deadline:
+            try:
+                Client.connect(path, timeout=1).close()
+            except DaemonUnavailableError:
+                stopped = True
+                break
+            time.sleep(0.1)
     if args.json:
-        _print_json({"stopping": True})
-    return EXIT_OK
+        print_json({"stopping": True, "stopped": stopped, "pid": pid})
+    elif stopped:
+        console().print(f"stopped the weald daemon (pid {pid})")
+    else:
+        print_error(err, f"weald stop: the daemon (pid {pid}) is still stopping after {args.timeout:g} s")
+    return EXIT_OK if stopped else EXIT_FAILED
+
+
+@contextlib.contextmanager
+def _nothing() -> Any:
+    yield
 
 
 def cmd_config(args: argparse.Namespace) -> int:
     """Show the configuration weald would use here (files merged, defaults filled)."""
     from weald.runtime.daemon.config import config_to_dict, find_config_files
 
-    config = _load_config(args)
+    config = load_config(args)
     files = [str(p) for p in find_config_files(Path(args.project or Path.cwd()))]
     plain = config_to_dict(config)
     if args.json:
-        _print_json({"files": files, "config": plain})
+        print_json({"files": files, "config": plain})
     else:
-        _console().print(render_config(files, plain))
+        console().print(render_config(files, plain))
     return EXIT_OK
 
 
@@ -714,19 +251,19 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     from weald.runtime.daemon.config import Config, ConfigError
 
     try:
-        config, error = _load_config(args), None
+        config, error = load_config(args), None
     except ConfigError as exc:
         config, error = Config(), str(exc)
     checks = run_checks(config, error)
     failed = any(check.status == "fail" for check in checks)
     if args.json:
-        _print_json({"ok": not failed, "checks": [attrs.asdict(check) for check in checks]})
+        print_json({"ok": not failed, "checks": [attrs.asdict(check) for check in checks]})
         return EXIT_FAILED if failed else EXIT_OK
     marks = {"ok": "[green]ok[/green]", "warn": "[yellow]warn[/yellow]", "fail": "[bold red]FAIL[/bold red]"}
     table = Table("check", "", "what was found", box=None, padding=(0, 1))
     for check in checks:
         table.add_row(check.name, marks[check.status], escape(check.detail))
-    out = _console()
+    out = console()
     out.print(table)
     for check in checks:
         if check.fix:
@@ -744,10 +281,10 @@ def cmd_observe(args: argparse.Namespace) -> int:
     as Jupyter does (`_redirect_file`). The daemon serves the observer when
     started with ``weald serve --http 127.0.0.1:8765`` (or ``[server] http``).
     """
-    with _connect(args) as client:
+    with connect(args) as client:
         url = client.call("observer.url", timeout=10)["url"]
     if args.json:
-        _print_json({"url": url})
+        print_json({"url": url})
         return EXIT_OK
     opened = False
     if not args.no_browser and _has_browser():
@@ -756,13 +293,13 @@ def cmd_observe(args: argparse.Namespace) -> int:
         try:
             redirect = _redirect_file(url)
         except OSError as exc:
-            _print_error(_console(stderr=True), f"weald observe: no private file for the browser to open: {exc}")
+            print_error(console(stderr=True), f"weald observe: no private file for the browser to open: {exc}")
         else:
             with contextlib.suppress(webbrowser.Error):
                 opened = webbrowser.open(redirect.as_uri())
     if opened:
         where = url.split("?", 1)[0]
-        _console(stderr=True).print(f"opened the observer in a browser: {where}", markup=False, soft_wrap=True)
+        console(stderr=True).print(f"opened the observer in a browser: {where}", markup=False, soft_wrap=True)
     else:
         sys.stdout.write(url + "\n")
     return EXIT_OK
@@ -780,6 +317,7 @@ def _redirect_file(url: str) -> Path:
         OSError: The directory is another user's, a link, or open to others.
     """
     import html
+    import tempfile
 
     runtime = os.environ.get("XDG_RUNTIME_DIR")
     base = Path(runtime) / "weald" if runtime else Path(tempfile.gettempdir()) / f"weald-observe-{os.getuid()}"
@@ -810,6 +348,19 @@ def _has_browser() -> bool:
     return bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
 
 
+def cmd_acp(args: argparse.Namespace) -> int:
+    """Serve the Agent Client Protocol on stdin/stdout, for an editor (Zed, JetBrains, Neovim: see docs/acp.md).
+
+    Each ACP session is a session of the running daemon, or of one started in
+    this process when none runs (as ``weald run`` does).
+    """
+    from weald.runtime.daemon._acp import protocol_stdout, serve_stdio
+
+    stdout = protocol_stdout()  # first: nothing else may write on the protocol's stream
+    with connect(args, embedded=True) as client:
+        return serve_stdio(client, stdout, model=args.model)
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     """Run the self-contained demo."""
     from weald.runtime.daemon.demo import run_demo
@@ -820,143 +371,366 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 # -- parsing ---------------------------------------------------------------------------------------------------
 
+#: ``weald --help``'s list: the commands by what they are for, with what each does. A command another
+#: module adds (``sub.add_parser(NAME, help=...)``) and that is in no group is listed under "more".
+COMMAND_GROUPS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
+    (
+        "agents",
+        (
+            ("run", 'prompt a new agent, streaming its work: weald run "PROMPT" (--keep keeps the agent)'),
+            ("prompt", 'go on with an agent: weald prompt ID "TEXT" (a new turn, same history)'),
+            ("agents", "list the agents (weald agent list)"),
+            ("abort", "abort an agent's running turn: weald abort ID"),
+            ("history", "show an agent's conversation: weald history ID"),
+            ("agent", "the rest: agent stop ID... | --all-idle, agent compact ID, ..."),
+            ("permissions", "permission requests and questions waiting for an answer"),
+            ("answer", "answer one: weald answer ID allow|deny|always, or weald answer ID TEXT"),
+        ),
+    ),
+    (
+        "the daemon",
+        (
+            ("serve", "run the daemon (--http HOST:PORT: with the observer, a live web view)"),
+            ("status", "is a daemon running, and how is it?"),
+            ("stop", "stop the daemon cleanly"),
+            ("observe", "open the running daemon's observer in a browser"),
+            ("tree", "draw the live supervision tree"),
+            ("events", "follow the daemon's events live (like tail -f)"),
+            ("tasks", "list the task tracker's tasks"),
+            ("debug-state", "an agent's debug state (or the daemon's)"),
+            ("fault", "inject, list and clear faults (a daemon started with --faults)"),
+        ),
+    ),
+    (
+        "setting up",
+        (
+            ("config", "show the configuration weald uses here"),
+            ("doctor", "check this machine for weald"),
+            ("mcp", "list, add, remove and import MCP servers"),
+            ("acp", "serve an editor (Zed, JetBrains, Neovim) over ACP on stdio"),
+            ("demo", "a self-contained tour, no API key needed"),
+        ),
+    ),
+)
+#: Names that stay as the same commands under a group (``weald compact`` is ``weald agent compact``).
+ALIASES = {"compact": "agent compact"}
+
 
 def _doc(command: Any) -> str:
     """A command's docstring as help text: ``literal`` markup becomes plain text."""
     return re.sub(r"``([^`]*)``", r"\1", command.__doc__ or "")
 
 
+class _Parser(argparse.ArgumentParser):
+    """The top-level parser: its help lists the commands in `COMMAND_GROUPS`, not argparse's one long list."""
+
+    def format_help(self) -> str:
+        sub = next(a for a in self._actions if isinstance(a, argparse._SubParsersAction))
+        helps = {action.dest: action.help for action in sub._choices_actions}
+        grouped = {name for _, commands in COMMAND_GROUPS for name, _ in commands}
+        more = tuple((name, str(text)) for name, text in helps.items() if name not in grouped and text)
+        lines = [self.format_usage().rstrip(), "", str(self.description), ""]
+        for title, commands in (*COMMAND_GROUPS, *((("more", more),) if more else ())):
+            lines.append(f"{title}:")
+            lines.extend(f"  {name:<13} {text}" for name, text in commands if name in sub.choices)
+            lines.append("")
+        lines += [
+            "options:",
+            "  -h, --help    show this help message and exit",
+            "",
+            "Every command takes --help and --json (output for scripts). docs: README.md, docs/",
+        ]
+        return "\n".join(lines) + "\n"
+
+
+def _nonnegative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected 0 or more, got {value}")
+    return value
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected more than 0 seconds, got {text}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``weald`` command."""
-    parser = argparse.ArgumentParser(
+    from weald.runtime.daemon import _cli_agents as agents
+    from weald.runtime.daemon import _cli_inspect as inspect
+    from weald.runtime.daemon import _cli_run as run
+
+    parser = _Parser(
         prog="weald",
         description="weald: an actor runtime for LLM coding agents, with Erlang/OTP supervision trees.",
     )
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
-        "--socket", help="the daemon's Unix socket (default: from weald.toml, $XDG_RUNTIME_DIR/weald.sock)"
+        "--socket", help="the daemon's Unix socket (default: $WEALD_SOCKET, else [server] socket in weald.toml)"
     )
     common.add_argument("--project", help="the project directory whose weald.toml to read (default: the current one)")
     common.add_argument("--json", action="store_true", help="print JSON for scripts")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=argparse.ArgumentParser)
     sub.required = True
 
-    p = sub.add_parser("serve", parents=[common], help="run the daemon", description=_doc(cmd_serve))
+    def command(
+        parent: Any, name: str, func: Any, help_text: str | None, parents: Sequence[argparse.ArgumentParser] = ()
+    ) -> argparse.ArgumentParser:
+        p: argparse.ArgumentParser = parent.add_parser(
+            name,
+            parents=[common, *parents],
+            help=help_text,
+            description=_doc(func),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        p.set_defaults(func=func, parser=p)
+        return p
+
+    # -- agents
+    p = command(sub, "run", run.cmd_run, "prompt an agent")
+    p.add_argument("prompt", help="what to ask")
+    p.add_argument("--agent", metavar="ID", help="the agent to prompt (default: start a new one)")
+    p.add_argument("--keep", action="store_true", help="keep the new agent when the run ends (default: stop it)")
+    p.add_argument("--name", metavar="NAME", help="the new agent's id (a readable one); implies --keep")
+    p.add_argument("--cwd", help="the new agent's working directory (default: the current one)")
+    p.add_argument("--model", help="provider:model (or an alias) for the new agent; scripted:FILE replays a script")
+    p.add_argument("--tools", help="tool filter for the new agent, e.g. '*,!shell'")
+    _prompt_options(p)
+    p.add_argument(
+        "--record", metavar="FILE", help="record the new agent's model calls (replay: --model scripted:FILE)"
+    )
+    p.add_argument(
+        "--faults", metavar="FILE", help="run in a daemon of its own, with fault injection and the faults in FILE"
+    )
+
+    p = command(sub, "prompt", run.cmd_prompt, "go on with an agent")
+    p.add_argument("agent_id", metavar="ID", help="the agent (weald agents lists them)")
+    p.add_argument("prompt", metavar="TEXT", help="what to ask")
+    _prompt_options(p)
+
+    def agents_list(parent: Any, name: str, help_text: str | None) -> None:
+        p = command(parent, name, agents.cmd_agents, help_text)
+        p.add_argument("--all", action="store_true", help="stopped agents too")
+        p.add_argument("--long", action="store_true", help="also show the configuration files each agent runs under")
+
+    def agent_id(p: argparse.ArgumentParser, what: str = "the agent") -> None:
+        p.add_argument("agent_id", metavar="ID", help=what)
+
+    def history(parent: Any, name: str, help_text: str | None) -> None:
+        p = command(parent, name, agents.cmd_history, help_text)
+        agent_id(p)
+        p.add_argument("--limit", type=_nonnegative, default=50, help="the last N messages (default: 50)")
+        p.add_argument("--before", type=_nonnegative, metavar="SEQ", help="only messages before SEQ (earlier pages)")
+
+    def compact(parent: Any, name: str, help_text: str | None) -> None:
+        p = command(parent, name, agents.cmd_compact, help_text)
+        agent_id(p)
+        p.add_argument(
+            "--timeout", type=_positive_seconds, default=600, help="seconds to wait for the summary (default: 600)"
+        )
+
+    def debug_state(parent: Any, name: str, help_text: str | None) -> None:
+        p = command(parent, name, agents.cmd_debug_state, help_text)
+        p.add_argument("agent_id", metavar="ID", nargs="?", help="the agent (default: the daemon itself)")
+        p.add_argument("--events", type=_nonnegative, help="recent events to show")
+        p.add_argument("--messages", type=_nonnegative, help="recent messages to show")
+
+    agents_list(sub, "agents", "list agents")
+    agent_id(command(sub, "abort", agents.cmd_abort, "abort an agent's turn"))
+    history(sub, "history", "an agent's conversation")
+
+    group = sub.add_parser(
+        "agent",
+        help="work with agents",
+        description="Work with the daemon's agents. weald agent COMMAND --help says more.",
+    )
+    group.set_defaults(parser=group)
+    agent_sub = group.add_subparsers(dest="agent_command", metavar="COMMAND")
+    agent_sub.required = True
+    agents_list(agent_sub, "list", "list agents (also: weald agents)")
+    p = command(agent_sub, "stop", agents.cmd_agent_stop, "stop agents for good (their history stays)")
+    p.add_argument("agent_ids", metavar="ID", nargs="*", help="the agents to stop")
+    p.add_argument("--all-idle", action="store_true", help="every agent not running a turn")
+    agent_id(command(agent_sub, "abort", agents.cmd_abort, "abort an agent's running turn (also: weald abort)"))
+    history(agent_sub, "history", "an agent's conversation (also: weald history)")
+    p = command(agent_sub, "prompt", run.cmd_prompt, "go on with an agent (also: weald prompt)")
+    p.add_argument("agent_id", metavar="ID", help="the agent")
+    p.add_argument("prompt", metavar="TEXT", help="what to ask")
+    _prompt_options(p)
+    compact(agent_sub, "compact", "compact an agent's context now (also: weald compact)")
+    debug_state(agent_sub, "debug-state", "an agent's debug state (also: weald debug-state)")
+    compact(sub, "compact", None)  # the old name, kept
+
+    p = command(sub, "permissions", agents.cmd_permissions, "requests waiting for an answer")
+    p.add_argument("--agent", metavar="ID", help="only this agent's")
+    p = command(sub, "answer", agents.cmd_answer, "answer a request or question")
+    p.add_argument("id", metavar="ID", help="the request or question (weald permissions lists them)")
+    p.add_argument("answer", metavar="ANSWER", help="allow, deny or always (a permission); the answer (a question)")
+
+    # -- the daemon
+    p = command(sub, "serve", cmd_serve, "run the daemon")
     p.add_argument("--stdio", action="store_true", help="serve JSON-RPC on stdin/stdout")
-    p.add_argument("--faults", help="enable fault injection, with the faults declared in FILE (TOML or JSON)")
+    p.add_argument("--faults", metavar="FILE", help="enable fault injection, with the faults in FILE (TOML or JSON)")
     p.add_argument("--no-restore", action="store_true", help="do not restart the stored sessions")
     p.add_argument(
         "--http", metavar="HOST:PORT", help="serve the observer, a live web view, here (loopback; port 0: any free)"
     )
-    p.set_defaults(func=cmd_serve)
-
-    p = sub.add_parser(
-        "observe", parents=[common], help="open the daemon's live web view", description=_doc(cmd_observe)
-    )
+    command(sub, "status", cmd_status, "is a daemon running?")
+    p = command(sub, "stop", cmd_stop, "stop the daemon")
+    p.add_argument("--timeout", type=_positive_seconds, default=60, help="seconds to wait for it (default: 60)")
+    p = command(sub, "observe", cmd_observe, "open the daemon's live web view")
     p.add_argument("--no-browser", action="store_true", help="print the address instead of opening a browser")
-    p.set_defaults(func=cmd_observe)
-
-    p = sub.add_parser("run", parents=[common], help="prompt an agent", description=_doc(cmd_run))
-    p.add_argument("prompt", help="what to ask")
-    p.add_argument("--agent", help="the agent to prompt (default: start a new one)")
-    p.add_argument("--cwd", help="the new agent's working directory (default: the current one)")
-    p.add_argument("--model", help="provider:model for the new agent")
-    p.add_argument("--tools", help="tool filter for the new agent, e.g. '*,!shell'")
-    p.add_argument("--yes", action="store_true", help="allow every permission request")
-    p.add_argument("--answer", help="answer ask_user questions with this text")
-    p.add_argument("--quiet", action="store_true", help="print only the answer")
-    p.add_argument("--record", help="record the new agent's model calls into FILE (replay: --model scripted:FILE)")
-    p.add_argument("--faults", help="run in a daemon of its own, with fault injection and the faults declared in FILE")
-    p.set_defaults(func=cmd_run)
-
-    p = sub.add_parser("acp", parents=[common], help="serve an editor over ACP (stdio)", description=_doc(cmd_acp))
-    p.add_argument("--model", help="provider:model (or an alias) for new sessions (default: the project's)")
-    p.set_defaults(func=cmd_acp)
-
-    p = sub.add_parser("agents", parents=[common], help="list agents", description=_doc(cmd_agents))
-    p.add_argument("--long", action="store_true", help="also show the configuration files each agent runs under")
-    p.set_defaults(func=cmd_agents)
-
-    p = sub.add_parser("tree", parents=[common], help="draw the supervision tree", description=_doc(cmd_tree))
+    p = command(sub, "tree", inspect.cmd_tree, "draw the supervision tree")
     p.add_argument("--path", default="/", help="the subtree to draw (default: /)")
-    p.add_argument("--depth", type=int, help="levels to draw")
-    p.set_defaults(func=cmd_tree)
-
-    p = sub.add_parser(
-        "debug-state", parents=[common], help="an agent's debug state", description=_doc(cmd_debug_state)
-    )
-    p.add_argument("agent_id", nargs="?", help="the agent (default: the daemon itself)")
-    p.add_argument("--events", type=int, help="recent events to show")
-    p.add_argument("--messages", type=int, help="recent messages to show")
-    p.set_defaults(func=cmd_debug_state)
-
-    p = sub.add_parser(
-        "compact", parents=[common], help="compact an agent's context now", description=_doc(cmd_compact)
-    )
-    p.add_argument("agent_id", help="the agent")
-    p.add_argument("--timeout", type=float, default=600, help="seconds to wait for the summary (default: 600)")
-    p.set_defaults(func=cmd_compact)
-
-    p = sub.add_parser("tasks", parents=[common], help="list tasks", description=_doc(cmd_tasks))
+    p.add_argument("--depth", type=_nonnegative, help="levels to draw (0: the node alone)")
+    p = command(sub, "events", inspect.cmd_events, "follow events live")
+    p.add_argument("--topic", action="append", metavar="T", help="a topic or pattern (agent.*); repeatable")
+    p.add_argument("--agent", metavar="ID", help="only this agent's events")
+    p.add_argument("--path", metavar="P", help="only events of actors under this tree path (/sessions/ID)")
+    p.add_argument("--count", type=_nonnegative, metavar="N", help="stop after N events")
+    p = command(sub, "tasks", inspect.cmd_tasks, "list tasks")
     p.add_argument("--cwd", help="the project (default: the current directory)")
-    p.add_argument("--agent", help="an agent, for its project or (with --scope session) its session")
-    p.add_argument("--view", default="all", help="all, open, ready, in_progress, blocked, done, tree")
+    p.add_argument("--agent", metavar="ID", help="an agent, for its project or (with --scope session) its session")
+    p.add_argument("--view", default="all", choices=inspect.VIEWS, help="which tasks, or tree: all of them nested")
     p.add_argument("--scope", default="project", choices=["project", "session"])
-    p.set_defaults(func=cmd_tasks)
+    debug_state(sub, "debug-state", "an agent's debug state")
+    group = sub.add_parser(
+        "fault",
+        help="inject, list and clear faults",
+        description="The running daemon's faults (it must run with --faults FILE or [faults] enabled = true).",
+    )
+    group.set_defaults(parser=group)
+    fault_sub = group.add_subparsers(dest="fault_command", metavar="COMMAND")
+    fault_sub.required = True
+    p = command(fault_sub, "inject", inspect.cmd_fault_inject, "inject a fault")
+    p.add_argument("fault", nargs="+", metavar="KEY=VALUE", help="the fault: target=tool kind=crash ... or JSON")
+    command(fault_sub, "list", inspect.cmd_fault_list, "list the faults and how often each fired")
+    p = command(fault_sub, "clear", inspect.cmd_fault_clear, "remove one fault, or all")
+    p.add_argument("fault_id", metavar="ID", nargs="?", help="the fault (default: every fault)")
 
-    p = sub.add_parser("status", parents=[common], help="is a daemon running?", description=_doc(cmd_status))
-    p.set_defaults(func=cmd_status)
-    p = sub.add_parser("stop", parents=[common], help="stop the daemon", description=_doc(cmd_stop))
-    p.set_defaults(func=cmd_stop)
-    p = sub.add_parser("config", parents=[common], help="show the configuration", description=_doc(cmd_config))
+    # -- setting up
+    p = command(sub, "config", cmd_config, "show the configuration")
     p.add_argument("action", nargs="?", choices=["show"], default="show", help="show (the default)")
-    p.set_defaults(func=cmd_config)
-
-    p = sub.add_parser("doctor", parents=[common], help="check this machine for weald", description=_doc(cmd_doctor))
-    p.set_defaults(func=cmd_doctor)
+    command(sub, "doctor", cmd_doctor, "check this machine for weald")
 
     from weald.runtime.daemon._cli_mcp import add_mcp_commands
 
-    add_mcp_commands(sub, common, _print_json)
+    add_mcp_commands(sub, common)
 
-    p = sub.add_parser("demo", parents=[common], help="a self-contained demo (no API key)", description=_doc(cmd_demo))
+    p = command(sub, "acp", cmd_acp, "serve an editor over ACP (stdio)")
+    p.add_argument("--model", help="provider:model (or an alias) for new sessions (default: the project's)")
+
+    p = command(sub, "demo", cmd_demo, "a self-contained demo (no API key)")
     p.add_argument("--keep", action="store_true", help="keep the demo's temporary project and store")
-    p.set_defaults(func=cmd_demo)
     return parser
 
 
+def _prompt_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--yes", action="store_true", help="allow every permission request")
+    p.add_argument("--answer", metavar="TEXT", help="answer ask_user questions with TEXT")
+    p.add_argument("--quiet", action="store_true", help="print only the answer")
+
+
+# -- main ----------------------------------------------------------------------------------------------------
+
+
+def _on_sigint(_signum: int, _frame: object) -> NoReturn:
+    """The first Ctrl-C ends the command (KeyboardInterrupt, cleaned up); a second one exits at once."""
+    signal.signal(signal.SIGINT, _exit_now)
+    raise KeyboardInterrupt
+
+
+def _exit_now(_signum: int, _frame: object) -> NoReturn:
+    os._exit(EXIT_INTERRUPTED)
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and what it was raised from or during, innermost last."""
+    seen: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and current not in seen:
+        seen.append(current)
+        current = current.__cause__ or current.__context__
+    return seen
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``weald`` console script."""
+    """Entry point of the ``weald`` console script: runs a command, and turns every failure into one line."""
     parser = build_parser()
     words = list(sys.argv[1:] if argv is None else argv)
-    command: list[str] = []
+    command_line: list[str] = []
     if words[:2] == ["mcp", "add"] and "--" in words:
         # argparse's "--" does not reach a sub-subcommand: the server's command line is split off here.
         at = words.index("--")
-        words, command = words[:at], words[at + 1 :]
-    args = parser.parse_args(words)
-    if command:
-        args.target = [*args.target, *command]
+        words, command_line = words[:at], words[at + 1 :]
+    args, extra = parser.parse_known_args(words)
+    if extra:
+        # The command's own usage, not the top level's.
+        getattr(args, "parser", parser).error(f"unrecognized arguments: {' '.join(extra)}")
+    if command_line:
+        args.target = [*args.target, *command_line]
+    parts = (args.command, getattr(args, "agent_command", None), getattr(args, "fault_command", None))
+    name = " ".join(part for part in parts if part)
+    if args.command != "serve" and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, _on_sigint)
+    err = console(stderr=True)
     try:
         result: int = args.func(args)
-    except DaemonUnavailableError as exc:
-        _print_error(_console(stderr=True), f"weald {args.command}: {exc}")
-        return EXIT_FAILED
-    except RPCCallError as exc:
-        _print_error(_console(stderr=True), f"weald {args.command}: {exc.message}")
-        return EXIT_FAILED
-    except Exception as exc:
-        from weald.runtime import WealdError
-        from weald.runtime.daemon.config import ConfigError
-
-        if isinstance(exc, ConfigError):
-            _print_error(_console(stderr=True), str(exc))
-            return EXIT_USAGE
-        if isinstance(exc, WealdError):  # says what went wrong (another daemon has the store...): no traceback
-            _print_error(_console(stderr=True), f"weald {args.command}: {exc}")
-            return EXIT_FAILED
-        raise
+    except BaseException as exc:
+        return _failed(exc, f"weald {name}", err)
     return result
+
+
+_FILE_ERRORS = (errno.ENOENT, errno.EACCES, errno.ENOTDIR, errno.EISDIR, errno.ENOSPC)
+
+
+def _failed(exc: BaseException, who: str, err: Any) -> int:
+    """Say in one line why the command failed; returns its exit status (re-raises SystemExit)."""
+    from weald.runtime import WealdError
+    from weald.runtime.daemon.config import ConfigError
+
+    chain = _chain(exc)
+    if any(isinstance(e, BrokenPipeError) for e in chain):  # rich's own handling of it is a SystemExit(1)
+        # The reader went away (weald agents | head -1): nothing more to say, to anyone.
+        with contextlib.suppress(OSError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
+    if isinstance(exc, SystemExit):
+        raise exc
+    if any(isinstance(e, KeyboardInterrupt) for e in chain):
+        print_error(err, f"{who}: interrupted")
+        return EXIT_INTERRUPTED
+    if isinstance(exc, CommandError):
+        print_error(err, str(exc))
+        return exc.code
+    if isinstance(exc, ConfigError):
+        print_error(err, str(exc))
+        return EXIT_USAGE
+    if isinstance(exc, DaemonUnavailableError | RPCCallError):
+        print_error(err, f"{who}: {describe_failure(exc)}")
+        return EXIT_FAILED
+    if isinstance(exc, WealdError):  # says what went wrong (another daemon has the store...): no traceback
+        print_error(err, f"{who}: {describe_failure(exc)}")
+        return EXIT_FAILED
+    if isinstance(exc, OSError) and exc.errno in _FILE_ERRORS:
+        print_error(err, f"{who}: {describe_failure(exc)}")
+        return EXIT_FAILED
+    if not isinstance(exc, Exception):
+        raise exc
+    if os.environ.get("WEALD_DEBUG"):
+        raise exc
+    print_error(err, f"{who}: unexpected error: {describe_failure(exc)} (WEALD_DEBUG=1 shows where)")
+    return EXIT_FAILED
 
 
 if __name__ == "__main__":

@@ -163,6 +163,10 @@ class AgentStartParams(_Params):
     asleep: bool | None = None  # None: asleep when hibernation is on (`Sessions.start_asleep`)
     mcp_servers: Annotated[list[SessionMCPServer], msgspec.Meta(max_length=32)] | None = None
     project: Annotated[str, msgspec.Meta(min_length=1, max_length=4096)] | None = None
+    # Stopped when the connection that started it closes (and never restored): `weald run`'s own agent.
+    ephemeral: bool = False
+    # A line that says what the agent is for (`weald run` gives its first prompt); agent.list shows it.
+    title: Annotated[str, msgspec.Meta(max_length=200)] | None = None
 
 
 MAX_BATCH_STARTS = 1000
@@ -283,7 +287,9 @@ class ActorSnapshotParams(_Params):
 
 class AskUserRespondParams(_Params):
     question_id: str
-    answer: str
+    answer: str | None = None
+    # No answer, and why: the question fails with this reason (no one could be asked, say).
+    decline: Annotated[str, msgspec.Meta(min_length=1, max_length=2000)] | None = None
 
 
 class EventsSubscribeParams(_Params):
@@ -396,6 +402,7 @@ class Connection:
         self._stream = send
         self._out_send, self._out_recv = trio.open_memory_channel[bytes](_OUTBOX)
         self.interests: dict[str, int] = {}  # agent id (or "*") -> how many reasons
+        self.ephemeral: set[str] = set()  # agents it started ephemeral: stopped when it closes
         self.subscriptions: dict[str, Any] = {}
         self.dropped = 0
         self.requests = 0
@@ -797,6 +804,8 @@ class Server(Actor):
                         nursery.start_soon(handle, request, early, claim)
                 # End of input (or input refused): answer what is in flight, then close.
                 # A client that is really gone breaks the writer, which cancels the rest.
+                # Its own agents go first: a turn of one (a prompt in flight) ends with it.
+                self._reap_nowait(conn)
                 if in_flight:
                     await idle.wait()
                 conn.close()
@@ -804,6 +813,20 @@ class Server(Actor):
             conn.close()
             self._connections.pop(conn.id, None)
             self.system.events.publish("server.disconnected", self.path, {"connection": conn.id})
+            self._reap_nowait(conn)
+
+    def _reap_nowait(self, conn: Connection) -> None:
+        """Stop the agents ``conn`` started ephemeral: its client went without stopping them (killed, say)."""
+        if conn.ephemeral:
+            agent_ids, conn.ephemeral = sorted(conn.ephemeral), set()
+            self.run_io(self._reap, agent_ids, reply=_ignore, name="reap ephemeral agents")
+
+    async def _reap(self, agent_ids: list[str]) -> None:
+        for agent_id in agent_ids:
+            if await self._sessions.stop(agent_id):
+                self.system.events.publish(
+                    "daemon.reaped", "/sessions", {"agent_id": agent_id, "reason": "its client disconnected"}
+                )
 
     async def _refuse_over_budget(self, conn: Connection, over: OverBudget) -> None:
         """This connection's partial line broke the daemon's input budget: tell it; nothing more is read."""
@@ -978,7 +1001,11 @@ class Server(Actor):
             asleep=self._sessions.start_asleep if p.asleep is None else p.asleep,
             mcp_servers=p.mcp_servers,
             project=p.project,
+            ephemeral=p.ephemeral,
+            title=p.title,
         )
+        if p.ephemeral and conn is not self._local:
+            conn.ephemeral.add(agent_id)
         return {"agent_id": agent_id}
 
     async def _agents_start(self, conn: Connection, p: AgentsStartParams) -> dict[str, Any]:
@@ -1088,6 +1115,8 @@ class Server(Actor):
         return {"aborted": await self._sessions.abort(p.agent_id)}
 
     async def _agent_stop(self, conn: Connection, p: AgentParams) -> dict[str, Any]:
+        for other in self._connections.values():
+            other.ephemeral.discard(p.agent_id)
         return {"stopped": await self._sessions.stop(p.agent_id)}
 
     async def _agent_send(self, conn: Connection, p: AgentSendParams) -> dict[str, Any]:
@@ -1504,6 +1533,10 @@ class Server(Actor):
                 if record.record is not None:
                     row["record"] = record.record
                 row["config"] = self._sessions.config_state(record)
+                if record.title is not None:
+                    row["title"] = record.title
+                if record.ephemeral:
+                    row["ephemeral"] = True
                 out.append(row)
                 nursery.start_soon(one, record, row)
         for session_id, stored in (await self._asleep_records(list(asleep))).items():
@@ -1868,8 +1901,10 @@ class Server(Actor):
         entry = self._questions.get(p.question_id)
         if entry is None:
             raise RPCError(NOT_FOUND, f"no open question {p.question_id!r} (answered, withdrawn or unknown)")
+        if (p.answer is None) == (p.decline is None):
+            raise RPCError(INVALID_PARAMS, "invalid params for ask_user.respond: give answer or decline (one of them)")
         agent = self.system.whereis(entry[0])
-        if agent is None or not await agent.proxy().answer(p.question_id, p.answer):
+        if agent is None or not await agent.proxy().answer(p.question_id, p.answer or "", declined=p.decline):
             raise RPCError(NOT_FOUND, f"question {p.question_id!r} is no longer open")
         return {"ok": True}
 

@@ -178,6 +178,9 @@ class SessionRecord(msgspec.Struct, kw_only=True):
     project: str | None = None
     follows_default: bool = False
     config_files: list[StoredConfigFile] = msgspec.field(default_factory=list)
+    # Started for one client's run: stopped when that client goes, never restored (reaped instead).
+    ephemeral: bool = False
+    title: str | None = None  # what it is for, in a line (``weald run`` gives its first prompt)
 
     @property
     def config_dir(self) -> str:
@@ -627,6 +630,8 @@ class Sessions:
         asleep: bool = False,
         mcp_servers: Sequence[SessionMCPServer] | None = None,
         project: str | None = None,
+        ephemeral: bool = False,
+        title: str | None = None,
     ) -> str:
         """Store and start a new session; returns its agent id.
 
@@ -651,6 +656,9 @@ class Sessions:
             project: the directory whose configuration the session runs under
                 (absolute); default: the working directory's (its project is
                 the nearest directory at or above it with ``weald.toml`` or ``.weald/``).
+            ephemeral: the session belongs to one client's run; a daemon that finds it active when it starts
+                stops it (``daemon.reaped``) instead of restoring it.
+            title: a line saying what the agent is for, shown by ``agent.list``.
 
         Raises:
             InvalidRequestError: a relative working dir or project, a malformed or empty id, a model that
@@ -668,6 +676,8 @@ class Sessions:
             record=record,
             mcp_servers=mcp_servers,
             project=project,
+            ephemeral=ephemeral,
+            title=title,
         )
         try:
             if asleep and session.record is None and not session.mcp_servers:
@@ -778,6 +788,8 @@ class Sessions:
         record: str | None = None,
         mcp_servers: Sequence[SessionMCPServer] | None = None,
         project: str | None = None,
+        ephemeral: bool = False,
+        title: str | None = None,
     ) -> SessionRecord:
         """The record of a new session once everything `start` checks is checked (see there).
 
@@ -837,6 +849,8 @@ class Sessions:
             config_files=[
                 StoredConfigFile(path=file.path, digest=file.digest, layer=file.layer) for file in configured.files
             ],
+            ephemeral=ephemeral,
+            title=title,
         )
 
     async def _start_awake(self, session: SessionRecord) -> None:
@@ -1187,6 +1201,12 @@ class Sessions:
         that records its model calls.
         """
         records = [r for r in await trio.to_thread.run_sync(self.records) if r.status == "active"]
+        for record in [r for r in records if r.ephemeral]:
+            # The run that started it ended with the daemon (a crash, a kill): nobody is left to use it.
+            await self.stop(record.session_id)
+            reaped = {"agent_id": record.session_id, "reason": "the run that started it ended with the daemon"}
+            self.system.events.publish("daemon.reaped", "/sessions", reaped)
+        records = [r for r in records if not r.ephemeral]
         with_mcp = [server for r in records for server in r.mcp_servers or ()]
         if with_mcp:
             await trio.to_thread.run_sync(_prepare_session_mcp, with_mcp, False)

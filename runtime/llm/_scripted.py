@@ -334,6 +334,7 @@ class ScriptedProvider:
                 names the file and the bad field.
         """
         source = os.fspath(path)
+        where = os.path.abspath(source)  # errors name the file where it was looked for
         try:
             data = read_regular_file(source, max_bytes=MAX_SCRIPT_BYTES, what="script")
         except UnreadableFileError as exc:
@@ -341,9 +342,9 @@ class ScriptedProvider:
         try:
             script = msgspec_decoder(_Script).decode(data)
         except msgspec.ValidationError as exc:
-            raise MalformedScriptError(f"script {source} is not valid: {exc}") from exc
+            raise MalformedScriptError(f"script {where} is not valid: {exc}") from exc
         except msgspec.DecodeError as exc:
-            raise MalformedScriptError(f"script {source} is not valid JSON: {exc}") from exc
+            raise MalformedScriptError(f"script {where} is not valid JSON: {exc}") from exc
         return cls._of(script, source, start_position, settings, faults)
 
     @classmethod

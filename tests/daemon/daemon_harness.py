@@ -103,10 +103,16 @@ class DaemonProcess:
         self.proc.wait(30)
         self.proc = None
 
-    def cli(self, *args: str, input_text: str | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    def cli(
+        self, *args: str, input_text: str | None = None, timeout: float = 120, columns: int | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        """Run ``weald ARGS`` (output not to a terminal: ``columns`` wide, 80 unless given)."""
+        env = self.env()
+        if columns is not None:
+            env["COLUMNS"] = str(columns)
         return subprocess.run(
             [sys.executable, "-m", "weald.runtime.daemon.cli", *args],
-            env=self.env(),
+            env=env,
             cwd=self.project,
             capture_output=True,
             text=True,

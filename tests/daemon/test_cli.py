@@ -268,7 +268,7 @@ def test_weald_tree_draws_the_faults_fired_at_each_node(tmp_path: Path) -> None:
                 {"text": "after the restart"},
             ],
         )
-        run = d.cli("run", "--json", "--model", model, "read the notes")
+        run = d.cli("run", "--json", "--keep", "--model", model, "read the notes")
         assert run.returncode == 1, run.stderr  # the turn was interrupted by the agent's crash
         agent_id = json.loads(run.stdout)["agent_id"]
 
@@ -318,7 +318,7 @@ def _no_python_repr(text: str) -> None:
 
 def test_status_debug_state_and_config_read_as_tables(daemon: DaemonProcess) -> None:
     model = daemon.script("one", [{"text": "one step"}])
-    agent_id = json.loads(daemon.cli("run", "--json", "--model", model, "hi").stdout)["agent_id"]
+    agent_id = json.loads(daemon.cli("run", "--json", "--keep", "--model", model, "hi").stdout)["agent_id"]
 
     status = daemon.cli("status")
     assert status.returncode == 0, status.stderr

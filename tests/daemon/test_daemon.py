@@ -371,7 +371,7 @@ def test_the_cli_commands_work_against_the_daemon(daemon: DaemonProcess) -> None
             {"text": "the shell said from-shell"},
         ],
     )
-    run = daemon.cli("run", "--json", "--yes", "--model", model, "say hi")
+    run = daemon.cli("run", "--json", "--keep", "--yes", "--model", model, "say hi")
     assert run.returncode == 0, run.stderr
     out = msgspec.json.decode(run.stdout)
     assert out["text"] == "the shell said from-shell"
