@@ -63,7 +63,8 @@ def cmd_tasks(args: argparse.Namespace) -> int:
     out = console()
     where = f"agent {args.agent}'s session" if args.scope == "session" else params.get("working_dir") or args.agent
     if not tasks:
-        out.print(f"no tasks{'' if args.view in ('all', 'tree') else ' ' + args.view} for {where}", markup=False)
+        which = "" if args.view in ("all", "tree") else " " + args.view
+        out.print(f"no tasks{which} for {where}", markup=False, soft_wrap=True)
         return EXIT_OK
     if args.view == "tree":
         out.print(_task_tree(tasks, str(where)))

@@ -178,7 +178,7 @@ def test_a_weald_toml_that_anyone_may_write_configures_nothing(daemon: DaemonPro
     project = reading_project(elsewhere, "h", permission="deny", answer="H")
     toml = project / "weald.toml"
     os.chmod(toml, 0o666)
-    run = weald(daemon, "run", "--json", "read secret.txt", cwd=project)
+    run = weald(daemon, "run", "--json", "--keep", "read secret.txt", cwd=project)
     assert run.returncode == 0, run.stderr
     result = json.loads(run.stdout)
     assert result["text"] != "H"  # not its model: the file was passed over

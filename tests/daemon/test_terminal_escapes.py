@@ -114,7 +114,7 @@ def test_a_permission_prompt_cannot_be_spoofed_with_terminal_escapes(daemon: Dae
         assert raw not in shown, f"{raw!r} reached the terminal:\n{shown!r}"
     # The prompt's line holds the real command, with the escapes written out.
     plain = re.sub(r"\x1b\[[0-9;]*m", "", shown).replace("\r", "")  # rich's own colours aside
-    prompt = next(line for line in plain.splitlines() if "wants to run" in line)
+    prompt = next(line for line in plain.splitlines() if line.startswith("shell wants to run"))
     assert prompt.startswith("shell wants to run: rm -rf victim #\\x1b[2K\\x1b[200D\\x1b[1;33mshell"), prompt
     for piece in SHOWN:
         assert piece in plain, piece  # the streamed text, escaped
@@ -154,7 +154,7 @@ def test_streamed_answers_tool_lines_agents_debug_state_and_tasks_show_escapes(d
             {"text": f"the answer {PAYLOAD}"},
         ],
     )
-    streamed = daemon.cli("run", "--model", model, "go")
+    streamed = daemon.cli("run", "--keep", "--model", model, "go")
     assert streamed.returncode == 0, streamed.stderr
     (agent_id,) = [a["agent_id"] for a in json.loads(daemon.cli("agents", "--json").stdout)]
     assert_shown_not_obeyed(streamed.stdout)
