@@ -14,7 +14,9 @@ decisions, the contenders interleaved in rounds):
 Command lines: a plain ``git status``; a typical compound one
 (``cd src && make test 2>&1 | tail -20``); a ``bash -c`` with ``$( )`` and a
 wrapper; a 200-line here-document writing a file; and the 64 KiB worst case
-(7,000 ``echo ok;`` commands, at the parse limit). Two rule tables: the
+(7,000 ``echo ok;`` commands, at the parse limit); 16,000 ``''`` each followed by a
+backslash-newline (48 KB, once quadratic); and 1,500 nested expansions bash reads
+twice (43 KB). Two rule tables: the
 documented one (7 patterns) and one of 60 patterns.
 
 Run: ``python benchmarks/bench_permissions.py [--quick]``.
@@ -61,6 +63,10 @@ HEREDOC = (
     + "EOF"
 )
 WORST = "echo ok; " * ((MAX_COMMAND_BYTES - 16) // len("echo ok; "))
+# What made the old check quadratic (issue 22: 13-28 s of CPU): 16,000 empty strings, each
+# followed by a backslash-newline; and text bash expands a second time, nested.
+CONTINUED = "echo" + "''\\\n" * 16_000
+NESTED = "echo " + "\"${x:-'$(( a[$(echo 1)] ))'}\" " * 1_500
 
 COMMANDS = {
     "git status": "git status",
@@ -68,6 +74,8 @@ COMMANDS = {
     "bash -c, $( ), wrapper": "timeout 60 bash -c 'git diff $(git merge-base HEAD main) -- src | wc -l'",
     "200-line here-doc": HEREDOC,
     "64 KiB, 7,000 commands": WORST,
+    "48 KB, 16,000 '' + \\-newline": CONTINUED,
+    "43 KB, nested expansions": NESTED,
 }
 
 

@@ -39,6 +39,13 @@ faults, and how often it was put to the test:
   of a project under ``/tmp``, overwrite the store, swap a recording's
   directory for a link), by the shell, the file tools and the recorder;
   attacks tried and refused (``tests/reliability/rel_guard.py``);
+- rule attacks: the shell permission rules talked around (text bash expands
+  a second time, programs that run another, ``.git/config`` rewritten into
+  ``git status``), each run by a real bash and then decided, and command
+  lines drawn from a generator of nested quoting and expansion forms
+  (whatever bash ran unallowed must not be allowed); escapes printed to the
+  terminal; secrets known by their shape in MCP configs; attacks tried and
+  refused (``tests/reliability/rel_rules.py``);
 - soak: agents with a small context window prompting continuously on a real
   daemon; prompts, compactions, and the daemon's memory, which must level off
   (the long version is ``benchmarks/bench_soak.py``).
@@ -50,8 +57,8 @@ many held. The exit code is 1 if any did not hold.
 Run: ``python benchmarks/reliability.py [--schedules N] [--trees N] [--crash-cycles N]
 [--fuzz N] [--clients N] [--load-seconds S] [--flood-clients N] [--nofile N]
 [--line-connections N] [--line-mb MB] [--disk-full-rounds N] [--second-daemons N]
-[--blocking-rounds N] [--leftover-cycles N] [--soak-agents N] [--soak-seconds S] [--seed S]``, as root (the disk-full
-part mounts a tmpfs). The defaults take four to five minutes on a 2-core machine.
+[--blocking-rounds N] [--leftover-cycles N] [--rule-examples N] [--soak-agents N] [--soak-seconds S]
+[--seed S]``, as root (the disk-full part mounts a tmpfs). The defaults take four to five minutes on a 2-core machine.
 """
 
 from __future__ import annotations
@@ -69,7 +76,7 @@ from pathlib import Path
 from typing import Any
 
 _TESTS = Path(__file__).resolve().parents[1] / "tests"
-for _directory in (_TESTS / "reliability", _TESTS / "supervisors", _TESTS / "daemon"):
+for _directory in (_TESTS / "reliability", _TESTS / "supervisors", _TESTS / "daemon", _TESTS / "tools"):
     sys.path.insert(0, str(_directory))
 
 import msgspec  # noqa: E402
@@ -84,6 +91,7 @@ from rel_fuzz import FuzzClient  # noqa: E402
 from rel_guard import run_guard  # noqa: E402
 from rel_leftovers import run_leftovers  # noqa: E402
 from rel_load import run_load  # noqa: E402
+from rel_rules import run_rule_attacks  # noqa: E402
 from rel_soak import run_soak  # noqa: E402
 from rel_store import run_blocking_paths, run_disk_full, run_second_daemons  # noqa: E402
 from rel_strategies import fuzz_methods, pings, raw_lines, seeds, tree_faults, trees, wrong_requests  # noqa: E402
@@ -222,6 +230,7 @@ def main() -> int:
     parser.add_argument("--leftover-cycles", type=int, default=4, help="kill -9 cycles with shells running")
     parser.add_argument("--soak-agents", type=int, default=20, help="agents prompting continuously in the soak")
     parser.add_argument("--soak-seconds", type=float, default=60.0, help="how long the soak lasts")
+    parser.add_argument("--rule-examples", type=int, default=200, help="generated command lines against the rules")
     parser.add_argument("--seed", type=int, default=2025, help="the seed everything derives from")
     args = parser.parse_args()
     warnings.simplefilter("ignore")  # hypothesis outside pytest warns about its database and settings
@@ -270,6 +279,7 @@ def main() -> int:
             ("blocking path", lambda where: run_blocking_paths(where, rounds=args.blocking_rounds)),
             ("leftovers", lambda where: run_leftovers(where, cycles=args.leftover_cycles)),
             ("guard", run_guard),
+            ("rule attacks", lambda where: run_rule_attacks(where, examples=args.rule_examples, seed=args.seed)),
         ):
             started = time.monotonic()
             resources[part] = run(root / part.replace(" ", "-"))
