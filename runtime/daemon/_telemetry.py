@@ -210,6 +210,8 @@ class Telemetry:
         self._tools: dict[tuple[str, str], Any] = {}  # (agent path, call id) -> span
         self._permissions: dict[str, Any] = {}  # request id -> the call's span
         self._compactions: dict[str, Any] = {}  # agent path -> span
+        self._mcp_calls: dict[tuple[str, str], Any] = {}  # (agent path, call id) -> the MCP request's span
+        self._subscription: Any = None
         self._loop_lag = 0.0
         self.spans_started = 0
 
@@ -309,11 +311,55 @@ class Telemetry:
     async def follow(self) -> None:
         """Turn the daemon's events into spans and metric points until cancelled (a task on the loop)."""
         with self._system.events.subscribe(_TOPICS, max_buffer=65536) as subscription:
-            async for event in subscription:
-                try:
-                    self._on_event(event)
-                except Exception:  # telemetry never takes the daemon down: the event is skipped, and said
-                    logger.exception("telemetry could not record %s", event.topic)
+            self._subscription = subscription
+            try:
+                async for event in subscription:
+                    self._record(event)
+            finally:
+                self._subscription = None
+
+    def _record(self, event: Event) -> None:
+        try:
+            self._on_event(event)
+        except Exception:  # telemetry never takes the daemon down: the event is skipped, and said
+            logger.exception("telemetry could not record %s", event.topic)
+
+    def mcp_call_traceparent(self, ctx: Any, server: str, tool: str, path: str) -> str | None:
+        """The ``traceparent`` of an MCP tool call starting now: a ``tools/call`` span under its ``execute_tool``.
+
+        The provider `weald.runtime.mcp.set_trace_context_provider` calls, on
+        the loop, as the call starts. Events not yet recorded (the call's
+        ``tool.started`` among them) are recorded first, so the call's span is there.
+        """
+        if self._subscription is not None:
+            for event in self._subscription.drain_nowait():
+                self._record(event)
+        session, agent_id, call_id = ctx.session_id, ctx.agent_id, ctx.call_id
+        prefix = f"/sessions/{session}/"
+        found = [
+            (agent, span)
+            for (agent, call), span in self._tools.items()
+            if call == call_id
+            and agent.startswith(prefix)
+            and (agent.endswith(f"/{agent_id}") or (agent_id == session and agent.endswith("/agent")))
+        ]
+        if not found:
+            return None
+        agent, parent = found[0]
+        attributes = {
+            "mcp.method.name": "tools/call",
+            "gen_ai.operation.name": "execute_tool",
+            "gen_ai.tool.name": tool,
+            "gen_ai.tool.call.id": call_id,
+            "weald.mcp.server": server,
+            "weald.actor.path": path,
+        }
+        span = self._start(
+            f"tools/call {tool}", time.time(), trace.set_span_in_context(parent), attributes, SpanKind.CLIENT
+        )
+        self._mcp_calls[(agent, call_id)] = span
+        context = span.get_span_context()
+        return f"00-{context.trace_id:032x}-{context.span_id:016x}-{int(context.trace_flags):02x}"
 
     async def measure_lag(self) -> None:
         """Measure how late the loop wakes a task sleeping half a second, until cancelled (a task on the loop)."""
@@ -328,9 +374,11 @@ class Telemetry:
         for span, _ in list(self._turns.values()):
             span.set_status(Status(StatusCode.ERROR, "the daemon stopped"))
             span.end(_ns(now))
-        for span in [*self._tools.values(), *self._compactions.values(), *(c[0] for c in self._chats.values())]:
+        open_spans = [*self._mcp_calls.values(), *self._tools.values(), *self._compactions.values()]
+        for span in [*open_spans, *(c[0] for c in self._chats.values())]:
             span.end(_ns(now))
         self._turns.clear()
+        self._mcp_calls.clear()
         self._tools.clear()
         self._chats.clear()
         self._compactions.clear()
@@ -558,6 +606,8 @@ class Telemetry:
         self._turn_duration.record(max(0.0, at - began), {"weald.turn.status": status})
         span.end(_ns(at))
         # A model call or tool call the turn left open (an abort, a crash) ends with it.
+        for key in [key for key in self._mcp_calls if key[0] == source]:
+            self._mcp_calls.pop(key).end(_ns(at))
         for key in [key for key in self._tools if key[0] == source]:
             self._tools.pop(key).end(_ns(at))
         chat = self._chats.pop(source, None)
@@ -587,12 +637,17 @@ class Telemetry:
             )
             return
         span = self._tools.pop((agent, call_id), None)
+        mcp_call = self._mcp_calls.pop((agent, call_id), None)
         ok = topic == "tool.finished"
         outcome = "ok" if ok else "error"
         tool = str(data.get("tool") or "")
         self._tool_calls.add(1, {"gen_ai.tool.name": tool, "weald.tool.outcome": outcome})
         duration = float(data.get("duration_ms") or 0.0) / 1000
         self._tool_duration.record(duration, {"gen_ai.tool.name": tool, "weald.tool.outcome": outcome})
+        if mcp_call is not None:
+            if not ok:
+                mcp_call.set_status(Status(StatusCode.ERROR, str(data.get("error") or "")[:500]))
+            mcp_call.end(_ns(at))
         if span is None:
             return
         span.set_attribute("weald.tool.outcome", outcome)

@@ -1600,6 +1600,10 @@ class Daemon:
         self.telemetry = Telemetry(settings, self.system, self._session_counts, model_spec, capture_content)
         self.system.loop.spawn_nowait(self.telemetry.follow)
         self.system.loop.spawn_nowait(self.telemetry.measure_lag)
+        # MCP tool calls (the daemon's servers' and sessions' own) carry their span's W3C trace context.
+        from weald.runtime.mcp import set_trace_context_provider
+
+        set_trace_context_provider(self.telemetry.mcp_call_traceparent)
 
     def _session_counts(self) -> tuple[int, int]:
         """``(awake, asleep)`` sessions (for telemetry's gauge; from any thread but the loop's)."""
@@ -1662,6 +1666,9 @@ class Daemon:
             self._close_log()  # a clean stop: the run's marker goes
             self._unlock()  # last: the store is closed
             if self.telemetry is not None:
+                from weald.runtime.mcp import set_trace_context_provider
+
+                set_trace_context_provider(None)
                 self.telemetry.shutdown()  # what is queued is exported (bounded by its export timeout)
         if self.sandbox is not None:
             restore_environ()  # for a program hosting the daemon; `weald serve` exits next

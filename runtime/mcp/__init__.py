@@ -38,6 +38,7 @@ from ._exceptions import (
     MCPToolError,
 )
 from ._names import sanitize_tool_name
+from ._trace import TraceContextProvider, set_trace_context_provider
 
 if TYPE_CHECKING:
     from ._elicitation import MCPElicitation, MCPElicitationResult, answer_with_defaults
@@ -131,11 +132,13 @@ __all__ = [
     "MCPToolResult",
     "OAuthConfig",
     "ServerConfig",
+    "TraceContextProvider",
     "answer_with_defaults",
     "mcp_supervisor_spec",
     "open_connection",
     "referenced_variables",
     "sanitize_tool_name",
+    "set_trace_context_provider",
 ]
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())

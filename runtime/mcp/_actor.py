@@ -794,6 +794,7 @@ class MCPConnection(Actor):
                 on_progress=call.on_progress,
                 on_elicitation=call.on_elicitation,
                 on_sampling=call.on_sampling,
+                traceparent=call.traceparent,
             )
 
         self._start(call.call_id, "call", f"tool {call.registered_name}", call.reply, run)

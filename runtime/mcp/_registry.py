@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 import queue
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -23,6 +24,7 @@ from weald.tools import Permission, Tool, ToolContext, ToolResult
 from ._elicitation import AgentElicitor, ElicitationHandler
 from ._exceptions import MCPClosedError, MCPConnectionLost, MCPError, MCPNotResponding, MCPTimeout, MCPToolError
 from ._sampling import AgentSampler, SamplingHandler, SamplingPolicy
+from ._trace import trace_context
 from ._values import MCPTool, MCPToolResult
 
 if TYPE_CHECKING:
@@ -43,6 +45,8 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+logger = logging.getLogger("weald.runtime.mcp")
 
 # A tool's own deadline (the tool runner's) is this much longer than the
 # connection's request deadline plus the ping that follows a timeout, so the
@@ -74,6 +78,7 @@ class CallTool:
         "registered_name",
         "reply",
         "tool",
+        "traceparent",
     )
 
     def __init__(
@@ -86,7 +91,9 @@ class CallTool:
         *,
         on_elicitation: ElicitationHandler | None = None,
         on_sampling: SamplingHandler | None = None,
+        traceparent: str | None = None,
     ) -> None:
+        self.traceparent = traceparent
         self.call_id = next(_call_ids)
         self.tool = tool
         self.registered_name = registered_name
@@ -250,6 +257,13 @@ class ToolRoute:
             ctx.emit("output", progress_event(progress, total, message))
 
         reply: Future[MCPToolResult] = Future()
+        traceparent = None
+        provider = trace_context()
+        if provider is not None:
+            try:
+                traceparent = provider(ctx, self.server, self.tool, self.path)
+            except Exception:  # tracing never fails a call: it goes without a trace context
+                logger.exception("the trace context of %s could not be made", self.name)
         call = CallTool(
             self.tool,
             self.name,
@@ -258,6 +272,7 @@ class ToolRoute:
             on_progress,
             on_elicitation=_elicitor(ctx),
             on_sampling=_sampler(ctx, self.sampling),
+            traceparent=traceparent,
         )
         try:
             ref.tell(call)

@@ -32,7 +32,7 @@ import logging
 import math
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Final, Literal, NoReturn, TypeVar
+from typing import Any, Final, Literal, NoReturn, TypeVar, cast
 
 import anyio
 import httpx2
@@ -165,6 +165,15 @@ class _CallRoute:
 # response stream, and on to the messages it receives, so a request the server
 # sends on that stream is matched to its call exactly (see `MCPSession._tap`).
 _current_call: contextvars.ContextVar[_CallRoute | None] = contextvars.ContextVar("weald_mcp_call", default=None)
+# The W3C trace context of that call, for the ``traceparent`` header of its HTTP request.
+_traceparent: contextvars.ContextVar[str | None] = contextvars.ContextVar("weald_mcp_traceparent", default=None)
+
+
+async def _add_traceparent(request: httpx2.Request) -> None:
+    """Put the current tool call's trace context on its HTTP request (when it has one)."""
+    traceparent = _traceparent.get()
+    if traceparent is not None:
+        request.headers["traceparent"] = traceparent
 
 
 def _client_info() -> types.Implementation:
@@ -396,6 +405,7 @@ class MCPSession(metaclass=_NoPublicConstructor):
         on_elicitation: ElicitationHandler | None = None,
         on_sampling: SamplingHandler | None = None,
         timeout: float | None = None,
+        traceparent: str | None = None,
     ) -> MCPToolResult:
         """Call a tool and return its result.
 
@@ -430,6 +440,9 @@ class MCPSession(metaclass=_NoPublicConstructor):
             timeout: Seconds to wait for the result; defaults to the config's
                 ``call_timeout``. When it runs out the server is pinged, to
                 tell a slow tool from a hung server.
+            traceparent: A W3C trace context for the call: sent as
+                ``params._meta.traceparent`` and, over HTTP, as the request's
+                ``traceparent`` header.
 
         Returns:
             The result; a tool that ran and failed has ``is_error`` set.
@@ -460,6 +473,7 @@ class MCPSession(metaclass=_NoPublicConstructor):
                 on_elicitation=on_elicitation,
                 on_sampling=on_sampling,
                 limit=limit,
+                traceparent=traceparent,
             )
         except MCPTimeout:
             self._calls_timed_out += 1
@@ -485,19 +499,25 @@ class MCPSession(metaclass=_NoPublicConstructor):
         on_elicitation: ElicitationHandler | None,
         on_sampling: SamplingHandler | None,
         limit: float,
+        traceparent: str | None = None,
     ) -> types.CallToolResult:
         with trio.CancelScope(deadline=trio.current_time() + limit) as scope:
             relay = _ProgressRelay(on_progress, scope) if on_progress is not None else None
+            # `_meta` takes more than the SDK's type names (progressToken): the trace context rides there too.
+            meta = cast("types.RequestParamsMeta", {"traceparent": traceparent}) if traceparent is not None else None
 
             async def call(client: mcp.ClientSession) -> types.CallToolResult:
-                return await client.call_tool(name, dict(arguments or {}), progress_callback=relay)
+                return await client.call_tool(name, dict(arguments or {}), progress_callback=relay, meta=meta)
 
             route = _CallRoute(name, on_elicitation, scope.deadline, on_sampling)
             self._routes.append(route)
             token = _current_call.set(route)
+            # The transport carries this task's context to the POST it makes for the call (see `_current_call`).
+            trace_token = _traceparent.set(traceparent)
             try:
                 result = await self._request(f"tools/call {name!r}", call, tool=name)
             finally:
+                _traceparent.reset(trace_token)
                 _current_call.reset(token)
                 self._routes.remove(route)
                 for request_id in [key for key, value in self._related.items() if value is route]:
@@ -925,7 +945,7 @@ class MCPSession(metaclass=_NoPublicConstructor):
         return httpx2.AsyncClient(
             headers={**dict(self._config.headers), **(headers or {})},
             timeout=timeout or HTTP_TIMEOUT,
-            event_hooks={"response": [self._note_http_response]},
+            event_hooks={"request": [_add_traceparent], "response": [self._note_http_response]},
             auth=auth,
         )
 

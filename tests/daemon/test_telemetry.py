@@ -377,3 +377,64 @@ def test_message_contents_go_on_spans_only_for_a_project_that_opts_in(
     closed = spans_of(phoenix, traces["closed"], 4, "invoke_agent c-closed")
     assert not any("gen_ai.output.messages" in s["attributes"] for s in closed)
     assert not any("gen_ai.tool.call.arguments" in s["attributes"] for s in closed)
+
+
+@pytest.fixture(scope="module")
+def trace_mcp_url() -> Iterator[str]:
+    """An MCP server over Streamable HTTP whose ``trace`` tool says what trace context it was called with."""
+    port = _free_port()
+    script = Path(__file__).with_name("trace_mcp_server.py")
+    proc = subprocess.Popen([sys.executable, str(script), str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+    def listening() -> bool:
+        if proc.poll() is not None:
+            raise AssertionError(f"the MCP server exited with {proc.returncode}")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+        return False
+
+    try:
+        wait_until(listening, timeout=60, interval=0.2, message="the MCP server to listen")
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        assert proc.stderr is not None
+        proc.stderr.close()
+
+
+def test_an_mcp_call_over_http_carries_its_spans_trace_context(
+    daemon: DaemonProcess, phoenix: str, trace_mcp_url: str
+) -> None:
+    model = daemon.script(
+        "mcp-traced", [{"tool_calls": [{"name": "mcp__tracer__trace", "arguments": {}}]}, {"text": "ok"}]
+    )
+    trace_id = "8bf92f3577b34da6a3ce929d0e0e4740"
+    stop = threading.Event()
+    with daemon.client() as client:
+        start = {
+            "working_dir": str(daemon.project),
+            "model": model,
+            "agent_id": "mcp-traced",
+            "mcp_servers": [{"name": "tracer", "url": trace_mcp_url}],
+        }
+        client.call("agent.start", start, timeout=120)
+        client.call("events.subscribe", {"agent_id": "mcp-traced", "topics": ["tool.*"]})
+        answering = allow_permissions(client, stop)
+        with daemon.client() as prompter:
+            traceparent = f"00-{trace_id}-{PARENT_SPAN}-01"
+            turn = prompter.call("agent.prompt", {"agent_id": "mcp-traced", "text": "go", "traceparent": traceparent})
+        stop.set()
+        answering.join(5)
+        history = client.call("agent.history", {"agent_id": "mcp-traced"})["messages"]
+    assert turn["ok"], turn
+    (result,) = [m for m in history if m["role"] == "tool"]
+    seen = json.loads(result["content"])
+    spans = spans_of(phoenix, trace_id, 5, "tools/call trace")
+    (call,) = [s for s in spans if s["name"] == "tools/call trace"]
+    (tool,) = [s for s in spans if s["name"] == "execute_tool mcp__tracer__trace"]
+    assert call["parent_id"] == tool["context"]["span_id"]
+    assert call["attributes"]["mcp.method.name"] == "tools/call"
+    assert call["attributes"]["weald.actor.path"] == "/sessions/mcp-traced/mcp/tracer"
+    expected = f"00-{trace_id}-{call['context']['span_id']}-01"
+    assert seen == {"header": expected, "meta": expected}

@@ -50,10 +50,13 @@ def test_all_is_sorted_and_lists_exactly_the_public_names():
         "MCPToolResult",
         "OAuthConfig",
         "ServerConfig",
+        "TraceContextProvider",
         "answer_with_defaults",
         "mcp_supervisor_spec",
         "open_connection",
+        "referenced_variables",
         "sanitize_tool_name",
+        "set_trace_context_provider",
     }
 
 
