@@ -5,17 +5,24 @@ the call to its result (bash started, run, its output captured, its process
 group checked and reaped). Contenders, each in a worker process of its own,
 in interleaved rounds so that load hits them alike:
 
-- ``before (REF)``: the shell tool of another checkout (default ``main``:
-  process groups only, spawned by ``trio.lowlevel.open_process``);
+- ``before (REF)``: the shell tool of another checkout (default ``main``),
+  with process groups only and in its bubblewrap sandbox;
 - ``process groups``: this checkout with ``[tools.shell] sandbox = "off"``
   (forked by the spawner thread, with a parent-death signal);
 - ``bwrap sandbox``: this checkout with the sandbox on: ``bwrap`` with user,
   PID, IPC and network namespaces, a read-only root, a fresh /dev and /proc,
-  a private /tmp and the hidden paths mounted over;
+  a private /tmp and the hidden paths mounted over, the protected paths
+  read-only (the project has no ``weald.toml`` or ``.weald``: each call makes
+  and removes their placeholders), its options read from a memory file;
 - for scale, ``bash -c true`` run by ``subprocess.run`` and by ``bwrap`` with
-  the same options, outside weald.
+  the same options, outside weald;
+- ``options``: what the sandbox costs weald itself per call, without running
+  anything: the bubblewrap options for a project that is a git repository
+  without ``weald.toml`` (the hidden and protected paths looked at, the
+  placeholders made and removed, the options file written), this checkout
+  and ``before`` side by side.
 
-The target: the sandbox costs at most 10 ms more than ``before``.
+The target: the sandbox costs at most 10 ms more than ``before`` without it.
 
 Run: ``python benchmarks/bench_shell.py [--quick] [--before REF]``
 """
@@ -45,6 +52,9 @@ def _worker(mode: str, n: int) -> None:
     from weald.tools import SessionServices, ToolConfig, ToolContext, invoke
     from weald.tools.shell import shell
 
+    if mode == "options":
+        print(json.dumps(_options_samples(n)))
+        return
     if mode in ("subprocess", "bwrap-direct"):
         argv = ["bash", "-c", "true"]
         if mode == "bwrap-direct":
@@ -89,6 +99,38 @@ def _worker(mode: str, n: int) -> None:
     shutil.rmtree(root, ignore_errors=True)
 
 
+def _options_samples(n: int) -> list[float]:
+    """Milliseconds to make one command's sandbox options (and, where this checkout has them, its placeholders)."""
+    from weald.tools import _bwrap
+
+    root = Path(tempfile.mkdtemp(prefix="bench-shell-options-"))
+    project = root / "project"
+    project.mkdir()
+    subprocess.run(["git", "init", "-q", str(project)], check=True)
+    fields = {"project": project, "workdir": project, "hidden": _bwrap.default_hidden_paths()}
+
+    def once() -> None:
+        if not hasattr(_bwrap, "bwrap_options"):  # before: the options on bwrap's command line
+            _bwrap.bwrap_argv("bwrap", _bwrap.SandboxPolicy(**fields), ["true"])
+            return
+        from weald.tools._protected import Placeholders
+
+        placeholders = Placeholders()
+        policy = _bwrap.SandboxPolicy(**fields, private=(root / "state",))
+        os.close(_bwrap.options_file(_bwrap.bwrap_options(policy, placeholders)))
+        placeholders.release()
+
+    for _ in range(20):
+        once()
+    out = []
+    for _ in range(n * 5):
+        began = time.perf_counter()
+        once()
+        out.append((time.perf_counter() - began) * 1e3)
+    shutil.rmtree(root, ignore_errors=True)
+    return out
+
+
 def _samples(mode: str, n: int, pythonpath: Path | None) -> list[float]:
     env = dict(os.environ)
     if pythonpath is not None:
@@ -113,10 +155,13 @@ def run(quick: bool = False, before: str = "main") -> list[Row]:
     baseline = checkout(before, "bench-shell-before-")
     contenders = {
         f"before ({before}), process groups": ("off", baseline / "pkg"),
+        f"before ({before}), bwrap sandbox": ("bwrap", baseline / "pkg"),
         "process groups (sandbox off)": ("off", None),
         "bwrap sandbox": ("bwrap", None),
         "bash -c true, subprocess.run": ("subprocess", None),
         "bash -c true in bwrap, subprocess.run": ("bwrap-direct", None),
+        f"options, before ({before})": ("options", baseline / "pkg"),
+        "options (and placeholders)": ("options", None),
     }
     samples: dict[str, list[float]] = {name: [] for name in contenders}
     try:
@@ -150,7 +195,22 @@ def run(quick: bool = False, before: str = "main") -> list[Row]:
             "ms",
             note=f"{groups:.2f} ms (the parent-death signal costs an exec of setpriv)",
         ),
+        Row(
+            "shell",
+            "`true` in the bwrap sandbox, minus before's sandbox",
+            sandbox - medians[f"before ({before}), bwrap sandbox"],
+            "ms",
+            note=f"{sandbox:.2f} ms against {medians[f'before ({before}), bwrap sandbox']:.2f} ms",
+        ),
         Row("shell", "bwrap itself (outside weald)", medians["bash -c true in bwrap, subprocess.run"], "ms"),
+        Row(
+            "shell",
+            "making one command's sandbox options, minus before",
+            medians["options (and placeholders)"] - medians[f"options, before ({before})"],
+            "ms",
+            note=f"{medians['options (and placeholders)']:.2f} ms against "
+            f"{medians[f'options, before ({before})']:.2f} ms",
+        ),
     ]
     return summary(rows)
 

@@ -35,7 +35,10 @@ from weald.runtime._errors import (
 )
 from weald.runtime._events import Event, EventBus, Subscription
 from weald.runtime._files import (
+    PLACEHOLDER_DIR_MODE,
+    PLACEHOLDER_FILE_MODE,
     check_regular_file,
+    is_placeholder,
     make_private_dirs,
     open_directory_nofollow,
     read_regular_file,
@@ -84,6 +87,8 @@ from weald.runtime._system import (
 
 __all__ = [
     "MARK_VARIABLE",
+    "PLACEHOLDER_DIR_MODE",
+    "PLACEHOLDER_FILE_MODE",
     "REDACTED",
     "Actor",
     "ActorDeadError",
@@ -140,6 +145,7 @@ __all__ = [
     "environ_value",
     "is_known_secret",
     "is_loop_thread",
+    "is_placeholder",
     "is_secret_name",
     "is_secret_value",
     "make_private_dirs",

@@ -35,7 +35,10 @@ from collections.abc import Sequence
 from weald.runtime._errors import LinkInPathError, UnreadableFileError
 
 __all__ = [
+    "PLACEHOLDER_DIR_MODE",
+    "PLACEHOLDER_FILE_MODE",
     "check_regular_file",
+    "is_placeholder",
     "make_private_dirs",
     "open_directory_nofollow",
     "read_regular_file",
@@ -271,3 +274,34 @@ def make_private_dirs(path: str | os.PathLike[str]) -> None:
         os.chmod(directory, 0o700)  # the umask may have taken the owner's bits too
     if not os.path.isdir(path):
         raise FileExistsError(errno.EEXIST, "exists and is not a directory", os.fspath(path))
+
+
+PLACEHOLDER_FILE_MODE = 0o400
+"""The mode of an empty file the shell's OS sandbox holds where a protected file is missing."""
+PLACEHOLDER_DIR_MODE = 0o500
+"""The mode of an empty directory it holds where a protected directory is missing."""
+
+
+def is_placeholder(path: str | os.PathLike[str], kind: str | None = None) -> bool:
+    """True if ``path`` is a placeholder of the shell's OS sandbox (``kind`` ``"file"``, ``"dir"`` or None: either).
+
+    While a sandboxed command runs, a protected path that is missing (a
+    project's ``weald.toml``, git's hooks...) holds an empty, read-only
+    placeholder so that the command cannot plant one (``weald.tools._protected``):
+    an empty file of mode `PLACEHOLDER_FILE_MODE`, or an empty directory of
+    mode `PLACEHOLDER_DIR_MODE`. Configuration readers pass over a
+    ``weald.toml`` that is one. Blocking (it stats the path).
+    """
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return False
+    mode = stat.S_IMODE(info.st_mode)
+    if kind != "dir" and stat.S_ISREG(info.st_mode):
+        return mode == PLACEHOLDER_FILE_MODE and info.st_size == 0
+    if kind != "file" and stat.S_ISDIR(info.st_mode) and mode == PLACEHOLDER_DIR_MODE:
+        try:
+            return not os.listdir(path)
+        except OSError:
+            return False
+    return False

@@ -65,7 +65,8 @@ from pathlib import Path
 from typing import Literal
 
 import attrs
-from weald.tools._protected import Placeholders, Protected, Shape, is_placeholder, protected_paths
+from weald.runtime import is_placeholder
+from weald.tools._protected import Placeholders, Protected, Shape, protected_paths
 
 __all__ = [
     "SANDBOX_ENABLE_HINT",
@@ -220,6 +221,8 @@ class SandboxPolicy:
 def _real(path: Path) -> Path | None:
     """The path with its links resolved, or None when it does not exist."""
     try:
+        # Most of the hidden paths do not exist: one stat says so, before resolving every component.
+        os.stat(path)
         real = Path(os.path.realpath(path))
         os.lstat(real)
     except OSError:
@@ -228,7 +231,9 @@ def _real(path: Path) -> Path | None:
 
 
 def _within(path: Path, base: Path) -> bool:
-    return path == base or base in path.parents
+    # By text: comparing Path objects part by part cost more than all the rest of the options.
+    text, prefix = str(path), str(base)
+    return text == prefix or text.startswith(prefix if prefix.endswith("/") else prefix + "/")
 
 
 def _deepest(path: Path, bases: Iterable[Path]) -> Path | None:

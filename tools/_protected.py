@@ -19,10 +19,12 @@ outside its sandbox the next time the user works. What counts:
 *placeholder* where one is missing (`Placeholders`); the file tools refuse
 to write them (`refuse_protected`), also under a blanket ``allow``.
 
-A placeholder is the shape weald itself never reads as configuration: a
-missing ``weald.toml`` becomes an empty directory, a missing ``.weald`` an
-empty file, any other missing path an empty directory at its first missing
-component. It exists on the host only while a sandboxed command that
+A placeholder is an empty file of mode 0400 for a missing file (``weald.toml``,
+``.weald``, git's ``config``), an empty directory of mode 0500 for a missing
+directory, at the first missing component of the path; weald's own
+configuration readers pass over a ``weald.toml`` that is one
+(`weald.runtime.is_placeholder`), and a ``.weald`` that is a file is no
+project directory. It exists on the host only while a sandboxed command that
 mounts it runs: each sandbox holds a lock on it (bubblewrap's
 ``--lock-file``), and the last command to end removes it once no lock is
 left, whichever process ran it.
@@ -41,6 +43,7 @@ from pathlib import Path
 from typing import Literal
 
 import attrs
+from weald.runtime import PLACEHOLDER_DIR_MODE, PLACEHOLDER_FILE_MODE, is_placeholder
 from weald.tools._errors import ToolError
 
 __all__ = [
@@ -49,7 +52,6 @@ __all__ = [
     "Protected",
     "Shape",
     "git_protected_paths",
-    "is_placeholder",
     "protected_paths",
     "protected_reason",
     "refuse_protected",
@@ -179,7 +181,7 @@ def protected_paths(project: Path, configured: Iterable[str | Path] = (), home: 
         home: the user's home, for ``~`` in git's ``core.hooksPath``.
     """
     out = [
-        Protected(project / "weald.toml", _PROJECT_WHY, "dir"),
+        Protected(project / "weald.toml", _PROJECT_WHY, "file"),
         Protected(project / ".weald", _SKILLS_WHY, "file"),
     ]
     out.extend(git_protected_paths(project, home))
@@ -263,24 +265,6 @@ def _locked_by_a_sandbox(path: Path) -> bool:
     return kind != fcntl.F_UNLCK
 
 
-def is_placeholder(path: Path, shape: Shape) -> bool:
-    """True if ``path`` is an empty, unwritable placeholder of ``shape`` (as `Placeholders` makes them)."""
-    try:
-        info = os.lstat(path)
-    except OSError:
-        return False
-    if info.st_mode & 0o222:
-        return False
-    if shape == "dir":
-        if not stat.S_ISDIR(info.st_mode):
-            return False
-        try:
-            return not os.listdir(path)
-        except OSError:
-            return False
-    return stat.S_ISREG(info.st_mode) and info.st_size == 0
-
-
 def _make(path: Path, shape: Shape) -> bool:
     """Make an empty placeholder at ``path``; False if something else is there, or nothing can be made.
 
@@ -289,16 +273,22 @@ def _make(path: Path, shape: Shape) -> bool:
     """
     try:
         if shape == "dir":
-            os.mkdir(path, 0o555)
+            os.mkdir(path, PLACEHOLDER_DIR_MODE)
         else:
-            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o444))
+            os.close(
+                os.open(
+                    path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, PLACEHOLDER_FILE_MODE
+                )
+            )
     except FileExistsError:
         return is_placeholder(path, shape)
     except OSError:
         return False
-    # The mode is exact whatever the umask: nothing writable is left behind.
-    with contextlib.suppress(OSError):
-        os.chmod(path, 0o555 if shape == "dir" else 0o444, follow_symlinks=False)
+    # The mode is exact whatever the umask: it is what marks a placeholder.
+    try:
+        os.chmod(path, PLACEHOLDER_DIR_MODE if shape == "dir" else PLACEHOLDER_FILE_MODE, follow_symlinks=False)
+    except OSError:
+        return False
     return True
 
 

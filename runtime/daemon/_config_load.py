@@ -36,7 +36,7 @@ from pathlib import Path
 
 import attrs
 from cattrs import BaseValidationError
-from weald.runtime import UnreadableFileError, check_regular_file, read_regular_file
+from weald.runtime import UnreadableFileError, check_regular_file, is_placeholder, read_regular_file
 from weald.runtime._checks import (
     KeyPath,
     ValueProblem,
@@ -231,8 +231,8 @@ def find_project_root(start: Path, *, home: Path | None = None) -> tuple[Path | 
                 info = os.stat(marker)
             except OSError:
                 continue
-            if not kind(info.st_mode):
-                continue
+            if not kind(info.st_mode) or (name == CONFIG_FILE_NAME and is_placeholder(marker)):
+                continue  # a placeholder the shell's sandbox holds while a command runs: no config
             if _trusted(info):
                 found = True
             else:
@@ -293,7 +293,9 @@ def find_project_files(
         user = candidate if candidate.exists() else None
     root, ignored = (None, ()) if start is None else find_project_root(start, home=home_dir)
     project = None if root is None else root / CONFIG_FILE_NAME
-    if project is not None and (not project.is_file() or (user is not None and _same_file(project, user))):
+    if project is not None and (
+        not project.is_file() or is_placeholder(project) or (user is not None and _same_file(project, user))
+    ):
         project = None
     return ProjectFiles(
         start=Path(os.path.abspath(start)) if start is not None else home_dir,

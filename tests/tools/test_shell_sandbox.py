@@ -20,7 +20,8 @@ from typing import Any
 
 import pytest
 import trio
-from weald.runtime import scan_proc
+from weald.runtime import is_placeholder, scan_proc
+from weald.runtime.daemon.config import find_project_files
 from weald.runtime.testing import await_until, process_alive
 from weald.tools import SessionServices, ToolConfig, ToolContext, ToolError, ToolResult, invoke, sandbox_status
 from weald.tools._jobs import JobTable, nursery_spawner
@@ -434,7 +435,7 @@ async def test_weald_config_and_skills_cannot_be_planted_where_there_are_none(
     )
     result = await run(make_ctx(), command=command)
     assert not result.ok
-    for refusal in ("weald.toml: Is a directory", "Not a directory", "Device or resource busy"):
+    for refusal in ("weald.toml: Read-only file system", "Not a directory", "Device or resource busy"):
         assert refusal in result.output
     assert any("read-only to every command, whether they exist or not" in hint for hint in result.hints)
     # Nothing planted, no placeholder left behind; the rest of the project stays writable.
@@ -448,12 +449,15 @@ async def test_a_placeholder_stays_while_any_sandbox_holds_it_and_goes_with_the_
 ) -> None:
     jobs = JobTable(nursery_spawner(nursery), output_dir=tmp_path / "out", kill_grace=0.5)
     ctx = make_ctx(session=SessionServices(output_dir=tmp_path / "out", jobs=jobs))
+    (tmp_path / "weald.toml").write_text('[tools.permissions]\nshell = "deny"\n')  # the project around work/
     started = await run(ctx, command="sleep 1000", background=True)
-    # Held by the job's sandbox: an empty directory for weald.toml, an empty file for .weald.
-    assert (work / "weald.toml").is_dir()
-    assert (work / ".weald").is_file()
-    assert "Read-only file system" in (await run(ctx, command="echo x > weald.toml/x")).output
-    assert (work / "weald.toml").is_dir()  # the job still holds it after that command ended
+    # Held by the job's sandbox: empty files of mode 0400, which no configuration reader takes for one.
+    assert is_placeholder(work / "weald.toml", "file")
+    assert is_placeholder(work / ".weald", "file")
+    assert "Read-only file system" in (await run(ctx, command="echo x > weald.toml")).output
+    assert is_placeholder(work / "weald.toml")  # the job still holds it after that command ended
+    # Meanwhile, a session started in work/ is still judged by the project's rules around it.
+    assert find_project_files(work, home=tmp_path / "home", environ={}).project == tmp_path / "weald.toml"
     # Another process's sandbox (another daemon's, say) holds it too, with bubblewrap's lock.
     lock = ["--lock-file", str(work / "weald.toml")]
     other = await trio.lowlevel.open_process(
@@ -461,7 +465,7 @@ async def test_a_placeholder_stays_while_any_sandbox_holds_it_and_goes_with_the_
     )
     await await_until(lambda: _locked(work / "weald.toml"), timeout=10, message="the other sandbox's lock")
     await run(ctx, action="kill", job_id=started.data["job_id"])
-    assert (work / "weald.toml").is_dir()  # not removed from under the other sandbox
+    assert is_placeholder(work / "weald.toml")  # not removed from under the other sandbox
     assert not (work / ".weald").exists()  # nobody else held that one
     other.kill()
     await other.wait()
