@@ -1142,7 +1142,7 @@ class _Walker:
         label = _node_text(name) if name is not None else "?"
         if name is not None and name.type == "subscript" and name.children:
             label = _node_text(name.children[0])
-        if "!" in tokens[:2] or ("@" in tokens and _node_text(children[-2]) in ("P", "A", "K", "a")):
+        if "!" in tokens[:2] or ("@" in tokens and _node_text(children[-2]) == "P"):
             self.sinks.add(label)
         for op in (":=", "="):
             if op in tokens:
