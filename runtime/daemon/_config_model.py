@@ -59,6 +59,7 @@ __all__ = [
     "ContextConfig",
     "DaemonConfig",
     "FaultsConfig",
+    "HistoryConfig",
     "InvalidValue",
     "LimitsConfig",
     "MCPAuthConfig",
@@ -544,10 +545,64 @@ class StoreConfig:
             file's directory; ``~`` is the home directory.
         durability: ``"process"`` survives a crash of the daemon;
             ``"power"`` also survives power loss (an fsync per write).
+        warn_bytes: The store's size past which the daemon publishes
+            ``store.size_warning`` (once each time it goes past). 0: never.
+        gc_interval: Seconds between the daemon's passes applying each
+            project's ``[history] retention`` (the first one a minute after it
+            starts). 0: none; ``weald gc`` still runs one.
     """
 
     path: Path = Path("~/.weald/store.db")
     durability: Literal["process", "power"] = "process"
+    warn_bytes: int = checked(2 * 1024**3, check_nonnegative_int)
+    gc_interval: float = checked(3600.0, check_nonnegative_seconds)
+
+
+_RETENTION = re.compile(r"^\s*(?:(all)|(\d+)\s*(days?|d|turns?))\s*$")
+
+
+def parse_retention(value: str) -> tuple[Literal["all", "days", "turns"], int]:
+    """``[history] retention`` as ``(kind, count)``: ``("all", 0)``, ``("days", N)`` or ``("turns", N)``.
+
+    Raises:
+        ValueError: it is none of ``"all"``, ``"N days"``, ``"N turns"`` (N >= 1).
+    """
+    found = _RETENTION.match(value) if isinstance(value, str) else None
+    if found is None or (found.group(2) is not None and int(found.group(2)) < 1):
+        msg = f'expected "all", "N days" or "N turns" (N at least 1), got {value!r}'
+        raise ValueError(msg)
+    if found.group(1):
+        return "all", 0
+    return ("days" if found.group(3).startswith("d") else "turns"), int(found.group(2))
+
+
+def check_retention(value: object, _type: object = None) -> str:
+    """``"all"``, ``"N days"`` or ``"N turns"``."""
+    if not isinstance(value, str):
+        raise InvalidValue('"all", "N days" or "N turns"', value)
+    try:
+        parse_retention(value)
+    except ValueError:
+        raise InvalidValue('"all", "N days" or "N turns" (N at least 1)', value) from None
+    return value
+
+
+@attrs.frozen(kw_only=True)
+class HistoryConfig:
+    """``[history]``: how long the store keeps an agent's conversation (per project).
+
+    The daemon applies it in the background (``[store] gc_interval``) and on
+    ``weald gc``. It removes only messages older than the context an agent
+    would be restored with (those before its last compaction's first kept
+    message); compaction summaries and everything a restore needs stay.
+
+    Attributes:
+        retention: ``"all"`` (keep everything), ``"N days"`` (remove older
+            messages once N days old) or ``"N turns"`` (keep the last N turns
+            before the last compaction).
+    """
+
+    retention: str = checked("all", check_retention)
 
 
 @attrs.frozen(kw_only=True)
@@ -702,6 +757,7 @@ class Config:
         mcp: ``[mcp]``.
         agent: ``[agent]``.
         context: ``[context]``.
+        history: ``[history]``.
         limits: ``[limits]``.
         store: ``[store]``.
         server: ``[server]``.
@@ -716,6 +772,7 @@ class Config:
     mcp: MCPConfig = attrs.field(factory=MCPConfig)
     agent: AgentConfig = attrs.field(factory=AgentConfig)
     context: ContextConfig = attrs.field(factory=ContextConfig)
+    history: HistoryConfig = attrs.field(factory=HistoryConfig)
     limits: LimitsConfig = attrs.field(factory=LimitsConfig)
     store: StoreConfig = attrs.field(factory=StoreConfig)
     spill: SpillConfig = attrs.field(factory=SpillConfig)

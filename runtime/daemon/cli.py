@@ -231,6 +231,48 @@ def _nothing() -> Any:
     yield
 
 
+def cmd_gc(args: argparse.Namespace) -> int:
+    """Apply every project's [history] retention now, and show what it removed and the store's size.
+
+    The daemon also does this on its own every [store] gc_interval seconds.
+    Only what no restore needs goes: messages older than each agent's
+    context, never a compaction's summary. Exits 1 if a project's
+    configuration could not be read (its sessions were left as they are).
+    """
+    err = console(stderr=True)
+    with connect(args) as client:
+        waiting = err.status("applying [history] retention", spinner="dots") if err.is_terminal else _nothing()
+        with waiting:
+            report = client.call("history.gc", timeout=args.timeout)
+    if args.json:
+        print_json(report)
+    else:
+        out = console()
+        out.print(
+            f"removed {report['messages']:,} messages and {report['turns']:,} turn records "
+            f"({_bytes(report['bytes'])}) from {report['agents']:,} agent histories "
+            f"of {report['sessions']:,} sessions in {report['seconds']:.1f} s; "
+            f"the store holds {_bytes(report['store_bytes'])}"
+            + (" (stopped early: the daemon is stopping)" if report.get("interrupted") else ""),
+            markup=False,
+        )
+        if not report["sessions"]:
+            out.print('no project sets [history] retention: every history is kept ("all")', markup=False)
+        for problem in report.get("problems") or ():
+            print_error(err, problem)
+    return EXIT_FAILED if report.get("problems") else EXIT_OK
+
+
+def _bytes(count: int) -> str:
+    """``count`` bytes, in the largest unit that keeps it at 1 or more (KiB, MiB, GiB)."""
+    size = float(count)
+    for unit in ("bytes", "KiB", "MiB"):
+        if size < 1024:
+            return f"{size:,.0f} {unit}" if unit == "bytes" else f"{size:,.1f} {unit}"
+        size /= 1024
+    return f"{size:,.1f} GiB"
+
+
 def cmd_config(args: argparse.Namespace) -> int:
     """Show the configuration weald would use here (files merged, defaults filled)."""
     from weald.runtime.daemon.config import config_to_dict, find_config_files
@@ -393,6 +435,7 @@ COMMAND_GROUPS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
             ("serve", "run the daemon (--http HOST:PORT: with the observer, a live web view)"),
             ("status", "is a daemon running, and how is it?"),
             ("stop", "stop the daemon cleanly"),
+            ("gc", "apply [history] retention now and show what it freed"),
             ("observe", "open the running daemon's observer in a browser"),
             ("tree", "draw the live supervision tree"),
             ("events", "follow the daemon's events live (like tail -f)"),
@@ -587,6 +630,10 @@ def build_parser() -> argparse.ArgumentParser:
     command(sub, "status", cmd_status, "is a daemon running?")
     p = command(sub, "stop", cmd_stop, "stop the daemon")
     p.add_argument("--timeout", type=_positive_seconds, default=60, help="seconds to wait for it (default: 60)")
+    p = command(sub, "gc", cmd_gc, "apply [history] retention now")
+    p.add_argument(
+        "--timeout", type=_positive_seconds, default=3600, help="seconds to wait for the pass (default: 3600)"
+    )
     p = command(sub, "observe", cmd_observe, "open the daemon's live web view")
     p.add_argument("--no-browser", action="store_true", help="print the address instead of opening a browser")
     p = command(sub, "tree", inspect.cmd_tree, "draw the supervision tree")

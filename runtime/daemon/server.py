@@ -74,6 +74,7 @@ from weald.runtime.daemon._front import (
     read_lines,
 )
 from weald.runtime.daemon._index import MODEL_SLOTS
+from weald.runtime.daemon._retention import GcReport
 from weald.runtime.llm import Image
 from weald.supervisors import SupervisorBase
 
@@ -595,6 +596,7 @@ class Server(Actor):
             "mcp.prompts.get": (McpPromptParams, self._mcp_prompts_get),
             "daemon.status": (NoParams, self._daemon_status),
             "daemon.stop": (NoParams, self._daemon_stop),
+            "history.gc": (NoParams, self._history_gc),
         }
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -2070,7 +2072,9 @@ class Server(Actor):
             "connections": len(self._connections),
             "faults_enabled": self._daemon.faults is not None,
             "store": str(self.system.store_path),
+            "store_bytes": await trio.to_thread.run_sync(_store_bytes, self.system),
             "store_write_failure": _write_failure(self.system),
+            "history": self._daemon.history.statistics() if self._daemon.history is not None else None,
             "turns": _plain(self._sessions.gate.statistics()) if self._daemon.sessions is not None else None,
             "max_message_bytes": self._max_message_bytes,
             "front": self._front_status(),
@@ -2095,6 +2099,15 @@ class Server(Actor):
             "fd_exhaustions": acceptor.fd_exhaustions if acceptor else 0,
             "out_of_fds": acceptor.out_of_fds if acceptor else False,
         }
+
+    async def _history_gc(self, conn: Connection, p: NoParams) -> dict[str, Any]:
+        """Apply every project's ``[history] retention`` now (``weald gc``); answers what was removed."""
+        self._refuse_when_stopping("history.gc")
+        keeper = self._daemon.history
+        if keeper is None:
+            raise RPCError(APP_ERROR, "the daemon is still starting")
+        report: GcReport = await keeper.collect()
+        return report.to_dict()
 
     async def _daemon_stop(self, conn: Connection, p: NoParams) -> dict[str, Any]:
         self._daemon.request_stop()
@@ -2127,6 +2140,14 @@ def _out_of_fds(method: str) -> str:
         f"{method} failed: the daemon is out of file descriptors (too many connections, processes or files "
         "open); try again shortly"
     )
+
+
+def _store_bytes(system: Any) -> int:
+    """The store's size in bytes (blocking: a file's size, or a database query); 0 when it cannot be told."""
+    try:
+        return int(system.store.statistics().get("bytes", 0))
+    except StoreError:
+        return 0
 
 
 def _write_failure(system: Any) -> str | None:

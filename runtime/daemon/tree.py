@@ -87,9 +87,11 @@ from weald.runtime.agents.context import ContextConfig
 from weald.runtime.agents.session import SessionConfig, agent_path, session_shape, session_spec, valid_session_id
 from weald.runtime.agents.tool_runner import RunnerConfig
 from weald.runtime.daemon._config_load import ProjectFiles, source_from_data, weald_home
+from weald.runtime.daemon._config_model import parse_retention
 from weald.runtime.daemon._hygiene import SandboxReport, prepare_process, stop_leftovers
 from weald.runtime.daemon._index import SessionIndex
 from weald.runtime.daemon._projects import ProjectConfig, Projects
+from weald.runtime.daemon._retention import HistoryKeeper, RetentionJob
 from weald.runtime.daemon._runlog import DaemonLog, PreviousRun
 from weald.runtime.daemon._telemetry_settings import TelemetrySettings, telemetry_settings
 from weald.runtime.daemon.config import CONFIG_ENV, Config, ConfigError, config_to_dict
@@ -1189,6 +1191,38 @@ class Sessions:
             self.system.events.publish("daemon.bad_session_record", "/sessions", {"session_id": key, "error": str(exc)})
         return [record for _, record in good]
 
+    async def retention_plan(self) -> tuple[list[RetentionJob], list[str]]:
+        """The sessions whose project keeps less than its whole history (``[history] retention``).
+
+        Every stored session, active or stopped, under its project's
+        configuration as it stands (read in a worker thread when no session
+        of the project runs). In a cluster, only the sessions this node holds.
+
+        Returns:
+            The jobs, and the projects whose configuration could not be read (with why).
+        """
+        records = await trio.to_thread.run_sync(self.records)
+        store = self.system.store
+        by_directory: dict[str, list[SessionRecord]] = {}
+        for record in records:
+            if store.node is None or store.holds(record.session_id):
+                by_directory.setdefault(record.config_dir, []).append(record)
+        jobs: list[RetentionJob] = []
+        problems: list[str] = []
+        for directory, found in by_directory.items():
+            try:
+                if self.projects.known(directory):
+                    project = self.projects.current(directory)
+                else:
+                    project = await self.projects.acquire(directory, use=False)
+            except ConfigError as exc:
+                problems.append(f"{directory}: its configuration has errors, its sessions were left as they are: {exc}")
+                continue
+            kind, count = parse_retention(project.config.history.retention)
+            if kind != "all":
+                jobs.extend(RetentionJob(record.session_id, kind, count) for record in found)
+        return jobs, problems
+
     async def restore(self, on_progress: Callable[[int, int], None] | None = None) -> int:
         """Restore every stored active session that is not running; returns how many were.
 
@@ -1480,6 +1514,7 @@ class Daemon:
         self.state_dir = self.system.store_path.parent
         self.sandbox: SandboxReport | None = None
         self.sessions: Sessions | None = None
+        self.history: HistoryKeeper | None = None  # [history] retention's passes, once started
         self._stop_requested = False
         self._lock_fd: int | None = None
         self.started_at = 0.0
@@ -1542,6 +1577,13 @@ class Daemon:
                 projects=self.projects,
             )
             self.sessions.sweep_spill()
+            self.history = HistoryKeeper(
+                self.system,
+                self.sessions.retention_plan,
+                interval=self.config.store.gc_interval,
+                warn_bytes=self.config.store.warn_bytes,
+            )
+            self.system.loop.spawn_nowait(self.history.follow)
             if self.telemetry_settings is not None:
                 self._start_telemetry(self.telemetry_settings)
             if restore:
@@ -1655,6 +1697,8 @@ class Daemon:
         Args:
             timeout: seconds for winding down, then again for each stop.
         """
+        if self.history is not None:
+            self.history.stop_nowait()  # a retention pass ends between two transactions
         if self.system.running and self.sessions is not None:
             try:
                 self.system.loop.run(self._wind_down, timeout)

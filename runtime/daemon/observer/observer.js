@@ -263,9 +263,12 @@
     const awake = latest("sessions_awake"), asleep = latest("sessions_asleep");
     const counts = sessions.counts;
     const up = counts ? counts.awake : awake, down = counts ? counts.asleep : asleep;
-    const store = d.store_bytes ?? d.store_size ?? latest("store_bytes");  // daemon.status's figure when it gives one
+    // The sampler's live figure; daemon.status's (as of the page's start) until the first sample.
+    const store = latest("store_bytes") ?? d.store_bytes ?? d.store_size;
     $("daemon-info").textContent = `pid ${d.pid} · weald ${d.version} · ${count(up)} awake · ${count(down)} asleep · ` +
-      `RSS ${bytes(latest("rss_bytes"))} · store ${bytes(store)}` + (d.faults_enabled ? " · fault injection on" : "");
+      `RSS ${bytes(latest("rss_bytes"))} · store ${bytes(store)}` +
+      (d.history && d.history.over_warn_bytes ? ` (past [store] warn_bytes, ${bytes(d.history.warn_bytes)})` : "") +
+      (d.faults_enabled ? " · fault injection on" : "");
   }
 
   function onView(name, outcome) {
