@@ -66,22 +66,26 @@ def _phoenix_venv() -> Path:
     return venv
 
 
+_GRPC_PORTS: dict[str, int] = {}  # Phoenix's HTTP URL -> its OTLP/gRPC port
+
+
 @pytest.fixture(scope="module")
 def phoenix(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A running `phoenix serve` on loopback; its base URL (OTLP/HTTP at /v1/traces)."""
     venv = _phoenix_venv()
     work = tmp_path_factory.mktemp("phoenix")
-    port = _free_port()
+    port, grpc_port = _free_port(), _free_port()
     env = dict(
         os.environ,
         PHOENIX_HOST="127.0.0.1",
         PHOENIX_PORT=str(port),
-        PHOENIX_GRPC_PORT=str(_free_port()),
+        PHOENIX_GRPC_PORT=str(grpc_port),
         PHOENIX_WORKING_DIR=str(work),
     )
     log = (work / "phoenix.log").open("wb")
     proc = subprocess.Popen([str(venv / "bin" / "phoenix"), "serve"], env=env, stdout=log, stderr=log)
     url = f"http://127.0.0.1:{port}"
+    _GRPC_PORTS[url] = grpc_port
 
     def healthy() -> bool:
         if proc.poll() is not None:
@@ -438,3 +442,20 @@ def test_an_mcp_call_over_http_carries_its_spans_trace_context(
     assert call["attributes"]["weald.actor.path"] == "/sessions/mcp-traced/mcp/tracer"
     expected = f"00-{trace_id}-{call['context']['span_id']}-01"
     assert seen == {"header": expected, "meta": expected}
+
+
+def test_traces_go_over_grpc_too(phoenix: str, tmp_path: Path) -> None:
+    grpc = f"http://127.0.0.1:{_GRPC_PORTS[phoenix]}"
+    config = (
+        f'[telemetry]\nendpoint = "{grpc}"\nprotocol = "grpc"\nmetrics_endpoint = "{grpc}"\nmetrics_interval = 60\n'
+    )
+    trace_id = "9bf92f3577b34da6a3ce929d0e0e4741"
+    with serving(tmp_path, extra_config=config) as daemon:
+        model = daemon.script("grpc", [{"text": "over grpc"}])
+        with daemon.client() as client:
+            client.call("agent.start", {"working_dir": str(daemon.project), "model": model, "agent_id": "grpc"})
+            traceparent = f"00-{trace_id}-{PARENT_SPAN}-01"
+            assert client.call("agent.prompt", {"agent_id": "grpc", "text": "go", "traceparent": traceparent})["ok"]
+            assert client.call("daemon.status")["telemetry"]["protocol"] == "grpc"
+    spans = spans_of(phoenix, trace_id, 2, "invoke_agent grpc")
+    assert {span["name"].split(" ")[0] for span in spans} == {"invoke_agent", "chat"}
