@@ -114,6 +114,11 @@ __all__ = [
     "read_fault_file",
 ]
 
+# The errors a test meets are named as this module's (pytest shows "weald.runtime.faults.FaultSpecError"),
+# not the private module's that defines them.
+for _error in (FaultError, FaultSpecError, UnknownFaultError, InjectedFault):
+    _error.__module__ = __name__
+
 logger = logging.getLogger("weald.runtime")
 
 # The path of the actor whose receive loop is running, set by `FaultInjector.admit`

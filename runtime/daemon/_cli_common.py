@@ -20,7 +20,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
-from weald.runtime.daemon._render import SafeConsole, printable
+from weald.runtime.daemon._render import SafeConsole, error_line, printable
 from weald.runtime.daemon.client import Client, DaemonUnavailableError, RPCCallError
 
 __all__ = [
@@ -209,15 +209,14 @@ _METHOD = re.compile(
     r"(?<![\w./-])(" + "|".join(re.escape(m) for m in sorted(_METHOD_COMMANDS, key=len, reverse=True)) + r")(?![\w-])"
 )
 #: Protocol phrasings a person would not type, with the CLI's words.
-_PHRASES = (
-    ("invalid params for ", ""),
-    ("(agent.stop, then agent.start)", "(weald agent stop ID, then weald run)"),
-    ("ProviderSettings(api_key_env=...)", "[providers.NAME] api_key_env in weald.toml"),
-)
+_PHRASES = (("(agent.stop, then agent.start)", "(weald agent stop ID, then weald run)"),)
+#: "invalid params for agent.start: X" says X of the command's own options: the method's name goes.
+_INVALID_PARAMS = re.compile(r"^invalid params for [\w.]+(?: \([^)]*\))?: ")
 
 
 def cli_terms(message: str) -> str:
     """A daemon's error message in the words of the ``weald`` command (protocol method names become commands)."""
+    message = _INVALID_PARAMS.sub("", message)
     for old, new in _PHRASES:
         message = message.replace(old, new)
     return _METHOD.sub(lambda m: _METHOD_COMMANDS[m.group(1)], message)
@@ -225,6 +224,10 @@ def cli_terms(message: str) -> str:
 
 def describe_failure(exc: BaseException) -> str:
     """One line saying what went wrong, for any error a command can meet (never a Python repr)."""
+    from weald.runtime import StartError
+
+    while isinstance(exc, StartError) and exc.__cause__ is not None:
+        exc = exc.__cause__  # "X failed to start: Error('...')": the cause says it better
     if isinstance(exc, RPCCallError):
         return cli_terms(exc.message)
     if isinstance(exc, DaemonUnavailableError):
@@ -233,4 +236,4 @@ def describe_failure(exc: BaseException) -> str:
         where = f" {exc.filename}" if exc.filename else ""
         return f"{exc.strerror}:{where}".rstrip(":")
     text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+    return error_line(text.splitlines()[0], 1000) if text else type(exc).__name__

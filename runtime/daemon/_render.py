@@ -34,6 +34,7 @@ __all__ = [
     "Column",
     "PrintableFormatter",
     "SafeConsole",
+    "error_line",
     "event_summary",
     "events_table",
     "fitted_table",
@@ -278,6 +279,27 @@ def _when(stamp: float | None) -> str:
     if not stamp:
         return ""
     return time.strftime("%H:%M:%S", time.localtime(stamp)) + f".{int(stamp % 1 * 1000):03d}"
+
+
+_REPR = re.compile(r"""^([A-Za-z_][\w.]*)\((['"])(.*)\2\)$""", re.DOTALL)
+
+
+def error_line(error: object, limit: int = 200) -> str:
+    """An error as a person reads it, on one line: ``InjectedFault("x")`` becomes ``InjectedFault: x``.
+
+    Cut at a word, never in the middle of one, with "…" when cut.
+    """
+    text = str(error).strip()
+    match = _REPR.match(text)
+    if match:
+        text = f"{match.group(1).rsplit('.', 1)[-1]}: {match.group(3)}"
+    text = printable(" ".join(text.split()))
+    if len(text) <= limit:
+        return text
+    cut = text[: limit - 1]
+    if " " in cut[limit // 2 :]:
+        cut = cut[: cut.rindex(" ")]
+    return cut.rstrip(" ,;:") + "…"
 
 
 def event_summary(event: Mapping[str, Any], *, limit: int = 60) -> str:

@@ -174,7 +174,7 @@ def _make_faults(args: argparse.Namespace, config: Any) -> Any:
     from weald.runtime.faults import FaultInjector
 
     if path:
-        return FaultInjector.from_file(Path(path))
+        return FaultInjector.from_file(Path(path).expanduser().absolute())  # errors name where it was looked for
     return FaultInjector()
 
 

@@ -23,9 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
-from weald.runtime.daemon._render import SafeConsole, render_tree
+from weald.runtime.daemon._render import SafeConsole, error_line, render_tree
 from weald.runtime.daemon.client import Client, DaemonUnavailableError
 
 __all__ = ["run_demo"]
@@ -356,11 +357,13 @@ class _Demo:
         if topic == "tool.started":
             self.say(f"    [cyan]{who}[/cyan] ▶ {data['tool']} [dim]{json.dumps(data.get('arguments', {}))[:90]}[/dim]")
         elif topic == "tool.failed":
-            self.say(f"    [cyan]{who}[/cyan] [yellow]✗ {data['tool']}: {str(data.get('error', ''))[:110]}[/yellow]")
+            error = escape(error_line(data.get("error", ""), 110))
+            self.say(f"    [cyan]{who}[/cyan] [yellow]✗ {data['tool']}: {error}[/yellow]")
         elif topic == "fault.injected":
             self.say(f"    [red]⚡ fault {data.get('id')} ({data.get('kind')}) fired at {source}[/red]")
         elif topic == "supervisor.child_crashed":
-            self.say(f"    [magenta]{source}: child {data['id']} crashed: {str(data.get('error'))[:100]}[/magenta]")
+            error = escape(error_line(data.get("error"), 100))
+            self.say(f"    [magenta]{source}: child {data['id']} crashed: {error}[/magenta]")
         elif topic == "supervisor.child_restarted":
             self.say(f"    [green]{source}: restarted {data['id']} (restart {data['restarts']})[/green]")
         elif topic == "agent.recovered":

@@ -324,7 +324,8 @@ class _EnvKeyAuth(httpx.Auth):
             raise MissingAPIKeyError(
                 f"{self._provider} needs an API key, but the environment variable "
                 f"{self.env_var} is not set or is empty. Set it, or name another "
-                "variable with ProviderSettings(api_key_env=...).",
+                "variable with api_key_env under [providers.NAME] in weald.toml "
+                "(ProviderSettings(api_key_env=...) in Python).",
                 env_var=self.env_var,
             )
 

@@ -104,16 +104,21 @@ class DaemonProcess:
         self.proc = None
 
     def cli(
-        self, *args: str, input_text: str | None = None, timeout: float = 120, columns: int | None = None
+        self,
+        *args: str,
+        input_text: str | None = None,
+        timeout: float = 120,
+        columns: int | None = None,
+        cwd: Path | None = None,
     ) -> subprocess.CompletedProcess[str]:
-        """Run ``weald ARGS`` (output not to a terminal: ``columns`` wide, 80 unless given)."""
+        """Run ``weald ARGS`` in ``cwd`` (the project) (output not to a terminal: ``columns`` wide, 80 unless given)."""
         env = self.env()
         if columns is not None:
             env["COLUMNS"] = str(columns)
         return subprocess.run(
             [sys.executable, "-m", "weald.runtime.daemon.cli", *args],
             env=env,
-            cwd=self.project,
+            cwd=cwd or self.project,
             capture_output=True,
             text=True,
             input=input_text,
