@@ -3,7 +3,9 @@
 When an agent's context grows too large, old tool outputs are pruned from it
 and replaced by a stub naming their sequence number; the full messages stay
 in the store (``history/<key>/<seq:08d>``, see ``weald.runtime.agents.agent``).
-This tool brings one back, a page at a time for long ones.
+This tool brings one back, a page at a time for long ones: a page is at most
+what the agent's context can hold at that moment (the call's output limit,
+see `weald.tools.ToolConfig.max_output_bytes`), or ``limit`` characters.
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ from weald.tools._taskstore import runtime_store
 
 __all__ = ["recall"]
 
-# Characters of a message one call returns; ``offset`` pages through longer ones.
+# Characters of a message one call returns at most; ``offset`` pages through longer ones.
 _PAGE = 40_000
+# What the page's header and hint take of the output limit, in characters (at most).
+_FRAMING = 400
 
 
 def _history_key(ctx: ToolContext) -> str:
@@ -29,13 +33,18 @@ def _history_key(ctx: ToolContext) -> str:
     description=(
         "Read again a message of your own conversation that was pruned from your context to save space "
         "(a pruned tool output says which seq to give). Long messages come a page at a time: pass offset "
-        "to read on."
+        "to read on, and limit to read only so many characters."
     ),
     parameters={
         "type": "object",
         "properties": {
             "seq": {"type": "integer", "minimum": 0, "description": "The message's sequence number (from the stub)."},
             "offset": {"type": "integer", "minimum": 0, "description": "The character to start at (default 0)."},
+            "limit": {
+                "type": "integer",
+                "minimum": 1,
+                "description": "At most this many characters (default: as many as your context holds now).",
+            },
         },
         "required": ["seq"],
         "additionalProperties": False,
@@ -44,8 +53,8 @@ def _history_key(ctx: ToolContext) -> str:
     timeout=10.0,
     kind="runtime",
 )
-def recall(ctx: ToolContext, seq: int, offset: int = 0) -> ToolResult:
-    """Return a stored message of the calling agent's history, from ``offset``."""
+def recall(ctx: ToolContext, seq: int, offset: int = 0, limit: int | None = None) -> ToolResult:
+    """Return a stored message of the calling agent's history, from ``offset``, at most ``limit`` characters."""
     store = runtime_store(ctx, "recall")
     entry: Any = store.get("history", f"{_history_key(ctx)}/{seq:08d}")
     message = entry.get("message") if isinstance(entry, dict) else None
@@ -57,7 +66,8 @@ def recall(ctx: ToolContext, seq: int, offset: int = 0) -> ToolResult:
     content: str = message["content"]
     if offset > len(content):
         raise ToolError(f"offset {offset} is past the end of message {seq}, which has {len(content)} characters")
-    page = content[offset : offset + _PAGE]
+    size = min(_PAGE, max(_FRAMING, ctx.config.max_output_bytes - _FRAMING))
+    page = content[offset : offset + min(size, limit or size)]
     end = offset + len(page)
     source = message.get("name") or message.get("role") or "message"
     header = f"[message {seq} ({source}), characters {offset}-{end} of {len(content)}]"

@@ -295,3 +295,30 @@ def test_a_compaction_that_does_not_shrink_the_context_is_discarded_and_reported
     assert not is_summary(agent.proxy().history().get()[0])
     assert h.run(agent, "then").text == "after"
     assert [p for p, _ in providers[0].answered] == ["turn", "turn", "compaction", "turn"]
+
+
+def test_recall_reads_a_long_output_back_a_page_the_context_can_hold_at_a_time(h: Harness) -> None:
+    script = {
+        "turns": [
+            *steps(1, lines=250, final="read it"),  # 11 KB: what the context could hold then
+            {"text": "again", "tool_calls": [{"name": "recall", "arguments": {"seq": 2}}]},
+            {"text": "more", "tool_calls": [{"name": "recall", "arguments": {"seq": 2, "offset": 100, "limit": 50}}]},
+            {"text": "done"},
+        ]
+    }
+    agent, providers = start(h, "s1", script, window=4_000, reserve=500, context=ContextConfig(keep_tool_results=1))
+    assert h.run(agent, "read it").ok
+    # A long prompt now takes much of the window: the output no longer fits whole beside it.
+    result = h.run(agent, "read the first output again, with this in mind: " + WORDS * 90)
+    assert result.ok, result.error
+    assert providers[0].refused == []
+    history = stored(h, "s1")
+    first, second = [e.message.content for e in history if e.message.name == "recall"]
+    whole = len(next(e.message.content for e in history if e.seq == 2))
+    header, _, rest = first.partition("\n")
+    end = int(header.split("characters 0-", 1)[1].split(" ", 1)[0])
+    assert 1_000 < end < whole, header  # a page, not the whole output (which would be cut and spilled)
+    assert "[output cut" not in first
+    assert f"call recall with seq 2 and offset {end} for the rest" in first
+    assert rest.startswith("output call_0_0\n")
+    assert second.startswith(f"[message 2 (big), characters 100-150 of {whole}]\n")
