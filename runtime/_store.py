@@ -347,6 +347,11 @@ class Store:
         return self._backend.kind
 
     @property
+    def fences(self) -> bool:
+        """Whether commits check the placement of the sessions they touch (a database several nodes share)."""
+        return self._backend.fences
+
+    @property
     def backend(self) -> StoreBackend:
         """The database under the store (for tools that move or back up its data)."""
         return self._backend
@@ -1127,6 +1132,19 @@ class Store:
         """
         node = self._require_node()
         claimed = self._backend.claim(node, None if session_ids is None else list(session_ids))
+        self.hold(claimed)
+        return claimed
+
+    def claim_orphans(self) -> dict[str, int]:
+        """Claim other nodes' sessions whose owners' leases have run out (a dead or frozen node's). Blocking.
+
+        Returns:
+            Those claimed, each with its new epoch.
+        """
+        node = self._require_node()
+        if self._lease_lost is not None:
+            return {}  # a node without its lease claims nothing
+        claimed = self._backend.claim_orphans(node)
         self.hold(claimed)
         return claimed
 

@@ -124,8 +124,9 @@ def url_password(url: str) -> str | None:
     """The password a database URL carries (user part or ``password=``), or None."""
     try:
         parts = urllib.parse.urlsplit(url)
-    except ValueError:
-        return None
+    except ValueError:  # not a URL urllib reads (libpq may still quote it whole in an error)
+        found = re.search(r"//[^:/@]*:([^@]*)@", url)
+        return urllib.parse.unquote(found.group(1)) if found and found.group(1) else None
     if parts.password:
         return urllib.parse.unquote(parts.password)
     for name, value in urllib.parse.parse_qsl(parts.query, keep_blank_values=True):
@@ -283,6 +284,10 @@ class StoreBackend(ABC):
         """``(key, value)`` rows with ``low <= key < high`` in code-point order (descending if ``newest_first``)."""
 
     @abstractmethod
+    def dump(self, namespace: str, batch: int) -> Iterator[list[tuple[str, bytes]]]:
+        """Every ``(key, value)`` of the namespace in insertion order, ``batch`` rows at a time (for copies)."""
+
+    @abstractmethod
     def count(self, namespace: str) -> int:
         """How many keys the namespace holds (0 if it does not exist)."""
 
@@ -376,6 +381,10 @@ class StoreBackend(ABC):
         it is not owned by another live node. Each claimed session's epoch
         goes up by one, so the previous owner's writes are refused from now on.
         """
+
+    @abstractmethod
+    def claim_orphans(self, node: NodeLease) -> dict[str, int]:
+        """Claim the sessions of other nodes whose leases have run out (not this node's own); as `claim`."""
 
     @abstractmethod
     def release(self, node: NodeLease, session_ids: Iterable[str]) -> None:

@@ -10,8 +10,9 @@ Tables (all named ``weald_*``, so the database may hold others):
   node; each start takes ``epoch = previous + 1`` and renews ``lease_until``.
 - ``weald_placement (agent_id, owner, epoch, lease, version)``: one row per
   session a node runs: its owner node, the epoch of the last claim, until
-  when that claim is leased, and a sequence number of the last change (so a
-  node reads only what changed since it last looked).
+  when that claim is leased, and a sequence number of the last change, set
+  by a trigger on every insert and update, whoever makes it (so a node reads
+  only what changed since it last looked, a change made by hand included).
 - ``weald_memory_index``: the notes of ``memory`` with a weighted
   ``tsvector`` (key A, tags B, text C) under a GIN index, written in the
   note's transaction.
@@ -119,6 +120,13 @@ CREATE TABLE weald_placement (
 );
 CREATE INDEX weald_placement_owner ON weald_placement (owner);
 CREATE INDEX weald_placement_version ON weald_placement (version);
+CREATE FUNCTION weald_placement_touch() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    NEW.version := nextval('weald_placement_seq');
+    RETURN NEW;
+END $$;
+CREATE TRIGGER weald_placement_touch BEFORE INSERT OR UPDATE ON weald_placement
+    FOR EACH ROW EXECUTE FUNCTION weald_placement_touch();
 CREATE TABLE weald_memory_index (
     store_key text COLLATE "C" PRIMARY KEY,
     scope text COLLATE "C" NOT NULL,
@@ -393,6 +401,19 @@ class PostgresBackend(StoreBackend):
             args = (*args, max(0, limit))
         return [(key, bytes(raw)) for key, raw in self._read(f"namespace {namespace!r}", sql, args)]
 
+    def dump(self, namespace: str, batch: int) -> Iterator[list[tuple[str, bytes]]]:
+        after = -1
+        while True:
+            rows = self._read(
+                f"namespace {namespace!r}",
+                "SELECT seq, key, value FROM weald_kv WHERE ns = %s AND seq > %s ORDER BY seq LIMIT %s",
+                (namespace, after, batch),
+            )
+            if not rows:
+                return
+            after = rows[-1][0]
+            yield [(key, bytes(raw)) for _, key, raw in rows]
+
     def count(self, namespace: str) -> int:
         rows = self._read(f"namespace {namespace!r}", "SELECT count(*) FROM weald_kv WHERE ns = %s", (namespace,))
         return int(rows[0][0])
@@ -614,6 +635,16 @@ class PostgresBackend(StoreBackend):
                 "RETURNING p.agent_id, p.epoch"
             )
             rows = self._node_call(f"node {node.node_id!r}'s claim of {len(ids)} sessions", sql, args)
+        return {agent_id: int(epoch) for agent_id, epoch in rows}
+
+    def claim_orphans(self, node: NodeLease) -> dict[str, int]:
+        rows = self._node_call(
+            f"node {node.node_id!r}'s claim of orphaned sessions",
+            "UPDATE weald_placement p SET owner = %(me)s, epoch = p.epoch + 1, "  # noqa: S608 - constant SQL
+            "lease = now() + make_interval(secs => %(lease)s), version = nextval('weald_placement_seq') "
+            f"WHERE p.owner IS DISTINCT FROM %(me)s AND {_CLAIMABLE} RETURNING p.agent_id, p.epoch",
+            {"me": node.node_id, "lease": node.lease},
+        )
         return {agent_id: int(epoch) for agent_id, epoch in rows}
 
     def release(self, node: NodeLease, session_ids: Iterable[str]) -> None:

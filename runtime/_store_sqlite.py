@@ -356,6 +356,20 @@ class SqliteBackend(StoreBackend):
     def count(self, namespace: str) -> int:
         return self._run(namespace, len, 0)
 
+    def dump(self, namespace: str, batch: int) -> Iterator[list[tuple[str, bytes]]]:
+        after = 0
+        sql = f'SELECT rowid, key, value FROM "{namespace}" WHERE rowid > ? ORDER BY rowid LIMIT ?'  # noqa: S608
+        while True:
+
+            def page(_table: SqliteDict, since: int = after) -> list[tuple[Any, ...]]:
+                return self._reader().execute(sql, (since, batch)).fetchall()
+
+            rows = self._run(namespace, page, [])
+            if not rows:
+                return
+            after = rows[-1][0]
+            yield [(key, bytes(raw)) for _, key, raw in rows]
+
     def namespaces(self) -> list[str]:
         with self._lock:
             return sorted(n for n in SqliteDict.get_tablenames(str(self.path)) if is_namespace(n))
@@ -568,6 +582,9 @@ class SqliteBackend(StoreBackend):
         if session_ids is None:
             return {key: node.epoch for (key,) in self.select("sessions", "", values=False)}
         return dict.fromkeys(session_ids, node.epoch)
+
+    def claim_orphans(self, node: NodeLease) -> dict[str, int]:  # noqa: ARG002 - one owner: no orphans
+        return {}
 
     def renew(self, node: NodeLease) -> bool:  # noqa: ARG002 - one owner: nothing to renew
         return True

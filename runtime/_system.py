@@ -32,6 +32,7 @@ from weald.runtime._events import EventBus
 from weald.runtime._loop import Loop
 from weald.runtime._secrets import refresh_from_env
 from weald.runtime._store import Store
+from weald.runtime._store_backend import mask_url
 from weald.runtime._stub import Stub, StubState, _Group, shape_of
 
 if TYPE_CHECKING:
@@ -91,15 +92,16 @@ class StoreSnapshot:
 
 
 class StoreActor(ThreadActor):
-    """Owns the `Store`: opens it on start (a corrupt file makes start fail), closes it on stop."""
+    """Owns the `Store`: opens it on start (a bad file or database fails the start); closes it on stop."""
 
-    def __init__(self, path: str, durability: Literal["process", "power"] = "process") -> None:
+    def __init__(self, path: str, durability: Literal["process", "power"] = "process", url: str | None = None) -> None:
         super().__init__()
         self._store_path = path
         self._durability = durability
+        self._url = url
 
     def on_start(self) -> None:
-        self.system._store = Store(self._store_path, durability=self._durability)
+        self.system._store = Store(self._store_path, url=self._url, durability=self._durability)
 
     def on_stop(self) -> None:
         store = self.system._store
@@ -112,7 +114,8 @@ class StoreActor(ThreadActor):
     def snapshot(self) -> StoreSnapshot:
         store = self.system._store
         stats = store.statistics() if store is not None else {}
-        return StoreSnapshot(path=self._store_path, status=self._status, statistics=stats)
+        where = store.location if store is not None else self._store_path
+        return StoreSnapshot(path=where, status=self._status, statistics=stats)
 
 
 @attrs.frozen
@@ -148,8 +151,11 @@ class ActorSystem:
     """Starts and stops the runtime; usable as a context manager.
 
     Args:
-        store_path: the store's database file; None uses a private
-            temporary file, removed at shutdown.
+        store_path: the store's database file, whose directory is the
+            state directory; None uses a private temporary file, removed at
+            shutdown.
+        store_url: a ``postgresql://`` URL: the data lives in that database
+            (``store_path`` still names the state directory).
         durability: see `Store`.
         ring_size: recent events kept by the bus.
         root_max_restarts: restart intensity of the root supervisor.
@@ -169,6 +175,7 @@ class ActorSystem:
         self,
         *,
         store_path: str | Path | None = None,
+        store_url: str | None = None,
         durability: Literal["process", "power"] = "process",
         ring_size: int = 2048,
         root_max_restarts: int = 10,
@@ -179,6 +186,7 @@ class ActorSystem:
             self._tmpdir = tempfile.TemporaryDirectory(prefix="weald-store-")
             store_path = Path(self._tmpdir.name) / "store.db"
         self.store_path = Path(store_path).expanduser()
+        self.store_url = store_url
         self._durability = durability
         self._root_intensity = (root_max_restarts, root_max_seconds)
         self.loop = Loop()
@@ -218,7 +226,11 @@ class ActorSystem:
         with self._running_lock:
             self._running.append(self)
         children = [
-            ChildSpec("store", StoreActor, kwargs={"path": str(self.store_path), "durability": self._durability}),
+            ChildSpec(
+                "store",
+                StoreActor,
+                kwargs={"path": str(self.store_path), "durability": self._durability, "url": self.store_url},
+            ),
             ChildSpec("events", EventsActor),
             ChildSpec("io", IOActor),
         ]
@@ -319,7 +331,8 @@ class ActorSystem:
         """
         store = self._store
         if store is None or store.closed:
-            msg = f"the store {self.store_path} is not open (its actor is not running)"
+            where = mask_url(self.store_url) if self.store_url else self.store_path
+            msg = f"the store {where} is not open (its actor is not running)"
             raise StoreError(msg)
         return store
 

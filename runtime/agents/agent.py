@@ -70,7 +70,7 @@ import attrs
 import msgspec
 import outcome
 import trio
-from weald.runtime import Actor, ActorDeadError, Future, Ref, StoreError, redact, redact_text
+from weald.runtime import Actor, ActorDeadError, Future, Ref, StoreError, StoreFencedError, redact, redact_text
 from weald.runtime.agents.context import (
     Calibration,
     CompactionMark,
@@ -108,6 +108,7 @@ __all__ = [
     "CompactionResult",
     "HistoryEntry",
     "PermissionState",
+    "PromptKey",
     "SampleModel",
     "TurnRecord",
     "TurnResult",
@@ -244,6 +245,12 @@ class HistoryEntry(msgspec.Struct, kw_only=True):
     compaction: CompactionMark | None = None
     left_out: str | None = None
     usage: Usage | None = None  # an assistant message: the tokens of the model call that made it
+
+
+class PromptKey(msgspec.Struct, kw_only=True):
+    """An idempotency key's record (``prompt_keys``: ``<key>/<idempotency key>``): the turn its prompt joined."""
+
+    turn_id: str
 
 
 class TurnRecord(msgspec.Struct, kw_only=True):
@@ -412,6 +419,7 @@ class _Prompt:
     text: str
     future: Future[TurnResult]
     images: tuple[Image, ...] = ()
+    key: str | None = None
 
 
 @attrs.frozen
@@ -925,7 +933,11 @@ class Agent(Actor):
         self._settle_hibernation(self._holding is not None)
         crashed = self._crashed_dependency()
         if self._turn is not None or self._compaction is not None or self._compact_waiters:
-            if crashed is None:
+            fenced = self.system.store.fenced_error(self._session_id) if crashed is None else None
+            if fenced is not None:
+                # Stopped because another node owns the session now: the turn says so.
+                self._abort_turn(_unsaved_error(fenced))
+            elif crashed is None:
                 self._abort_turn("the agent was stopped")
             else:
                 reason = (
@@ -997,7 +1009,7 @@ class Agent(Actor):
                             future.set(result)
 
             try:
-                self.system.store.flush()._on_done(answer)
+                self.system.store.flush(self._session_id)._on_done(answer)
             except StoreError as exc:  # no store to ask (it is restarting): not known to be committed
                 unknown: Future[None] = Future()
                 unknown.set_exception((type(exc), exc, None))
@@ -1028,18 +1040,22 @@ class Agent(Actor):
 
     # -- public API (through the proxy) ---------------------------------------------------------
 
-    def prompt(self, text: str, images: Sequence[Image] = ()) -> Future[TurnResult]:
+    def prompt(self, text: str, images: Sequence[Image] = (), key: str | None = None) -> Future[TurnResult]:
         """Start a turn with ``text`` (and ``images`` the model sees with it); returns a future of the `TurnResult`.
 
         A prompt sent while a turn runs is queued and handed to the model at
         the next step boundary (steering); its future resolves when that turn ends.
+
+        ``key`` (an idempotency key) is recorded under ``prompt_keys`` with
+        the turn the prompt joins, in the same commit as its user message: a
+        repeat of the prompt finds the turn there (see the daemon's ``agent.prompt``).
         """
         future: Future[TurnResult] = Future()
         refusal = self._refusal(Message(role="user", content=text, images=list(images)), self._tool_specs())
         if refusal is not None:
             self._refuse(Message(role="user", content=text, images=list(images)), refusal, future)
             return future
-        self._queue.append(_Prompt(text, future, tuple(images)))
+        self._queue.append(_Prompt(text, future, tuple(images), key))
         if self._turn is None and self._compaction is None:
             self._start_turn()
         else:
@@ -1283,6 +1299,9 @@ class Agent(Actor):
             turn.futures.append(prompt.future)
             entry = self._append(Message(role="user", content=prompt.text, images=list(prompt.images)), turn.id)
             turn.prompts.append((entry.seq, entry.time))
+            if prompt.key is not None:
+                # In the same group as the user message: a repeat finds its turn once the prompt is in the store.
+                self._enqueue_write("prompt_keys", f"{self._key}/{prompt.key}", PromptKey(turn_id=turn.id))
         self._queue.clear()
 
     def _tool_specs(self) -> list[ToolSpec]:
@@ -1304,7 +1323,8 @@ class Agent(Actor):
                 error=f"the turn stopped after {self._config.max_steps} model calls (agent.max_steps)",
             )
             return
-        failure = self.system.store.write_failure
+        store = self.system.store
+        failure = store.write_failure or store.fenced_error(self._session_id)
         if not first and failure is not None:
             # The store cannot commit: stop here rather than pile up writes it cannot keep.
             self._end_turn(ok=False, error=_unsaved_error(failure))
@@ -1767,8 +1787,9 @@ class Agent(Actor):
             self._record.provider_position = position
 
     def _enqueue_write(self, namespace: str, key: str, value: Any) -> None:
-        # The store's committer commits it in a group; the queue outlives this actor.
-        self.system.store.enqueue_nowait(namespace, key, value)
+        # The store's committer commits it in a group; the queue outlives this actor. On a
+        # database several nodes share, only while this node owns the session (the fence).
+        self.system.store.enqueue_nowait(namespace, key, value, session=self._session_id)
 
     def _flush(self, then: Callable[[], None], failed: Callable[[BaseException], None]) -> None:
         """Run ``then`` in this actor's context once everything queued so far is committed.
@@ -1792,7 +1813,7 @@ class Agent(Actor):
             with contextlib.suppress(ActorDeadError):  # it ended meanwhile: its waiters are answered
                 ref.tell(message)
 
-        self.system.store.flush()._on_done(landed)
+        self.system.store.flush(self._session_id)._on_done(landed)
 
     async def _drain_writes(self) -> BaseException | None:
         """Wait until every write this agent queued is committed; returns why not, if not.
@@ -1801,7 +1822,7 @@ class Agent(Actor):
         """
         try:
             with trio.fail_after(10):
-                await self.system.store.flush()
+                await self.system.store.flush(self._session_id)
         except (StoreError, trio.TooSlowError) as exc:
             return exc
         return None
@@ -2198,6 +2219,11 @@ class Agent(Actor):
 
 def _unsaved_error(exc: BaseException) -> str:
     """A turn's error when its writes could not be committed: the store's reason, and what happens next."""
+    if isinstance(exc, StoreFencedError):
+        return (
+            f"the turn's messages were refused by the store's fence (StoreFencedError): {exc}. Another node "
+            "owns this session now; it is stopped here, and its history is the one the store holds"
+        )
     return (
         f"the turn's messages could not be saved: {exc}. The agent keeps them and saves them "
         "as soon as the store can write again; prompt again then"

@@ -162,7 +162,7 @@ def _embedded_daemon(config: Any, files: Any, *, faults: Any = None) -> Iterator
         path = Path(tmp) / "weald.sock"
         if faults is not None:
             # A fault run starts from an empty store: the same run again finds the same state.
-            config = attrs.evolve(config, store=attrs.evolve(config.store, path=Path(tmp) / "store.db"))
+            config = attrs.evolve(config, store=attrs.evolve(config.store, path=Path(tmp) / "store.db", url=None))
         daemon = Daemon(config, socket_path=path, faults=faults, config_files=files)
         daemon.start(restore=False)
         warn_sandbox(daemon, console(stderr=True))

@@ -37,6 +37,7 @@ from weald.runtime._checks import (
     optional,
 )
 from weald.runtime._errors import WealdError
+from weald.runtime._store_backend import is_url, mask_url
 from weald.runtime.llm import ProviderSettings
 
 if TYPE_CHECKING:
@@ -536,26 +537,57 @@ class LimitsConfig:
     hibernate_after: float = checked(600.0, check_nonnegative_seconds)
 
 
+def check_store_url(value: object, _type: object = None) -> str:
+    """A ``postgresql://`` (or ``postgres://``) database URL."""
+    if not isinstance(value, str) or not is_url(value):
+        shown = mask_url(value) if isinstance(value, str) else value
+        raise InvalidValue("a postgresql://user:password@host:port/database URL", shown)
+    return value
+
+
+_NODE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,127}$")
+
+
+def check_node_id(value: object, _type: object = None) -> str:
+    """A node's name: 1-128 letters, digits, ``_ . : @ -``, first a letter or digit."""
+    if not isinstance(value, str) or not _NODE_ID.match(value):
+        raise InvalidValue("a node name of letters, digits, '_', '.', ':', '@' or '-' (at most 128)", value)
+    return value
+
+
 @attrs.frozen(kw_only=True)
 class StoreConfig:
-    """``[store]``: the persistent key-value store.
+    """``[store]``: the persistent key-value store (daemon-wide).
 
     Attributes:
-        path: The database file. Relative paths are relative to the config
-            file's directory; ``~`` is the home directory.
-        durability: ``"process"`` survives a crash of the daemon;
+        path: The sqlite database file, and the daemon's state directory
+            (its parent: the lock, the log, spilled output). Relative paths
+            are relative to the config file's directory; ``~`` is the home
+            directory.
+        durability: sqlite: ``"process"`` survives a crash of the daemon;
             ``"power"`` also survives power loss (an fsync per write).
         warn_bytes: The store's size past which the daemon publishes
             ``store.size_warning`` (once each time it goes past). 0: never.
         gc_interval: Seconds between the daemon's passes applying each
             project's ``[history] retention`` (the first one a minute after it
             starts). 0: none; ``weald gc`` still runs one.
+        url: A ``postgresql://user:password@host:port/database`` URL: the
+            data lives in that database instead of the file (``weald serve
+            --store URL``). Its password is never shown.
+        node_id: This daemon's name among the daemons sharing the database
+            (``weald serve --node-id``); default: the host name and a hash of
+            the state directory.
+        lease: Seconds a node's lease lasts; it is renewed every third of
+            it, and a node that cannot renew it stops writing its sessions.
     """
 
     path: Path = Path("~/.weald/store.db")
     durability: Literal["process", "power"] = "process"
     warn_bytes: int = checked(2 * 1024**3, check_nonnegative_int)
     gc_interval: float = checked(3600.0, check_nonnegative_seconds)
+    url: str | None = checked(None, optional(check_store_url))
+    node_id: str | None = checked(None, optional(check_node_id))
+    lease: float = checked(5.0, check_seconds)
 
 
 _RETENTION = re.compile(r"^\s*(?:(all)|(\d+)\s*(days?|d|turns?))\s*$")

@@ -73,6 +73,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     err = console(stderr=True)
     _log_warnings_to_stderr()
     try:
+        config = _store_options(args, config)
+    except ValueError as exc:
+        print_error(err, f"weald serve: {exc}")
+        return EXIT_USAGE
+    try:
         faults = _make_faults(args, config)
     except FaultSpecError as exc:
         # Each problem names the file (and the key); one line each, no traceback.
@@ -122,19 +127,32 @@ def cmd_serve(args: argparse.Namespace) -> int:
         try:
             daemon.start(restore=not args.no_restore, progress=on_progress)
         except Exception as exc:
+            store_error = _store_cause(exc)
+            if store_error is not None:
+                # The store cannot be opened (a bad URL, a refused login, a missing database, another
+                # schema version): one line naming why, the password masked, as for a bad option.
+                print_error(err, f"weald serve: {' '.join(str(store_error).split())}")
+                return EXIT_USAGE
             print_error(err, f"weald serve: {describe_failure(exc)}")
             return EXIT_FAILED
     if daemon.previous_run is not None:
         print_error(err, f"weald serve: warning: {daemon.previous_run.describe()}")
     if args.json and not args.stdio:
         # One line a script can read: where to connect, whom to signal.
-        line = {"socket": str(path), "pid": os.getpid(), "store": str(config.store.path)}
+        line = {"socket": str(path), "pid": os.getpid(), "store": _store_shown(config)}
+        if daemon.node is not None:
+            line["node"] = {"node_id": daemon.node.node_id, "epoch": daemon.node.epoch}
         if daemon.observer_port is not None:
             line["http"] = _observer_address(daemon)
         sys.stdout.write(json.dumps(line) + "\n")
         sys.stdout.flush()
     elif not args.stdio:
-        err.print(f"weald daemon serving on {path} (pid {os.getpid()}); store {config.store.path}")
+        node = f"; node {daemon.node.node_id} epoch {daemon.node.epoch}" if daemon.node is not None else ""
+        err.print(
+            f"weald daemon serving on {path} (pid {os.getpid()}); store {_store_shown(config)}{node}",
+            markup=False,
+            soft_wrap=True,
+        )
         if daemon.observer_port is not None:
             err.print(f"observer on http://{_observer_address(daemon)}/ (weald observe opens it)")
     while not stop.wait(0.2):
@@ -144,6 +162,52 @@ def cmd_serve(args: argparse.Namespace) -> int:
         err.print("weald daemon stopping: aborting running turns, saving, stopping the tree")
     daemon.shutdown()
     return EXIT_OK
+
+
+def _store_options(args: argparse.Namespace, config: Any) -> Any:
+    """``config`` with ``--store`` and ``--node-id`` applied (checked as ``[store] url`` and ``node_id`` are).
+
+    Raises:
+        ValueError: a bad value; the message names the option.
+    """
+    from weald.runtime._checks import ValueProblem
+    from weald.runtime.daemon._config_model import check_node_id, check_store_url
+
+    changes: dict[str, Any] = {}
+    try:
+        if getattr(args, "store", None):
+            target = args.store
+            if target.startswith("sqlite:"):
+                changes.update(url=None, path=Path(target.removeprefix("sqlite:")).expanduser().resolve())
+            else:
+                changes["url"] = check_store_url(target)
+        if getattr(args, "node_id", None):
+            changes["node_id"] = check_node_id(args.node_id)
+    except ValueProblem as exc:
+        option = "--node-id" if "node" in str(exc) else "--store"
+        raise ValueError(f"{option}: {exc}") from None
+    return attrs.evolve(config, store=attrs.evolve(config.store, **changes)) if changes else config
+
+
+def _store_shown(config: Any) -> str:
+    """The store as messages show it: its file, or its URL with the password masked."""
+    from weald.runtime import mask_url
+
+    return mask_url(config.store.url) if config.store.url else str(config.store.path)
+
+
+def _store_cause(exc: BaseException) -> BaseException | None:
+    """The `StoreError` behind a failed start (the store actor's, chained), if that is why it failed."""
+    from weald.runtime import StoreError
+
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, StoreError):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
 
 
 def _observer_address(daemon: Any) -> str:
@@ -280,6 +344,11 @@ def cmd_config(args: argparse.Namespace) -> int:
     config = load_config(args)
     files = [str(p) for p in find_config_files(Path(args.project or Path.cwd()))]
     plain = config_to_dict(config)
+    store = plain.get("store")
+    if isinstance(store, dict) and store.get("url"):
+        from weald.runtime import mask_url
+
+        store["url"] = mask_url(store["url"])  # the database's password is never shown
     if args.json:
         print_json({"files": files, "config": plain})
     else:
@@ -625,6 +694,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--faults", metavar="FILE", help="enable fault injection, with the faults in FILE (TOML or JSON)")
     p.add_argument("--no-restore", action="store_true", help="do not restart the stored sessions")
     p.add_argument(
+        "--store",
+        metavar="URL",
+        help="where the data lives: postgresql://user:password@host:port/db, or sqlite:PATH (default: [store])",
+    )
+    p.add_argument("--node-id", metavar="NAME", help="this daemon's name among those sharing the database")
+    p.add_argument(
         "--http", metavar="HOST:PORT", help="serve the observer, a live web view, here (loopback; port 0: any free)"
     )
     command(sub, "status", cmd_status, "is a daemon running?")
@@ -672,6 +747,10 @@ def build_parser() -> argparse.ArgumentParser:
     from weald.runtime.daemon._cli_mcp import add_mcp_commands
 
     add_mcp_commands(sub, common)
+
+    from weald.runtime.daemon._cli_store import add_store_commands
+
+    add_store_commands(sub, common, print_json)
 
     p = command(sub, "acp", cmd_acp, "serve an editor over ACP (stdio)")
     p.add_argument("--model", help="provider:model (or an alias) for new sessions (default: the project's)")

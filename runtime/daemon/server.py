@@ -56,6 +56,7 @@ from weald.runtime import (
     Stub,
     WealdError,
     make_private_dirs,
+    mask_url,
     redact,
     redact_secret_values,
 )
@@ -194,6 +195,8 @@ class PromptImage(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 class AgentPromptParams(_Params):
     agent_id: str
     text: str
+    # The same key runs one turn however often the prompt is sent (a client's retry).
+    idempotency_key: Annotated[str, msgspec.Meta(min_length=1, max_length=200)] | None = None
     timeout: Annotated[float, msgspec.Meta(ge=0)] | None = None
     images: Annotated[list[PromptImage], msgspec.Meta(max_length=32)] | None = None
     # W3C trace context: the turn's trace continues the caller's (when telemetry is on).
@@ -1068,7 +1071,10 @@ class Server(Actor):
             images = tuple(Image(image.mime_type, image.data) for image in p.images or ())
             if p.traceparent is not None and self._daemon.telemetry is not None:
                 self._daemon.telemetry.expect_parent(p.agent_id, p.traceparent)
-            future = self._sessions.prompt_nowait(p.agent_id, p.text, images)
+            if p.idempotency_key is not None:
+                future = await self._sessions.prompt_once(p.agent_id, p.text, p.idempotency_key, images)
+            else:
+                future = self._sessions.prompt_nowait(p.agent_id, p.text, images)
             try:
                 if p.timeout is None:
                     return self._explained(await future)
@@ -2071,8 +2077,10 @@ class Server(Actor):
             "hibernated": counts.get("hibernated", 0),
             "connections": len(self._connections),
             "faults_enabled": self._daemon.faults is not None,
-            "store": str(self.system.store_path),
+            "store": _store_location(self.system),
             "store_bytes": await trio.to_thread.run_sync(_store_bytes, self.system),
+            "store_kind": _store_kind(self.system),
+            "node": _node_status(self.system),
             "store_write_failure": _write_failure(self.system),
             "history": self._daemon.history.statistics() if self._daemon.history is not None else None,
             "turns": _plain(self._sessions.gate.statistics()) if self._daemon.sessions is not None else None,
@@ -2157,6 +2165,26 @@ def _write_failure(system: Any) -> str | None:
     except StoreError:  # the store is restarting
         return None
     return str(failure) if failure is not None else None
+
+
+def _store_location(system: Any) -> str:
+    """Where the store is: its file, or its database URL with the password masked."""
+    url = getattr(system, "store_url", None)
+    return mask_url(url) if url else str(system.store_path)
+
+
+def _store_kind(system: Any) -> str:
+    return "postgresql" if getattr(system, "store_url", None) else "sqlite"
+
+
+def _node_status(system: Any) -> dict[str, Any] | None:
+    """This daemon's node in the store: its id, epoch, lease and the sessions it holds (``daemon.status``)."""
+    try:
+        stats = system.store.statistics()
+    except StoreError:  # the store is restarting
+        return None
+    node: dict[str, Any] | None = stats.get("node")
+    return node
 
 
 def _too_large(limit: int) -> str:

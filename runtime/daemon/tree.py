@@ -22,11 +22,22 @@ the store. Sessions are stored when started and restored on the next start
 (after a clean stop or a kill -9 alike); a turn that a kill -9 interrupted
 is reported by its agent when it comes back.
 
-One daemon owns a store: `Daemon.start` takes an exclusive ``flock`` on
-``<store file>.lock`` beside it and holds it for the daemon's life (the
-kernel releases it if the process dies, kill -9 included), so a second
-daemon on the same state directory exits at once, naming the first one's
-pid, instead of sharing the file and losing acknowledged writes.
+One daemon owns a state directory: `Daemon.start` takes an exclusive
+``flock`` on ``<store file>.lock`` beside it and holds it for the daemon's
+life (the kernel releases it if the process dies, kill -9 included), so a
+second daemon on the same state directory exits at once, naming the first
+one's pid, instead of sharing the file and losing acknowledged writes.
+
+With the store in PostgreSQL (``[store] url``, ``weald serve --store``)
+several daemons, each with a state directory of its own, share one database
+as nodes: each start joins it (``--node-id``; its epoch is the previous
+start's + 1), claims the sessions it owned and those whose owner's lease ran
+out (one ``UPDATE ... RETURNING``) and restores them; a new session is
+claimed before it starts, a stopped one released. A session this node loses
+(another node took it over, or this node's lease ran out) is stopped here at
+once: its turn in flight ends with the fence's error (`StoreFencedError`),
+nothing more of it is written, the daemon goes on (``daemon.session_fenced``).
+When a lost lease comes back, the node restores what it can claim again.
 
 Spill files (tool output saved for the model) go to ``[spill] dir``, one
 directory per session; a session's directory is removed when it is stopped
@@ -54,13 +65,16 @@ import errno
 import fcntl
 import functools
 import gc
+import hashlib
 import logging
 import os
+import re
+import socket
 import stat
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
@@ -72,6 +86,7 @@ from weald.runtime import (
     ActorDeadError,
     ActorSystem,
     Future,
+    NodeLease,
     Ref,
     Stub,
     WealdError,
@@ -82,7 +97,7 @@ from weald.runtime import (
     register_secret,
     restore_environ,
 )
-from weald.runtime.agents.agent import AgentConfig, AgentRecord, TurnResult, TurnSettings
+from weald.runtime.agents.agent import AgentConfig, AgentRecord, PromptKey, TurnRecord, TurnResult, TurnSettings
 from weald.runtime.agents.context import ContextConfig
 from weald.runtime.agents.session import SessionConfig, agent_path, session_shape, session_spec, valid_session_id
 from weald.runtime.agents.tool_runner import RunnerConfig
@@ -208,12 +223,13 @@ class TurnGateStatistics:
 class _WaitingPrompt:
     """A prompt the gate holds or has handed on; ``result`` is what ``agent.prompt`` replies."""
 
-    __slots__ = ("agent_id", "images", "result", "text")
+    __slots__ = ("agent_id", "images", "key", "result", "text")
 
-    def __init__(self, agent_id: str, text: str, images: tuple[Image, ...] = ()) -> None:
+    def __init__(self, agent_id: str, text: str, images: tuple[Image, ...] = (), key: str | None = None) -> None:
         self.agent_id = agent_id
         self.text = text
         self.images = images
+        self.key = key
         self.result: Future[TurnResult] = Future()
 
 
@@ -250,7 +266,9 @@ class TurnGate:
         self._waiting: deque[_WaitingPrompt] = deque()
         self._closed: str | None = None
 
-    def submit_nowait(self, agent_id: str, text: str, images: tuple[Image, ...] = ()) -> Future[TurnResult]:
+    def submit_nowait(
+        self, agent_id: str, text: str, images: tuple[Image, ...] = (), key: str | None = None
+    ) -> Future[TurnResult]:
         """Hand ``text`` (and ``images``) to the agent now, or queue it for a slot; returns the turn's future.
 
         The future resolves with the `TurnResult` of the turn the prompt ran
@@ -258,7 +276,7 @@ class TurnGate:
         `cancel_waiting_nowait` or `close_nowait`) before it ran; or
         `DaemonError` when its agent was gone by the time its slot came.
         """
-        prompt = _WaitingPrompt(agent_id, text, images)
+        prompt = _WaitingPrompt(agent_id, text, images, key)
         if self._closed is not None:
             prompt.result.set(_aborted(self._closed))
         elif agent_id in self._holders or self._free():
@@ -306,7 +324,7 @@ class TurnGate:
             prompt.result.set_exception((DaemonError, error, None))
             return
         try:
-            call: Future[Future[TurnResult]] = ref.proxy().prompt(prompt.text, prompt.images)
+            call: Future[Future[TurnResult]] = ref.proxy().prompt(prompt.text, prompt.images, prompt.key)
         except Exception:  # ActorDeadError: whoever waits on the prompt learns why
             prompt.result.set_exception()
             return
@@ -361,6 +379,13 @@ class TurnGate:
 
 _START_BATCH = 256  # sessions per start_children request
 _ASLEEP_BATCH = 1024  # sessions per add_hibernated request and store commit
+
+
+def _copy_outcome(done: Future[TurnResult], into: Future[TurnResult]) -> None:
+    try:
+        into.set(done.get())
+    except BaseException:  # the turn's own error, for whoever waits on the key
+        into.set_exception()
 
 
 def _aborted(reason: str) -> TurnResult:
@@ -454,6 +479,8 @@ class Sessions:
         self._sleepers: list[tuple[SessionRecord, AgentRecord, ChildSpec, Future[None]]] = []
         self._adding = False
         self._resolving: dict[str, Future[str]] = {}
+        # Prompts with an idempotency key in flight: (agent id, key) -> what the prompt replies.
+        self._keyed: dict[tuple[str, str], Future[TurnResult]] = {}
         self._models_checked: set[tuple[int, str]] = set()
         self._session_dirs: dict[str, str] = {}  # session id -> the configuration directory it holds
         self._home_skills: tuple[float, str | None] = (-1e9, None)  # (looked at, <weald home>/skills if a directory)
@@ -861,10 +888,25 @@ class Sessions:
         # failed leaves no record behind, and a stopped session's record is
         # replaced only once its successor runs. The record is committed with
         # the agent's own first writes (one flush) before the start is answered.
+        await self._claim_new([session.session_id], refuse=True)
         await self._launch(session, new=True)
         store = self.system.store
-        store.enqueue_nowait("sessions", session.session_id, session)
-        await store.flush()
+        store.enqueue_nowait("sessions", session.session_id, session, session=session.session_id)
+        await store.flush(session.session_id)
+
+    async def _claim_new(self, session_ids: list[str], *, refuse: bool = False) -> set[str]:
+        """Claim new sessions for this node (a database several nodes share); returns those claimed.
+
+        With ``refuse``, one not claimed raises `DaemonError`: it runs on another live node.
+        """
+        store = self.system.store
+        if not store.fences:
+            return set(session_ids)
+        claimed = set(await trio.to_thread.run_sync(store.claim, session_ids))
+        if refuse and len(claimed) < len(session_ids):
+            taken = next(s for s in session_ids if s not in claimed)
+            raise DaemonError(_taken(taken))
+        return claimed
 
     async def _resolve(self, working_dir: str, *, field: str = "working_dir") -> str:
         """`_resolve_working_dir` in a worker thread, one look per directory for concurrent starts."""
@@ -1055,6 +1097,18 @@ class Sessions:
 
     async def _add_batch(self, batch: list[tuple[SessionRecord, AgentRecord, ChildSpec, Future[None]]]) -> None:
         try:
+            claimed = await self._claim_new([record.session_id for record, *_ in batch])
+        except Exception:  # the database failed: nothing of the batch starts
+            for *_, result in batch:
+                result.set_exception()
+            return
+        for record, *_, result in batch:
+            if record.session_id not in claimed:
+                result.set_exception((DaemonError, DaemonError(_taken(record.session_id)), None))
+        batch = [entry for entry in batch if entry[0].session_id in claimed]
+        if not batch:
+            return
+        try:
             outcomes: list[Any] = await self._proxy.add_hibernated([spec for *_, spec, _ in batch], session_shape())
         except BaseException as exc:
             outcomes = [exc] * len(batch)
@@ -1066,8 +1120,8 @@ class Sessions:
                 result.set_exception((type(error), error, error.__traceback__))
                 continue
             try:
-                store.enqueue_nowait("sessions", record.session_id, record)
-                store.enqueue_nowait("agents", record.session_id, stored)
+                store.enqueue_nowait("sessions", record.session_id, record, session=record.session_id)
+                store.enqueue_nowait("agents", record.session_id, stored, session=record.session_id)
             except Exception:
                 # Not recorded: not kept either (a later restore would not know it).
                 result.set_exception()
@@ -1134,8 +1188,10 @@ class Sessions:
         self.index.remove(session_id)
         self.system.events.publish("daemon.session_stopped", "/sessions", {"session_id": session_id, "ran": ran})
         if record is not None:
-            # Stopped for good: its saved tool outputs go with it.
+            # Stopped for good: its saved tool outputs go with it, and no node owns it any more.
             await trio.to_thread.run_sync(remove_spill_dir, self.spill_root / session_id)
+            if self.system.store.fences:
+                await trio.to_thread.run_sync(self.system.store.release, [session_id])
         return ran
 
     async def stored(self, session_id: str) -> SessionRecord | None:
@@ -1159,6 +1215,33 @@ class Sessions:
         else:  # not running here: what it was started with
             state = {"project": None, "files": started, "generation": None, "refused": [], "ignored": []}
         return {**state, "started_with": started}
+
+    async def drop(self, session_ids: Sequence[str], reason: str) -> int:
+        """Stop sessions this node lost (the store's fence refused them): nothing more of them is written here.
+
+        Their waiting prompts are answered as aborted with ``reason``; each is
+        published as ``daemon.session_fenced``. The daemon goes on.
+
+        Returns:
+            How many of them ran here.
+        """
+        dropped = 0
+        for session_id in session_ids:
+            self.gate.cancel_waiting_nowait(session_id, reason)
+            self.roots.set_nowait(session_id, None)
+            ran = False
+            with contextlib.suppress(Exception):  # gone meanwhile
+                ran = bool(await self._proxy.stop_child(session_id))
+            held = self._session_dirs.pop(session_id, None)
+            if held is not None:
+                self.projects.release_nowait(held)
+            dropped += ran
+            self.system.events.publish(
+                "daemon.session_fenced",
+                f"/sessions/{session_id}",
+                {"agent_id": session_id, "ran": ran, "error": reason},
+            )
+        return dropped
 
     def sweep_spill(self) -> list[Path]:
         """Remove the spill directories of sessions that are not active, once ``spill.retention`` has passed.
@@ -1223,7 +1306,9 @@ class Sessions:
                 jobs.extend(RetentionJob(record.session_id, kind, count) for record in found)
         return jobs, problems
 
-    async def restore(self, on_progress: Callable[[int, int], None] | None = None) -> int:
+    async def restore(
+        self, on_progress: Callable[[int, int], None] | None = None, *, claimed: Collection[str] | None = None
+    ) -> int:
         """Restore every stored active session that is not running; returns how many were.
 
         With hibernation on (``limits.hibernate_after``), a session whose
@@ -1233,8 +1318,17 @@ class Sessions:
         stopping it (a ``kill -9``, a crash) may have a turn to mark
         interrupted and tool calls to answer: it starts at once, as does one
         that records its model calls.
+
+        On a database several nodes share, only the sessions this node claims
+        are restored: its own and orphans whose owner's lease ran out (one
+        statement), or ``claimed``, sessions claimed already.
         """
         records = [r for r in await trio.to_thread.run_sync(self.records) if r.status == "active"]
+        store = self.system.store
+        if store.fences:
+            if claimed is None:
+                claimed = await trio.to_thread.run_sync(store.claim)
+            records = [r for r in records if r.session_id in claimed]
         for record in [r for r in records if r.ephemeral]:
             # The run that started it ended with the daemon (a crash, a kill): nobody is left to use it.
             await self.stop(record.session_id)
@@ -1357,6 +1451,69 @@ class Sessions:
         """
         self.agent(agent_id)
         return self.gate.submit_nowait(agent_id, text, images)
+
+    async def prompt_once(
+        self, agent_id: str, text: str, key: str, images: tuple[Image, ...] = ()
+    ) -> Future[TurnResult]:
+        """Prompt with an idempotency key: the same key runs one turn, however often it is sent.
+
+        A repeat while the key's prompt is in flight (waiting for a slot or
+        running) gets the same future; a repeat after its turn ended gets the
+        recorded outcome (the key is committed with the prompt's user message,
+        the outcome before it was acknowledged). A key whose turn never ended
+        (its node died, or the agent crashed, during it) runs again, once, here.
+
+        Raises:
+            DaemonError: no such agent is running.
+        """
+        self.agent(agent_id)
+        slot = (agent_id, key)
+        pending = self._keyed.get(slot)
+        if pending is not None:
+            return pending
+        # Registered before the first await: a repeat arriving meanwhile attaches to it.
+        result: Future[TurnResult] = Future()
+        self._keyed[slot] = result
+        result._on_done(lambda _: self._keyed.pop(slot, None) if self._keyed.get(slot) is result else None)
+        try:
+            recorded = await self._recorded_turn(agent_id, key)
+            if recorded is not None:
+                result.set(recorded)
+            else:
+                turn = self.prompt_nowait_keyed(agent_id, text, images, key)
+                turn._on_done(lambda done: _copy_outcome(done, result))
+        except BaseException:
+            result.set_exception()
+            raise
+        return result
+
+    def prompt_nowait_keyed(self, agent_id: str, text: str, images: tuple[Image, ...], key: str) -> Future[TurnResult]:
+        """`prompt_nowait` with the idempotency key handed to the agent (it records it with the prompt)."""
+        self.agent(agent_id)
+        return self.gate.submit_nowait(agent_id, text, images, key)
+
+    async def _recorded_turn(self, agent_id: str, key: str) -> TurnResult | None:
+        """The outcome of the turn a key's prompt joined, if that turn ended; None: run the prompt."""
+        store = self.system.store
+
+        def read() -> TurnResult | None:
+            joined = store.get("prompt_keys", f"{agent_id}/{key}", type=PromptKey)
+            if joined is None:
+                return None
+            turn = store.get("turns", f"{agent_id}/{joined.turn_id}", type=TurnRecord)
+            if turn is None or turn.status in ("running", "interrupted"):
+                return None  # it never ended: interrupted by a crash or a node's loss, it runs again
+            return TurnResult(
+                turn_id=turn.turn_id,
+                ok=turn.status == "done",
+                text=turn.text,
+                usage=turn.usage,
+                steps=turn.steps,
+                error=turn.error,
+                aborted=turn.status == "aborted",
+            )
+
+        return await trio.to_thread.run_sync(read)
 
     async def abort(self, agent_id: str, reason: str = "aborted") -> bool:
         """Abort the agent's running turn and drop its waiting prompts; returns whether there was any.
@@ -1507,9 +1664,11 @@ class Daemon:
         self.telemetry: Any = None  # a `_telemetry.Telemetry` once started, when on
         self.system = ActorSystem(
             store_path=config.store.path,
+            store_url=config.store.url,
             durability=config.store.durability,
             ring_size=config.server.event_history,
         )
+        self.node: NodeLease | None = None
         self.roots = Roots(self.system)
         self.state_dir = self.system.store_path.parent
         self.sandbox: SandboxReport | None = None
@@ -1553,6 +1712,7 @@ class Daemon:
             stop_leftovers(self.system, self.state_dir)
             if self.faults is not None:
                 self.faults.install(self.system)
+            self._join_store()
             root.start_child(self._mcp_spec()).get(timeout=60)
             sessions = root.start_child(
                 ChildSpec(
@@ -1590,6 +1750,8 @@ class Daemon:
                 self.system.loop.run(self.sessions.restore, progress)
             # The charts' figures, sampled whether anyone watches or not (a few us a second).
             root.start_child(ChildSpec("metrics", Sampler, shutdown=5)).get(timeout=30)
+            if self.system.store.fences:
+                self.system.loop.spawn_nowait(self._adopt_orphans)
             if self.socket_path is not None or self.stdio or self.http:
                 root.start_child(
                     ChildSpec(
@@ -1654,6 +1816,50 @@ class Daemon:
             return 0, 0
         counts = sessions.proxy().count_children().get(timeout=5)
         return counts.get("active", 0), counts.get("hibernated", 0)
+
+    def _join_store(self) -> None:
+        """Join the store as this daemon's node (its epoch: the previous start's + 1), and hear of lost sessions."""
+        store = self.system.store
+        store.on_fenced = self._on_fenced
+        store.on_lease_back = self._on_lease_back
+        node_id = self.config.store.node_id or default_node_id(self.state_dir)
+        info = {"host": socket.gethostname(), "pid": os.getpid(), "state_dir": str(self.state_dir)}
+        self.node = store.join(node_id, lease=self.config.store.lease, info=info)
+
+    def _on_fenced(self, session_ids: tuple[str, ...], error: BaseException) -> None:
+        # On the store's committer or lease thread: the sessions are stopped on the loop.
+        sessions = self.sessions
+        if sessions is None:
+            return
+        reason = f"the store's fence refused this node's writes (StoreFencedError): {error}"
+        with contextlib.suppress(trio.RunFinishedError, RuntimeError):  # the daemon is stopping
+            self.system.loop.spawn_nowait(sessions.drop, session_ids, reason)
+
+    async def _adopt_orphans(self) -> None:
+        """Every lease period, claim and restore the sessions of nodes whose leases ran out (a loop task)."""
+        store = self.system.store
+        period = self.config.store.lease
+        while True:
+            await trio.sleep(period)
+            sessions = self.sessions
+            if sessions is None or self._stop_requested:
+                return
+            try:
+                claimed = await trio.to_thread.run_sync(store.claim_orphans)
+            except Exception as exc:  # the database is away: the next period tries again
+                logger.warning("claiming orphaned sessions failed: %s", exc)
+                continue
+            if claimed:
+                self.system.events.publish("daemon.orphans_claimed", "/sessions", {"sessions": sorted(claimed)})
+                await sessions.restore(claimed=claimed)
+
+    def _on_lease_back(self) -> None:
+        # On the store's lease thread: the node restores what it can claim again.
+        sessions = self.sessions
+        if sessions is None or self._stop_requested:
+            return
+        with contextlib.suppress(trio.RunFinishedError, RuntimeError):
+            self.system.loop.spawn_nowait(sessions.restore)
 
     def _unlock(self) -> None:
         fd, self._lock_fd = self._lock_fd, None
@@ -1735,6 +1941,19 @@ class Daemon:
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
+
+
+def default_node_id(state_dir: Path) -> str:
+    """A node's name when none is configured: the host name and a short hash of the state directory."""
+    digest = hashlib.sha256(str(state_dir.resolve()).encode("utf-8", "surrogatepass")).hexdigest()[:8]
+    host = re.sub(r"[^A-Za-z0-9_.-]", "-", socket.gethostname())[:100] or "host"
+    return f"{host}-{digest}"
+
+
+def _taken(session_id: str) -> str:
+    return (
+        f"agent {session_id!r} runs on another live node of this store; stop it there first, or choose another agent_id"
+    )
 
 
 def _mcp_configs(config: Config) -> list[Any]:

@@ -23,8 +23,15 @@ class DaemonProcess:
     """Owns a config dir, a project dir and a daemon process; restartable."""
 
     def __init__(
-        self, root: Path, *, extra_config: str = "", faults: Path | None = None, socket_dir: Path | None = None
+        self,
+        root: Path,
+        *,
+        extra_config: str = "",
+        faults: Path | None = None,
+        socket_dir: Path | None = None,
+        store: str = "",
     ) -> None:
+        """``store``: more keys of ``[store]`` (``url``, ``node_id``, ``lease``), as TOML lines."""
         self.root = root
         self.project = root / "project"
         self.project.mkdir(parents=True, exist_ok=True)
@@ -34,7 +41,7 @@ class DaemonProcess:
         self.socket = (socket_dir or root / "run") / "weald.sock"
         self.config = root / "weald.toml"
         self.config.write_text(
-            f'[store]\npath = "{root / "store.db"}"\n[server]\nsocket = "{self.socket}"\n' + extra_config
+            f'[store]\npath = "{root / "store.db"}"\n{store}\n[server]\nsocket = "{self.socket}"\n' + extra_config
         )
         self.faults = faults
         self.proc: subprocess.Popen[bytes] | None = None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -357,11 +358,14 @@ def test_serve_json_prints_one_line_with_the_socket_and_pid(tmp_path: Path) -> N
         try:
             assert proc.stdout is not None
             line = json.loads(proc.stdout.readline())
+            node = line.pop("node")
             assert line == {
                 "socket": str(tmp_path / "weald.sock"),
                 "pid": proc.pid,
                 "store": str(tmp_path / "store.db"),
             }
+            assert node["epoch"] == 1  # the first start of this node on this store
+            assert re.fullmatch(r".+-[0-9a-f]{8}", node["node_id"])  # host name, state directory's hash
             stop = weald("stop", "--json", cwd=tmp_path, env=env)
             assert stop.returncode == 0, stop.stderr
             assert proc.wait(60) == 0

@@ -9,7 +9,8 @@ seeded random number of turns, the daemon gets SIGKILL, wherever its writes
 then are. Then, before anything else touches the file:
 
 - ``store_opens``: `Store` opens it (no `StoreCorruptError`) and
-  ``PRAGMA integrity_check`` says ``ok``;
+  ``PRAGMA integrity_check`` says ``ok`` (on PostgreSQL, ``store_url``: the
+  store opens and reads every namespace);
 - ``acknowledged_agents``: every agent whose ``agent.start`` was answered
   has its session record;
 - ``acknowledged_turns``: every turn answered ``ok`` has all its messages in
@@ -163,19 +164,33 @@ def _connect(path: Path) -> Iterator[Client]:
         client.close()
 
 
-def _verify_store(path: Path, project: Path, acked: list[AckedTurn], agents: list[str], report: CrashReport) -> None:
+def _verify_store(
+    path: Path,
+    project: Path,
+    acked: list[AckedTurn],
+    agents: list[str],
+    report: CrashReport,
+    store_url: str | None = None,
+) -> None:
     """Open the store the daemon left behind and look for every acknowledged write."""
     try:
-        store = Store(path)
+        store = Store(path) if store_url is None else Store(url=store_url)
     except Exception as exc:
-        report.check("store_opens", [f"Store({path}) failed: {exc!r}"])
+        report.check("store_opens", [f"Store({store_url or path}) failed: {exc!r}"])
         return
     try:
-        # Closed explicitly: a connection left to the garbage collector keeps the
-        # file's locks, and sqlite then trusts a dead writer's stale WAL index.
-        with contextlib.closing(sqlite3.connect(path)) as conn:
-            integrity = conn.execute("PRAGMA integrity_check").fetchall()
-        report.check("store_opens", [] if integrity == [("ok",)] else [f"integrity_check: {integrity[:3]}"])
+        if store_url is None:
+            # Closed explicitly: a connection left to the garbage collector keeps the
+            # file's locks, and sqlite then trusts a dead writer's stale WAL index.
+            with contextlib.closing(sqlite3.connect(path)) as conn:
+                integrity = conn.execute("PRAGMA integrity_check").fetchall()
+            report.check("store_opens", [] if integrity == [("ok",)] else [f"integrity_check: {integrity[:3]}"])
+        else:
+            problems = []
+            for namespace in store.namespaces():
+                _, bad = store.scan(namespace)
+                problems += [f"{namespace}/{key}: {exc}" for key, exc in bad]
+            report.check("store_opens", problems)
         sessions = set(store.keys("sessions"))
         report.check(
             "acknowledged_agents",
@@ -233,12 +248,23 @@ def _turn_problem(
 
 
 def run_crash_cycles(
-    root: Path, *, cycles: int = 3, seed: int = 0, agents: int = 6, per_cycle_new: int = 2
+    root: Path,
+    *,
+    cycles: int = 3,
+    seed: int = 0,
+    agents: int = 6,
+    per_cycle_new: int = 2,
+    store_url: str | None = None,
+    kill_range: tuple[int, int] = (5, 80),
 ) -> CrashReport:
-    """Kill -9 a write-heavy daemon ``cycles`` times at seeded random points; check after each (and a clean stop)."""
+    """Kill -9 a write-heavy daemon ``cycles`` times at seeded random points; check after each (and a clean stop).
+
+    With ``store_url``, the daemon's store is that PostgreSQL database (the same node id each start).
+    """
     rng = random.Random(seed)
     report = CrashReport(seed)
-    daemon = DaemonProcess(root)
+    store = f'url = "{store_url}"\nnode_id = "crash-node"' if store_url else ""
+    daemon = DaemonProcess(root, store=store)
     prompts = 400  # more scripted turns than any run spends
 
     def model_of(agent_id: str) -> str:
@@ -264,7 +290,7 @@ def run_crash_cycles(
             workload.start(new)
             # The kill point: once the clients have been told of a seeded random number of turns,
             # wherever the daemon's writes then are.
-            kill_after = rng.randint(5, 80)
+            kill_after = rng.randint(*kill_range)
             wait_until(workload.told_of(kill_after), timeout=60, message=f"{kill_after} acknowledged turns")
             if last:
                 workload.stop()
@@ -276,7 +302,7 @@ def run_crash_cycles(
             acked_agents += workload.acked_agents
             acked_turns += workload.acked_turns
             running += workload.acked_agents
-            _verify_store(root / "store.db", daemon.project, acked_turns, acked_agents, report)
+            _verify_store(root / "store.db", daemon.project, acked_turns, acked_agents, report, store_url)
             if last:
                 break
             daemon.start()

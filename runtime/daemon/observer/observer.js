@@ -265,10 +265,11 @@
     const up = counts ? counts.awake : awake, down = counts ? counts.asleep : asleep;
     // The sampler's live figure; daemon.status's (as of the page's start) until the first sample.
     const store = latest("store_bytes") ?? d.store_bytes ?? d.store_size;
+    const node = d.node ? ` · node ${d.node.node_id} epoch ${d.node.epoch}` + (d.node.lease_lost ? " (lease lost)" : "") : "";
     $("daemon-info").textContent = `pid ${d.pid} · weald ${d.version} · ${count(up)} awake · ${count(down)} asleep · ` +
       `RSS ${bytes(latest("rss_bytes"))} · store ${bytes(store)}` +
       (d.history && d.history.over_warn_bytes ? ` (past [store] warn_bytes, ${bytes(d.history.warn_bytes)})` : "") +
-      (d.faults_enabled ? " · fault injection on" : "");
+      node + (d.faults_enabled ? " · fault injection on" : "");
   }
 
   function onView(name, outcome) {
