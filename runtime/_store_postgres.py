@@ -532,12 +532,14 @@ class PostgresBackend(StoreBackend):
             "'" + word.replace("'", "''").replace("\\", "\\\\") + "'" + (":*" if prefix else "")
             for word, prefix in terms
         )
+        # The best `limit` first, then a headline of those only (a headline reads its whole note).
         sql = (
-            "SELECT m.key, ts_rank(m.doc, q) AS rank, "
-            "ts_headline(%(cfg)s::regconfig, m.body, q, 'StartSel=**, StopSel=**, MaxWords=16, MinWords=4, "
-            "ShortWord=2, HighlightAll=false, MaxFragments=1, FragmentDelimiter=...'), m.tags "
+            "SELECT b.key, b.rank, ts_headline(%(cfg)s::regconfig, b.body, b.q, 'StartSel=**, StopSel=**, "
+            "MaxWords=16, MinWords=4, ShortWord=2, HighlightAll=false, MaxFragments=1, FragmentDelimiter=...'), "
+            "b.tags FROM (SELECT m.key, m.body, m.tags, m.store_key, q, ts_rank(m.doc, q) AS rank "
             "FROM weald_memory_index m, to_tsquery(%(cfg)s::regconfig, %(q)s) AS q "
-            "WHERE m.scope = %(scope)s AND m.doc @@ q ORDER BY rank DESC, m.store_key LIMIT %(limit)s"
+            "WHERE m.scope = %(scope)s AND m.doc @@ q ORDER BY rank DESC, m.store_key LIMIT %(limit)s) AS b "
+            "ORDER BY b.rank DESC, b.store_key"
         )
         rows = self._read("a search of the notes", sql, {"cfg": _TS_CONFIG, "q": query, "scope": scope, "limit": limit})
         return [
