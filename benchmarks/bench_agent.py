@@ -38,7 +38,13 @@ exported over OTLP/HTTP to a sink on loopback in the worker process, which
 answers 200 to everything), so the cost of telemetry on is measured beside
 off (the other two contenders have it off: nothing of it is loaded).
 
-Run: ``python benchmarks/bench_agent.py [--quick] [--before REF] [--rounds N] [--telemetry]``
+``--postgres`` (with ``--before``) adds this checkout with its store on
+PostgreSQL: a throwaway cluster of Debian's ``postgresql`` (tests/pg_cluster.py;
+as ``nobody``, fsync on, TCP on loopback), a fresh database per worker run,
+the worker joined as a node with its sessions claimed, so every commit checks
+the fence as a daemon's does.
+
+Run: ``python benchmarks/bench_agent.py [--quick] [--before REF] [--rounds N] [--telemetry] [--postgres]``
 """
 
 from __future__ import annotations
@@ -174,10 +180,15 @@ def measure(quick: bool, placement: str | None) -> dict[str, Any]:
     res: dict[str, list[float]] = {"loop": [], "foreign": [], "pykka": [], "flush": []}
     split: list[list[float]] = []
     flushes = [0]
+    url = os.environ.get("WEALD_BENCH_STORE_URL") or None
     with (
         tempfile.TemporaryDirectory(prefix="weald-bench-agent-") as tmp,
-        ActorSystem(store_path=Path(tmp) / "store.db") as system,
+        ActorSystem(store_path=Path(tmp) / "store.db", store_url=url) as system,
     ):
+        if url is not None:
+            # As a daemon's node: its sessions claimed, so every commit checks the fence.
+            system.store.join("bench", lease=30)
+            system.store.claim([f"s{i}" for i in range(sessions_n)])
         sessions = system.spawn(DynamicSupervisor, kwargs={"max_restarts": 50}, name="sessions")
         telemetry = _telemetry_on(system) if os.environ.get("WEALD_BENCH_TELEMETRY") else None
         token = system.loop.token
@@ -362,11 +373,16 @@ def _telemetry_on(system: Any) -> Any:
     return telemetry
 
 
-def _worker_measure(placement: str, quick: bool, pythonpath: Path | None, telemetry: bool = False) -> dict[str, Any]:
+def _worker_measure(
+    placement: str, quick: bool, pythonpath: Path | None, telemetry: bool = False, url: str | None = None
+) -> dict[str, Any]:
     env = dict(os.environ)
     env.pop("WEALD_BENCH_TELEMETRY", None)
+    env.pop("WEALD_BENCH_STORE_URL", None)
     if telemetry:
         env["WEALD_BENCH_TELEMETRY"] = "1"
+    if url is not None:
+        env["WEALD_BENCH_STORE_URL"] = url
     if pythonpath is not None:
         env["PYTHONPATH"] = str(pythonpath)
     argv = [sys.executable, __file__, "--worker", placement, *(["--quick"] if quick else [])]
@@ -377,7 +393,7 @@ def _worker_measure(placement: str, quick: bool, pythonpath: Path | None, teleme
     return result
 
 
-def compare(before: str, rounds: int, quick: bool, telemetry: bool = False) -> None:
+def compare(before: str, rounds: int, quick: bool, telemetry: bool = False, postgres: bool = False) -> None:
     """This checkout beside ``before``, each in worker processes, rounds alternating."""
     banner(f"bench_agent: one turn with 10 no-op tool calls, this checkout beside {before}")
     baseline = checkout(before, "bench-agent-before-")
@@ -385,6 +401,13 @@ def compare(before: str, rounds: int, quick: bool, telemetry: bool = False) -> N
     names: dict[str, Any] = {f"before ({before})": baseline / "pkg", "after (this checkout)": None}
     if telemetry:
         names["after, telemetry on"] = "telemetry"
+    cluster = None
+    if postgres:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+        from pg_cluster import PgCluster
+
+        cluster = PgCluster(fsync=True).init().start()
+        names["after, PostgreSQL"] = "postgres"
     try:
         for placement in ("one", "two"):
             got: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
@@ -392,10 +415,13 @@ def compare(before: str, rounds: int, quick: bool, telemetry: bool = False) -> N
                 order = list(names.items()) if i % 2 == 0 else list(reversed(names.items()))
                 for name, path in order:
                     on = path == "telemetry"
-                    got[name].append(_worker_measure(placement, quick, None if on else path, telemetry=on))
+                    url = cluster.url(cluster.create_database()) if path == "postgres" and cluster else None
+                    plain = None if on or url else path
+                    got[name].append(_worker_measure(placement, quick, plain, telemetry=on, url=url))
             print(f"\n--- placement: {PLACEMENTS[placement]} ({rounds} rounds, medians of their medians) ---")
             header = f"  {'':<44}{'before':>10}{'after':>10}{'after/before':>14}"
-            print(header + (f"{'on':>10}{'on/before':>11}" if telemetry else ""))
+            extra = [name for name in names if name.startswith("after, ")]
+            print(header + "".join(f"{name.removeprefix('after, ')[:12]:>12}{'/before':>9}" for name in extra))
             rows: list[tuple[str, Any]] = [
                 ("turn overhead, driven from the loop", "loop"),
                 ("turn overhead, from a foreign thread", "foreign"),
@@ -414,12 +440,14 @@ def compare(before: str, rounds: int, quick: bool, telemetry: bool = False) -> N
                 unit = "" if key == "flushes_per_turn" else " us"
                 ratio = values[1] / values[0] if values[0] else float("nan")
                 line = f"  {label:<44}{values[0]:>8.1f}{unit:<2}{values[1]:>8.1f}{unit:<2}{ratio:>13.2f}x"
-                if telemetry:
-                    on_ratio = values[2] / values[0] if values[0] else float("nan")
-                    line += f"{values[2]:>8.1f}{unit:<2}{on_ratio:>10.2f}x"
+                for value in values[2:]:
+                    other = value / values[0] if values[0] else float("nan")
+                    line += f"{value:>10.1f}{unit:<2}{other:>8.2f}x"
                 print(line)
     finally:
         shutil.rmtree(baseline, ignore_errors=True)
+        if cluster is not None:
+            cluster.remove()
     print(load_note())
 
 
@@ -437,8 +465,9 @@ def main() -> None:
         parser.add_argument("--rounds", type=int, default=4, help="worker runs per contender and placement")
         parser.add_argument("--quick", action="store_true")
         parser.add_argument("--telemetry", action="store_true", help="also this checkout with telemetry on")
+        parser.add_argument("--postgres", action="store_true", help="also this checkout with its store on PostgreSQL")
         args = parser.parse_args()
-        compare(args.before, args.rounds, args.quick, args.telemetry)
+        compare(args.before, args.rounds, args.quick, args.telemetry, args.postgres)
         return
     quick_main(run, __doc__)
 
