@@ -121,7 +121,16 @@ def connect(args: argparse.Namespace, *, embedded: bool = False, faults: Any = N
     Raises:
         DaemonUnavailableError: no daemon answers (and ``embedded`` is False).
     """
-    config, files = load_config_files(args)
+    from weald.runtime.daemon.config import ConfigError
+
+    try:
+        config, files = load_config_files(args)
+    except ConfigError:
+        # With the socket named (--socket, $WEALD_SOCKET), a broken file here need not keep a
+        # command from the running daemon (weald reload then shows the daemon's own view of it).
+        if faults is not None or embedded or not (getattr(args, "socket", None) or os.environ.get("WEALD_SOCKET")):
+            raise
+        config = files = None
     if faults is not None:
         with _embedded_client(config, files, faults=faults) as client:
             yield client

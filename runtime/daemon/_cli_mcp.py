@@ -1,10 +1,14 @@
 """``weald mcp list | add | remove | import``: the MCP servers of weald.toml, as ``claude mcp`` manages Claude's.
 
-Each command edits one file: ``$WEALD_CONFIG`` when it is set (the only
-file weald reads then), else the project's ``weald.toml`` (``--scope
-project``, the default) or ``~/.weald/weald.toml`` (``--scope user``). An
+Each command edits one file: ``$WEALD_CONFIG`` when it is set, else the
+project's ``weald.toml`` (``--scope project``, the default: the nearest one at
+or above the current directory, else a new one here) or the user file
+(``--scope user``: ``~/.weald/weald.toml``, ``$WEALD_HOME/weald.toml``). An
 edit keeps the rest of the file as it was, and the file is written only if
-the result is a valid configuration.
+the result is a valid configuration. When a daemon is running, it is then
+asked to read its files again (``config.reload``), and the command says
+whether it picked the change up: the server started, restarted or stopped;
+or why not (the file is not one of the daemon's own, or it refused them).
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ def add_mcp_commands(sub: Any, common: argparse.ArgumentParser) -> None:
         "--scope",
         choices=["project", "user"],
         default="project",
-        help="the project's weald.toml (default) or ~/.weald/weald.toml; $WEALD_CONFIG overrides both",
+        help="the project's weald.toml (default) or the user file (~/.weald/weald.toml); $WEALD_CONFIG overrides both",
     )
 
     p = commands.add_parser("list", parents=[common], help="the configured servers, and their state if a daemon runs")
@@ -219,6 +223,43 @@ def _live_states(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
         return {}
 
 
+def _tell_daemon(args: argparse.Namespace, path: Path, names: list[str]) -> dict[str, Any] | None:
+    """Have a running daemon read its files again; what it did about ``names`` of ``path`` (None: none runs)."""
+    from weald.runtime.daemon.client import Client, DaemonUnavailableError, RPCCallError
+
+    try:
+        with Client.connect(socket_path(args), timeout=2) as client:
+            report = client.call("config.reload", timeout=120)
+    except (DaemonUnavailableError, OSError):
+        return None
+    except RPCCallError as exc:
+        return {"picked_up": False, "lines": [f"the running daemon could not reload: {exc.message}"]}
+    own = report["daemon"]
+    files = [file["path"] for file in own.get("files") or []]
+    if own["status"] == "refused":
+        lines = ["the running daemon refused its configuration files (its running configuration stays):"]
+        return {"picked_up": False, "lines": lines + [f"  {problem}" for problem in own["problems"]]}
+    if str(path) not in files:
+        where = ", ".join(files) or "no file"
+        line = (
+            f"the running daemon does not host the MCP servers of {path} (its own files: {where}); "
+            "a daemon started for that project does"
+        )
+        return {"picked_up": False, "lines": [line]}
+    done = own.get("mcp") or {}
+    lines = []
+    for name in names:
+        what = next((verb for verb, servers in done.items() if name in servers), None)
+        lines.append(f"the running daemon {what} {name!r}" if what else f"the running daemon had {name!r} as it is")
+    return {"picked_up": True, "lines": lines, "mcp": done}
+
+
+def _report_daemon(told: dict[str, Any] | None) -> None:
+    if told is not None:
+        for line in told["lines"]:
+            _say(line)
+
+
 def _add(args: argparse.Namespace, print_json: Callable[[Any], None]) -> int:
     from weald.runtime.daemon._mcp_import import secrets_to_variables, server_tables
 
@@ -251,10 +292,12 @@ def _add(args: argparse.Namespace, print_json: Callable[[Any], None]) -> int:
     if args.name in _servers_in(text, path):
         raise CommandError(f"{path} already has an MCP server {args.name!r}; weald mcp remove {args.name} first")
     _write(path, _append(text, server_tables({args.name: converted})))
+    told = _tell_daemon(args, path, [args.name])
     if args.json:
-        print_json({"added": args.name, "file": str(path), "server": converted, "notes": notes})
+        print_json({"added": args.name, "file": str(path), "server": converted, "notes": notes, "daemon": told})
     else:
         _say(f"added MCP server {args.name!r} to {path}")
+        _report_daemon(told)
     for note in notes:
         _say(f"note: {note}", err=True)
     return EXIT_OK
@@ -280,10 +323,12 @@ def _remove(args: argparse.Namespace, print_json: Callable[[Any], None]) -> int:
             )
         raise CommandError(f"{path} has no MCP server {args.name!r} (weald mcp list shows where each comes from)")
     _write(path, result)
+    told = _tell_daemon(args, path, [args.name])
     if args.json:
-        print_json({"removed": args.name, "file": str(path)})
+        print_json({"removed": args.name, "file": str(path), "daemon": told})
     else:
         _say(f"removed MCP server {args.name!r} from {path}")
+        _report_daemon(told)
     return EXIT_OK
 
 
@@ -308,10 +353,12 @@ def _import(args: argparse.Namespace, print_json: Callable[[Any], None]) -> int:
         *found.notes,
         *(f"{name}: {path} has a server of that name; kept it (--replace replaces)" for name in skipped),
     ]
+    told = None
     if not args.dry_run and servers:
         _write(path, _append(text, tables))
+        told = _tell_daemon(args, path, list(servers))
     if args.json:
-        print_json({"file": str(path), "written": not args.dry_run, "servers": servers, "notes": notes})
+        print_json({"file": str(path), "written": not args.dry_run, "servers": servers, "notes": notes, "daemon": told})
         return EXIT_OK
     if args.dry_run:
         if tables:
@@ -320,6 +367,7 @@ def _import(args: argparse.Namespace, print_json: Callable[[Any], None]) -> int:
         names = ", ".join(servers) or "none"
         plural = "s" if len(servers) != 1 else ""
         _say(f"imported {len(servers)} MCP server{plural} ({found.kind}) into {path}: {names}")
+        _report_daemon(told)
     for note in notes:
         _say(f"note: {note}", err=True)
     return EXIT_OK

@@ -72,6 +72,7 @@ __all__ = [
     "load_files",
     "parse_config",
     "source_from_data",
+    "value_origins",
     "weald_home",
 ]
 
@@ -753,6 +754,48 @@ def load_files(
         raise ConfigError(problems)
     config = config_from_sources(sources, home=home_dir, environ=environ)
     return LoadedConfig(config=config, files=tuple(layers), sources=tuple(sources))
+
+
+def _leaves(value: Mapping[str, object], path: KeyPath = ()) -> list[KeyPath]:
+    """The paths of the leaves of nested tables, in the order `weald config show` lists them."""
+    leaves: list[KeyPath] = []
+    for key, item in value.items():
+        if isinstance(item, Mapping) and item:
+            leaves.extend(_leaves(item, (*path, key)))
+        else:
+            leaves.append((*path, key))
+    return leaves
+
+
+def value_origins(loaded: LoadedConfig, plain: Mapping[str, object]) -> dict[str, str]:
+    """Where each value of ``plain`` (the config unstructured) came from, by its dotted key (blocking).
+
+    ``default``, or the layer and path of the file that set it last
+    (``user: <path>``, ``project: <path>``), or ``import: <path>`` for an MCP
+    server read from an ``[mcp] import`` file.
+    """
+    from weald.runtime.daemon._mcp_import import read_foreign_config
+
+    layers = {file.path: file.layer for file in loaded.files}
+    normalized = [(source, _normalized(source)) for source in loaded.sources]
+    imported: dict[str, str] = {}
+    for imported_file in loaded.config.mcp.imports:
+        try:
+            names = read_foreign_config(imported_file).servers
+        except ValueError:
+            continue
+        for name in names:
+            imported.setdefault(name, f"import: {imported_file}")
+    origins: dict[str, str] = {}
+    for path in _leaves(plain):
+        origin = "default"
+        for source, data in normalized:
+            if _has_path(data, path):
+                origin = f"{layers.get(source.label, 'file')}: {source.label}"
+        if origin == "default" and path[:2] == ("mcp", "servers") and len(path) > 2:
+            origin = imported.get(str(path[2]), origin)
+        origins[".".join(str(part) for part in path)] = origin
+    return origins
 
 
 def load_config(

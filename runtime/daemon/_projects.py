@@ -104,6 +104,9 @@ class ProjectChange:
         files: The files now in use.
         problems: For ``refused``, every problem, each naming its file and key.
         directories: The session directories it configures.
+        generation: The generation of the configuration in use.
+        news: Whether this refresh found it so (a new generation, or new
+            problems): what a watcher reports, once.
     """
 
     project: str
@@ -111,6 +114,19 @@ class ProjectChange:
     files: tuple[ConfigFile, ...]
     problems: tuple[str, ...] = ()
     directories: tuple[str, ...] = ()
+    generation: int = 0
+    news: bool = False
+
+    def describe(self) -> dict[str, Any]:
+        """As plain data, for ``config.reload`` and the ``config.*`` events."""
+        return {
+            "project": self.project,
+            "status": self.status,
+            "files": [attrs.asdict(file) for file in self.files],
+            "problems": list(self.problems),
+            "directories": list(self.directories),
+            "generation": self.generation,
+        }
 
 
 @attrs.frozen
@@ -181,6 +197,8 @@ class Projects:
         self._directories: dict[str, _Directory] = {}
         self._configs: dict[tuple[str, ...], ProjectConfig] = {}
         self._looking: dict[str, Future[_Look]] = {}
+        # The generation of each configuration as the last `refresh(force=True)` (a reload) reported it.
+        self._reported: dict[tuple[str, ...], int] = {}
 
     # -- on the loop thread ------------------------------------------------------------------------
 
@@ -256,15 +274,25 @@ class Projects:
                 after = self._install(look)
             except ConfigError:  # now configured by other files, which have errors: keep what it had
                 after = self._configs[before.key] = attrs.evolve(before, refused=look.problems)
+            # A reload reports what changed since the last reload (the watcher may have applied it already).
+            since = self._reported.get(after.key, before.generation) if force else before.generation
             status: Literal["changed", "refused", "unchanged"] = (
-                "refused" if after.refused else "changed" if after.generation != before.generation else "unchanged"
+                "refused" if after.refused else "changed" if after.generation != since else "unchanged"
             )
+            news = after.generation != before.generation or (bool(after.refused) and after.refused != before.refused)
             previous = changes.get(after.key)
             directories = (*(previous.directories if previous else ()), look.directory)
             if previous is not None and previous.status != "unchanged":
-                status = previous.status
+                status, news = previous.status, previous.news or news
             project = after.root or look.directory
-            changes[after.key] = ProjectChange(project, status, after.files, after.refused, directories)
+            changes[after.key] = ProjectChange(
+                project, status, after.files, after.refused, directories, after.generation, news
+            )
+        if force:
+            for key in changes:
+                self._reported[key] = self._configs[key].generation
+        for key in [key for key in self._reported if key not in self._configs]:
+            del self._reported[key]
         return list(changes.values())
 
     def _install(self, look: _Look) -> ProjectConfig:
@@ -285,6 +313,7 @@ class Projects:
                     generation=next(_generations),
                     ignored=look.files.ignored,
                 )
+                self._reported.setdefault(key, existing.generation)
             elif existing.refused:
                 existing = attrs.evolve(existing, refused=())
         elif look.error is not None:

@@ -461,8 +461,14 @@ def _render_daemon_state(state: Mapping[str, Any]) -> RenderableType:
     return Group(*parts)
 
 
-def render_config(files: Sequence[str], config: Mapping[str, Any]) -> RenderableType:
-    """``weald config show``: the files read, then every key with its value (defaults included)."""
+def render_config(
+    files: Sequence[str],
+    config: Mapping[str, Any],
+    *,
+    origins: Mapping[str, str] | None = None,
+    daemon_wide: Sequence[str] = (),
+) -> RenderableType:
+    """``weald config show``: the files read, then every key with its value (defaults included) and its origin."""
     head = (
         Text.assemble(("read from: ", "bold"), printable(", ".join(files)))
         if files
@@ -471,9 +477,23 @@ def render_config(files: Sequence[str], config: Mapping[str, Any]) -> Renderable
     table = Table(box=box.SIMPLE, pad_edge=False, show_header=True)
     table.add_column("key", style="bold", no_wrap=True)
     table.add_column("value", overflow="fold")
+    if origins is not None:
+        table.add_column("from", overflow="fold")
     for key, value in flatten(config):
         shown = (
             json.dumps(value, default=str, ensure_ascii=False) if not isinstance(value, bool) else str(value).lower()
         )
-        table.add_row(safe_text(key), safe_text(shown))  # folded onto more lines when long, never cut
+        if origins is None:
+            table.add_row(safe_text(key), safe_text(shown))  # folded onto more lines when long, never cut
+            continue
+        origin = origins.get(key, "default")
+        if key.split(".", 1)[0] in daemon_wide:
+            origin += " (daemon-wide)"
+        table.add_row(safe_text(key), safe_text(shown), safe_text(origin))
+    if daemon_wide and origins is not None:
+        note = Text(
+            "daemon-wide: a running daemon uses its own (from the directory weald serve ran in), not a project's",
+            style="dim",
+        )
+        return Group(head, table, note)
     return Group(head, table)

@@ -11,7 +11,11 @@ from here to them, never back.
 ``weald run`` uses the running daemon, or starts an embedded one (in this
 process) when none runs; with ``--faults`` it always runs its agent in an
 embedded daemon of its own, with fault injection on and a temporary store,
-so that a fault run starts from nothing and touches no other agent.
+so that a fault run starts from nothing and touches no other agent. Each
+session runs under its own project's configuration: a command tells the
+daemon the project of the current directory (or ``--project DIR``);
+``weald config show`` prints a project's, ``weald reload`` has the daemon
+read the files again.
 """
 
 from __future__ import annotations
@@ -48,9 +52,10 @@ from weald.runtime.daemon._cli_common import (
     load_config_files,
     print_error,
     print_json,
+    project_dir,
     socket_path,
 )
-from weald.runtime.daemon._render import PrintableFormatter, render_config, render_status
+from weald.runtime.daemon._render import PrintableFormatter, printable, render_config, render_status
 from weald.runtime.daemon.client import Client, DaemonUnavailableError, RPCCallError
 
 __all__ = ["COMMAND_GROUPS", "build_parser", "main"]
@@ -105,12 +110,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
         config_files=files,
     )
     stop = threading.Event()
+    reload = threading.Event()
 
     def on_signal(_signum: int, _frame: object) -> None:
         stop.set()
 
+    def on_hangup(_signum: int, _frame: object) -> None:
+        reload.set()  # `weald reload`'s work, done below on this thread (not in the handler)
+
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGHUP, on_hangup)
     with Progress(
         TextColumn("restoring sessions"),
         BarColumn(),
@@ -155,8 +165,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         )
         if daemon.observer_port is not None:
             err.print(f"observer on http://{_observer_address(daemon)}/ (weald observe opens it)")
-    while not stop.wait(0.2):
-        if daemon.stop_requested:
+    while True:
+        stopped = stop.wait(0.2)
+        if reload.is_set() and not stopped:
+            reload.clear()
+            _reload_on_hangup(daemon, err)
+            continue
+        if stopped or daemon.stop_requested:
             break
     if not args.stdio and not args.json:
         err.print("weald daemon stopping: aborting running turns, saving, stopping the tree")
@@ -208,6 +223,45 @@ def _store_cause(exc: BaseException) -> BaseException | None:
         seen.add(id(current))
         current = current.__cause__ or current.__context__
     return None
+
+
+def _reload_on_hangup(daemon: Any, err: Any) -> None:
+    """SIGHUP: read the configuration files again, as ``weald reload`` does; say what happened on stderr."""
+    try:
+        report = daemon.system.loop.run(daemon.reload)
+    except Exception as exc:
+        print_error(err, f"weald serve: reload failed: {describe_failure(exc)}")
+        return
+    for line in _reload_lines(report):
+        err.print(printable(f"weald serve: reload: {line}"), markup=False, soft_wrap=True)
+
+
+def _reload_lines(report: dict[str, Any]) -> list[str]:
+    """What a reload did, one line per file set (and one per problem)."""
+    own = report["daemon"]
+    files = ", ".join(f["path"] for f in own.get("files") or []) or "no file"
+    lines = []
+    if own["status"] == "refused":
+        lines.append("the daemon's configuration was REFUSED (the running one stays):")
+        lines += [f"  {problem}" for problem in own["problems"]]
+    else:
+        lines.append(f"the daemon's configuration ({files}): {own['status']}")
+        mcp = own.get("mcp") or {}
+        done = [f"{what} {', '.join(names)}" for what, names in mcp.items() if names]
+        if done:
+            lines.append(f"  MCP servers: {'; '.join(done)}")
+        if own.get("restart_needed"):
+            lines.append(f"  takes effect at the next start of the daemon: {', '.join(own['restart_needed'])}")
+    for project in report["projects"]:
+        where = project["project"]
+        if project["status"] == "refused":
+            lines.append(f"project {where}: REFUSED (its sessions keep the configuration they run under):")
+            lines += [f"  {problem}" for problem in project["problems"]]
+        elif project["status"] == "changed":
+            lines.append(f"project {where}: changed (applies at each of its sessions' next turn)")
+        else:
+            lines.append(f"project {where}: unchanged")
+    return lines
 
 
 def _observer_address(daemon: Any) -> str:
@@ -337,22 +391,84 @@ def _bytes(count: int) -> str:
     return f"{size:,.1f} GiB"
 
 
-def cmd_config(args: argparse.Namespace) -> int:
-    """Show the configuration weald would use here (files merged, defaults filled)."""
-    from weald.runtime.daemon.config import config_to_dict, find_config_files
+def cmd_reload(args: argparse.Namespace) -> int:
+    """Have the running daemon read its configuration files again and apply what changed.
 
-    config = load_config(args)
-    files = [str(p) for p in find_config_files(Path(args.project or Path.cwd()))]
-    plain = config_to_dict(config)
+    The daemon's own files (its MCP servers are started, stopped or
+    restarted to match) and every project's a session runs in (a changed
+    project applies at each of its sessions' next turn). A file with errors
+    is refused whole, every problem shown: the configuration running stays,
+    and the command exits 2. SIGHUP to ``weald serve`` does the same.
+    """
+    with connect(args) as client:
+        report = client.call("config.reload", timeout=120)
+    refused = report["daemon"]["status"] == "refused" or any(p["status"] == "refused" for p in report["projects"])
+    if args.json:
+        print_json(report)
+    else:
+        out = console()
+        for line in _reload_lines(report):
+            out.print(printable(line), markup=False, soft_wrap=True)
+    return EXIT_USAGE if refused else EXIT_OK
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    """Show the configuration of a session started here (or in --project DIR), and where each value came from.
+
+    The files read (the user file, then the project's ``weald.toml``, each
+    with its digest), then every key with its value (defaults included) and
+    its origin: ``default``, ``user: FILE``, ``project: FILE``, ``import:
+    FILE`` (an MCP server of an ``[mcp] import`` file) or ``parameter``
+    (``--model``, ``--tools``: what ``agent.start`` would be given). The
+    daemon-wide sections are marked: a running daemon uses its own.
+    """
+    from weald.runtime.daemon._config_load import find_project_files, load_files, value_origins
+    from weald.runtime.daemon.config import DAEMON_WIDE, config_to_dict
+
+    files = find_project_files(project_dir(args) or Path.cwd())
+    loaded = load_files(files)
+    plain = config_to_dict(loaded.config)
+    origins = value_origins(loaded, plain)
     store = plain.get("store")
     if isinstance(store, dict) and store.get("url"):
         from weald.runtime import mask_url
 
         store["url"] = mask_url(store["url"])  # the database's password is never shown
+    models = plain.setdefault("models", {})
+    tools = plain.setdefault("tools", {})
+    if args.model and isinstance(models, dict):
+        models["default"] = args.model
+        origins["models.default"] = "parameter"
+    if args.tools and isinstance(tools, dict):
+        tools["enabled"] = args.tools.split(",")
+        origins["tools.enabled"] = "parameter"
+    daemon_wide = sorted(DAEMON_WIDE)
     if args.json:
-        print_json({"files": files, "config": plain})
+        print_json(
+            {
+                "project": None if files.root is None else str(files.root),
+                "files": [file.path for file in loaded.files],
+                "sources": [attrs.asdict(file) for file in loaded.files],
+                "ignored": list(files.ignored),
+                "config": plain,
+                "origins": origins,
+                "daemon_wide": daemon_wide,
+            }
+        )
     else:
-        console().print(render_config(files, plain))
+        out = console()
+        where = f"project {files.root}" if files.root is not None else f"no project at or above {files.start}"
+        out.print(printable(f"a session started in {files.start}: {where}"), markup=False)
+        for marker in files.ignored:
+            out.print(printable(f"passed over (not yours, or anyone may write to it): {marker}"), markup=False)
+        out.print(
+            render_config(
+                [f"{file.path} ({file.layer}, {file.digest[:19]})" for file in loaded.files],
+                plain,
+                origins=origins,
+                daemon_wide=daemon_wide,
+            )
+        )
     return EXIT_OK
 
 
@@ -516,7 +632,8 @@ COMMAND_GROUPS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
     (
         "setting up",
         (
-            ("config", "show the configuration weald uses here"),
+            ("config", "show the configuration weald uses here, and where each value came from"),
+            ("reload", "have the running daemon read its configuration files again"),
             ("doctor", "check this machine for weald"),
             ("mcp", "list, add, remove and import MCP servers"),
             ("acp", "serve an editor (Zed, JetBrains, Neovim) over ACP on stdio"),
@@ -742,6 +859,9 @@ def build_parser() -> argparse.ArgumentParser:
     # -- setting up
     p = command(sub, "config", cmd_config, "show the configuration")
     p.add_argument("action", nargs="?", choices=["show"], default="show", help="show (the default)")
+    p.add_argument("--model", help="as agent.start's model: shown as models.default, from 'parameter'")
+    p.add_argument("--tools", help="as agent.start's tool filter, e.g. '*,!shell': shown as tools.enabled")
+    command(sub, "reload", cmd_reload, "re-read the configuration files now")
     command(sub, "doctor", cmd_doctor, "check this machine for weald")
 
     from weald.runtime.daemon._cli_mcp import add_mcp_commands

@@ -600,6 +600,7 @@ class Server(Actor):
             "daemon.status": (NoParams, self._daemon_status),
             "daemon.stop": (NoParams, self._daemon_stop),
             "history.gc": (NoParams, self._history_gc),
+            "config.reload": (NoParams, self._config_reload),
         }
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -2120,6 +2121,12 @@ class Server(Actor):
     async def _daemon_stop(self, conn: Connection, p: NoParams) -> dict[str, Any]:
         self._daemon.request_stop()
         return {"stopping": True}
+
+    async def _config_reload(self, conn: Connection, p: NoParams) -> dict[str, Any]:
+        """Read every configuration file again and apply what changed (`Daemon.reload`)."""
+        self._refuse_when_stopping("config.reload")
+        report: dict[str, Any] = await self._daemon.reload()
+        return report
 
 
 @attrs.frozen

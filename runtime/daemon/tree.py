@@ -9,6 +9,7 @@
     ├── mcp        one MCPConnection per configured server (one_for_one, backoff)
     ├── sessions   DynamicSupervisor: one session subtree per agent
     ├── metrics    the sampler: the daemon's counters every second, in fixed-size rings (``metrics.series``)
+    ├── config     ConfigWatcher: each project's configuration kept current (``weald reload``, SIGHUP)
     ├── server     JSON-RPC front (Unix socket / stdio)
     └── http       the observer: a live web view (``[server] http``, ``weald serve --http``)
 
@@ -83,6 +84,7 @@ import attrs
 import msgspec
 import trio
 from weald.runtime import (
+    Actor,
     ActorDeadError,
     ActorSystem,
     Future,
@@ -101,11 +103,18 @@ from weald.runtime.agents.agent import AgentConfig, AgentRecord, PromptKey, Turn
 from weald.runtime.agents.context import ContextConfig
 from weald.runtime.agents.session import SessionConfig, agent_path, session_shape, session_spec, valid_session_id
 from weald.runtime.agents.tool_runner import RunnerConfig
-from weald.runtime.daemon._config_load import ProjectFiles, source_from_data, weald_home
-from weald.runtime.daemon._config_model import parse_retention
+from weald.runtime.daemon._config_convert import unstructure_config
+from weald.runtime.daemon._config_load import (
+    ProjectFiles,
+    find_project_files,
+    load_files,
+    source_from_data,
+    weald_home,
+)
+from weald.runtime.daemon._config_model import DAEMON_WIDE, parse_retention
 from weald.runtime.daemon._hygiene import SandboxReport, prepare_process, stop_leftovers
 from weald.runtime.daemon._index import SessionIndex
-from weald.runtime.daemon._projects import ProjectConfig, Projects
+from weald.runtime.daemon._projects import ProjectChange, ProjectConfig, Projects
 from weald.runtime.daemon._retention import HistoryKeeper, RetentionJob
 from weald.runtime.daemon._runlog import DaemonLog, PreviousRun
 from weald.runtime.daemon._telemetry_settings import TelemetrySettings, telemetry_settings
@@ -1636,6 +1645,7 @@ class Daemon:
         config_files: ProjectFiles | None = None,
     ) -> None:
         self.config = config
+        self._read_config = config  # as the daemon's own files last read it (`reload`)
         self._log_mode = log
         self.log: DaemonLog | None = None
         self.config_files = config_files
@@ -1752,6 +1762,8 @@ class Daemon:
             root.start_child(ChildSpec("metrics", Sampler, shutdown=5)).get(timeout=30)
             if self.system.store.fences:
                 self.system.loop.spawn_nowait(self._adopt_orphans)
+            # Looks at the projects' files every CONFIG_POLL seconds: a changed one applies at its sessions' next turn.
+            root.start_child(ChildSpec("config", ConfigWatcher, kwargs={"daemon": self}, shutdown=5)).get(timeout=30)
             if self.socket_path is not None or self.stdio or self.http:
                 root.start_child(
                     ChildSpec(
@@ -1880,6 +1892,94 @@ class Daemon:
         spec: ChildSpec = mcp_supervisor_spec(self._mcp_configs, self.registry, roots=self.roots.paths)
         return spec
 
+    async def reload(self) -> dict[str, Any]:
+        """Read every configuration file again and apply what changed: ``weald reload``, SIGHUP (on the loop).
+
+        OTP's ``config_change``, for weald: the daemon's own files (those
+        ``weald serve`` found) are read again, and when they are right, the
+        MCP servers they name are started, stopped or restarted to match
+        (`MCPSupervisor.update_servers`), while a change to another
+        daemon-wide key is named in ``restart_needed``. Every project's files
+        are read again too (`Projects.refresh`); a changed project applies at
+        its sessions' next turn. A file with errors is refused as a whole,
+        with every problem: the configuration running stays.
+
+        Returns:
+            ``daemon`` (``status``: changed, unchanged or refused; ``files``,
+            ``problems``, ``mcp``, ``restart_needed``) and ``projects``
+            (`ProjectChange.describe` of each).
+        """
+        daemon = await self._reload_own()
+        changes = await self.projects.refresh(force=True)
+        self.publish_changes(changes)
+        report = {"daemon": daemon, "projects": [change.describe() for change in changes]}
+        summary = {
+            "daemon": daemon["status"],
+            "changed": [c.project for c in changes if c.status == "changed" and c.news],
+            "refused": [c.project for c in changes if c.status == "refused"],
+        }
+        self.system.events.publish("config.reloaded", "/config", summary)
+        return report
+
+    def publish_changes(self, changes: list[ProjectChange]) -> None:
+        """``config.changed`` / ``config.refused`` for each project whose configuration is news."""
+        for change in changes:
+            if change.news:
+                topic = "config.refused" if change.status == "refused" else "config.changed"
+                self.system.events.publish(topic, "/config", change.describe())
+
+    async def _reload_own(self) -> dict[str, Any]:
+        """Read the daemon's own files again; apply their MCP servers; name what needs a restart."""
+        if self.config_files is None:
+            note = "the daemon was given its configuration in code: there are no files of its own to read again"
+            return {"status": "unchanged", "files": [], "problems": [], "note": note}
+        start = self.config_files.start
+
+        def read() -> Any:
+            files = find_project_files(start)
+            return files, load_files(files)
+
+        try:
+            files, loaded = await trio.to_thread.run_sync(read)
+        except ConfigError as exc:
+            problems = [str(problem) for problem in exc.problems]
+            self.system.events.publish("config.refused", "/config", {"project": str(start), "problems": problems})
+            return {"status": "refused", "files": [], "problems": problems}
+        new: Config = loaded.config
+        old_plain, new_plain = unstructure_config(self.config), unstructure_config(new)
+        restart_needed = sorted(
+            key
+            for section in DAEMON_WIDE
+            for key in _changed_keys(old_plain.get(section), new_plain.get(section), section)
+        )
+        register_config_secrets(new)
+        configs = _mcp_configs(new)
+        mcp: dict[str, list[str]] = {"started": [], "stopped": [], "restarted": [], "retried": []}
+        supervisor = self.system.whereis("/mcp")
+        if supervisor is not None:
+            if configs:
+                from weald.runtime.mcp._actor import load_connection_modules
+
+                await trio.to_thread.run_sync(load_connection_modules)
+            try:
+                mcp = await supervisor.proxy().update_servers(configs)
+            except ValueError as exc:  # MCPConfigError: two servers of one name (nothing changed)
+                return {"status": "refused", "files": [], "problems": [str(exc)]}
+        changed = bool(restart_needed or any(mcp.values()) or new != self._read_config)
+        self._read_config = new
+        self.config = attrs.evolve(self.config, mcp=new.mcp)
+        self._mcp_configs = configs
+        self.config_files = files
+        if self.sessions is not None:
+            self.sessions.config = self.config
+        return {
+            "status": "changed" if changed else "unchanged",
+            "files": [attrs.asdict(file) for file in loaded.files],
+            "problems": [],
+            "mcp": mcp,
+            "restart_needed": restart_needed,
+        }
+
     def request_stop(self) -> None:
         """Ask the process running the daemon to shut it down (from an RPC or a signal)."""
         self._stop_requested = True
@@ -1959,9 +2059,10 @@ def _taken(session_id: str) -> str:
 def _mcp_configs(config: Config) -> list[Any]:
     """The enabled MCP servers' configs, each with the environment variables its ``${...}`` use.
 
-    Captured when the daemon is made, before anything at start may scrub
-    secrets from the process environment: a server restarted hours later
-    still expands ``${GITHUB_TOKEN}`` to what the daemon was started with.
+    Captured as the daemon started with them (`environ_value`: the secrets
+    scrubbed from the process environment at start included): a server
+    restarted hours later, or added by a reload, still expands
+    ``${GITHUB_TOKEN}`` to what the daemon was started with.
     """
     servers = {name: server for name, server in config.mcp.servers.items() if server.enabled}
     if not servers:
@@ -1969,9 +2070,62 @@ def _mcp_configs(config: Config) -> list[Any]:
     configs = []
     for name, server in servers.items():
         built = server.to_server_config(name)
-        captured = {variable: os.environ[variable] for variable in built.variables() if variable in os.environ}
+        captured = {variable: value for variable in built.variables() if (value := environ_value(variable)) is not None}
         configs.append(attrs.evolve(built, environ=captured))
     return configs
+
+
+def _changed_keys(old: object, new: object, path: str) -> list[str]:
+    """The dotted keys under ``path`` whose values differ between two unstructured tables."""
+    if isinstance(old, Mapping) and isinstance(new, Mapping):
+        keys = sorted(set(old) | set(new))
+        return [changed for key in keys for changed in _changed_keys(old.get(key), new.get(key), f"{path}.{key}")]
+    return [] if old == new else [path]
+
+
+#: Seconds between two looks at the projects' configuration files.
+CONFIG_POLL = 1.0
+
+
+@attrs.frozen
+class _Polled:
+    result: Any  # outcome.Outcome[None]: the poll loop ended (it only ends by failing)
+
+
+class ConfigWatcher(Actor):
+    """``/config``: keeps each project's configuration current (see `Projects.refresh`).
+
+    Every `CONFIG_POLL` seconds it has the projects' files looked at (in a
+    worker thread: the files found upward, each file's identity; only what
+    changed is read again), and publishes ``config.changed`` and
+    ``config.refused`` for what it finds. A changed project applies at its
+    sessions' next turn; ``weald reload`` (`Daemon.reload`) does the same
+    at once, and reads the daemon's own files too. If the look fails, the
+    actor crashes and the root restarts it.
+
+    Args:
+        daemon: the daemon.
+        interval: seconds between looks.
+    """
+
+    def __init__(self, daemon: Daemon, interval: float = CONFIG_POLL) -> None:
+        super().__init__()
+        self._daemon = daemon
+        self._interval = interval
+
+    def on_start(self) -> None:
+        """Start the poll loop (an I/O task of this actor); runs in the actor's task."""
+        self.run_io(self._poll, reply=_Polled, name="config poll")
+
+    async def _poll(self) -> None:
+        while True:
+            await trio.sleep(self._interval)
+            self._daemon.publish_changes(await self._daemon.projects.refresh())
+
+    def on_receive(self, message: Any) -> None:
+        """The poll loop ended: its failure crashes this actor (the root restarts it)."""
+        if isinstance(message, _Polled):
+            message.result.unwrap()
 
 
 def _prepare_session_mcp(servers: Sequence[SessionMCPServer], unique: bool = True) -> None:

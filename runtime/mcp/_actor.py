@@ -312,6 +312,11 @@ class _ServerRecord:
                 f"MCP server {name!r} is waiting for a person to authorize weald (see the mcp.auth_required "
                 "event); try again once they have."
             )
+        if status == "failed" and self.retry_at is None:
+            return (
+                f"MCP server {name!r} cannot start until its configuration is fixed and the daemon reloads it "
+                f"(weald reload): {_first_line(self.last_error or 'its configuration is wrong')}"
+            )
         if status == "stopped":
             return f"MCP server {name!r} was stopped; its tools are not available."
         attempt = f" (attempt {self.attempt + 1})" if self.attempt else ""
@@ -505,6 +510,7 @@ class MCPConnection(Actor):
         self._reported = False  # mcp.disconnected already published for this incarnation
         self._closed: trio.Event | None = None
         self._connection: IOHandle | None = None
+        self._gave_up = False  # its configuration cannot work: stopped as failed, not restarted
 
     @property
     def server(self) -> str:
@@ -546,7 +552,7 @@ class MCPConnection(Actor):
         gone (for stdio, its process group), at most `CLOSE_WAIT` seconds.
         """
         error = MCPClosedError(f"the connection to MCP server {self.server!r} was stopped", server=self.server)
-        self._go_down("stopped", error, reason="stopped")
+        self._go_down("failed" if self._gave_up else "stopped", error, reason="stopped")
         return self._wait_closed()
 
     def on_failure(
@@ -600,7 +606,7 @@ class MCPConnection(Actor):
         self._inflight.clear()
         if self._connection is not None:
             self._connection.cancel()
-        if status == "stopped":
+        if status == "stopped" or self._gave_up:
             self._unregister_all()
         # Else the tools stay for the next incarnation, which re-syncs them:
         # a call meanwhile is told when the server is back (`unavailable`).
@@ -715,11 +721,12 @@ class MCPConnection(Actor):
         with contextlib.suppress(ActorDeadError):
             self.actor_ref.tell(_ToolsChanged(tools))
 
-    def _start_failed(self, error: BaseException) -> None:
+    def _start_failed(self, error: BaseException, *, restarting: bool = True) -> None:
         record = self._record
         record.failed_starts += 1
         record.status = "failed"
         record.last_error = redact_text(str(error))
+        record.retry_at = None
         self._reported = True
         self._publish(
             "mcp.disconnected",
@@ -728,7 +735,7 @@ class MCPConnection(Actor):
             stderr_tail=redact_text(getattr(error, "stderr_tail", "") or ""),
             exit_code=getattr(error, "exit_code", None),
             attempt=record.failed_starts,
-            restarting=True,
+            restarting=restarting,
         )
 
     def _connected(self, session: MCPSession) -> None:
@@ -773,6 +780,13 @@ class MCPConnection(Actor):
             if self._session is not None:
                 self._request("notifications/roots/list_changed", lambda session: session.notify_roots_changed())
         elif isinstance(message, _ConnectionEnded):
+            if self._session is None and isinstance(message.error, MCPConfigError):
+                # Its configuration cannot work (a ${VAR} that is not set): trying again changes
+                # nothing, so it stops as failed, with the reason, until a reload gives it another.
+                self._gave_up = True
+                self._start_failed(message.error, restarting=False)
+                self.actor_ref.stop(block=False)
+                return
             if self._session is None:
                 self._start_failed(message.error)  # never connected: spawn, handshake, timeout or authorization
             raise message.error
@@ -1079,8 +1093,11 @@ class MCPSupervisor(Supervisor):
         roots: Callable[[], Sequence[str]] | None = None,
     ) -> None:
         enabled = [config for config in configs if config.enabled]
-        gate = StartGate(start_rate if start_rate is not None else default_start_rate())
+        self._gate = StartGate(start_rate if start_rate is not None else default_start_rate())
         self._registry = registry
+        self._permission: Permission = permission
+        self._backoff = backoff
+        self._roots = roots
         self._resource_tools: list[str] = []
         self._records: dict[str, _ServerRecord] = {}
         specs: list[ChildSpec] = []
@@ -1088,20 +1105,72 @@ class MCPSupervisor(Supervisor):
             child_id = _child_id(config)
             if child_id in self._records:
                 raise MCPConfigError(f"two MCP servers are named {config.name!r}", server=config.name)
-            record = _ServerRecord(config)
-            self._records[child_id] = record
-            specs.append(
-                ChildSpec(
-                    child_id,
-                    MCPConnection,
-                    args=(config, registry),
-                    kwargs={"permission": permission, "_record": record, "_gate": gate, "_roots": roots},
-                    shutdown=CONNECTION_SHUTDOWN,
-                    backoff=backoff,
-                )
-            )
+            self._records[child_id] = _ServerRecord(config)
+            specs.append(self._spec(child_id))
         max_restarts, max_seconds = self.intensity_for(backoff, len(specs))
         super().__init__(specs, strategy="one_for_one", max_restarts=max_restarts, max_seconds=max_seconds)
+
+    def _spec(self, child_id: str) -> ChildSpec:
+        """The connection's child spec. Transient: one that gives up (its configuration cannot work) stays stopped."""
+        record = self._records[child_id]
+        return ChildSpec(
+            child_id,
+            MCPConnection,
+            args=(record.config, self._registry),
+            kwargs={"permission": self._permission, "_record": record, "_gate": self._gate, "_roots": self._roots},
+            restart="transient",
+            shutdown=CONNECTION_SHUTDOWN,
+            backoff=self._backoff,
+        )
+
+    async def update_servers(self, configs: Iterable[ServerConfig]) -> dict[str, list[str]]:
+        """Make the servers those of ``configs`` (OTP's ``config_change``): a reload of the configuration.
+
+        A server no longer there (or disabled) is stopped and forgotten; a
+        new one is started; one whose configuration changed is stopped and
+        started with the new one; one that gave up (`failed`, a ``${VAR}``
+        not set) is tried again; the others are left running. Call
+        `load_connection_modules` first (in a worker thread) when any is enabled.
+
+        Returns:
+            The server names ``started``, ``stopped``, ``restarted`` and ``retried``.
+
+        Raises:
+            MCPConfigError: two enabled servers share a name (nothing was changed).
+        """
+        wanted: dict[str, ServerConfig] = {}
+        for config in configs:
+            if config.enabled:
+                child_id = _child_id(config)
+                if child_id in wanted:
+                    raise MCPConfigError(f"two MCP servers are named {config.name!r}", server=config.name)
+                wanted[child_id] = config
+        report: dict[str, list[str]] = {"started": [], "stopped": [], "restarted": [], "retried": []}
+        replaced: dict[str, str] = {}  # child id -> "restarted" or "retried"
+        for child_id, record in list(self._records.items()):
+            new = wanted.get(child_id)
+            gave_up = record.status == "failed" and record.retry_at is None
+            if new is not None and new == record.config and not gave_up:
+                continue
+            await self.terminate_child(child_id)
+            self.delete_child(child_id)
+            del self._records[child_id]
+            if new is None:
+                report["stopped"].append(record.config.name)
+            else:
+                replaced[child_id] = "retried" if new == record.config else "restarted"
+        for child_id, config in wanted.items():
+            if child_id in self._records:
+                continue
+            self._records[child_id] = _ServerRecord(config)
+            await self.start_child(self._spec(child_id))
+            report[replaced.get(child_id, "started")].append(config.name)
+        self._max_restarts, self._max_seconds = self.intensity_for(self._backoff, len(self._records))
+        if self._records and not self._resource_tools:
+            self._register_resource_tools()
+        elif not self._records:
+            self._unregister_resource_tools()
+        return report
 
     @staticmethod
     def intensity_for(backoff: Backoff, children: int) -> tuple[int, float]:
@@ -1153,12 +1222,15 @@ class MCPSupervisor(Supervisor):
     def on_start(self) -> Any:
         """Register the resource tools, then start every connection (each returns at once)."""
         if self._records:
-            from ._resource_tools import resource_tools
-
-            for tool in resource_tools(self.system, self.path):
-                self._registry.register(tool, replace=True)
-                self._resource_tools.append(tool.name)
+            self._register_resource_tools()
         return super().on_start()
+
+    def _register_resource_tools(self) -> None:
+        from ._resource_tools import resource_tools
+
+        for tool in resource_tools(self.system, self.path):
+            self._registry.register(tool, replace=True)
+            self._resource_tools.append(tool.name)
 
     def on_stop(self) -> Any:
         """Unregister the resource tools, then stop every connection, last started first."""

@@ -199,6 +199,7 @@ def test_the_tree_shows_every_node_with_kind_status_restarts_and_mailbox(daemon:
         "/mcp",
         "/sessions",
         "/metrics",
+        "/config",
         "/server",
     ]
     session = root["children"][4]["children"][0]

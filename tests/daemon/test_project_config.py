@@ -266,3 +266,49 @@ def test_state_dir_in_the_user_file_moves_the_daemons_state(tmp_path: Path) -> N
     assert config["daemon"]["state_dir"] == str(tmp_path / "elsewhere")
     assert config["store"]["path"] == str(tmp_path / "elsewhere" / "store.db")
     assert config["server"]["socket"] == str(tmp_path / "elsewhere" / "weald.sock")
+
+
+def test_config_show_prints_a_projects_configuration_with_where_each_value_came_from(tmp_path: Path) -> None:
+    home = tmp_path / "wh"
+    home.mkdir()
+    user = home / "weald.toml"
+    user.write_text('[agent]\nmax_steps = 10\n[tools.permissions]\nshell = "ask"\n')
+    project = tmp_path / "p"
+    (project / "src").mkdir(parents=True)
+    toml = project / "weald.toml"
+    toml.write_text('[tools.permissions]\nread_file = "deny"\n[limits]\nmax_agents = 5\n')
+    env = {k: v for k, v in os.environ.items() if k not in ("WEALD_CONFIG", "WEALD_SOCKET")}
+    env.update(HOME=str(tmp_path / "home"), WEALD_HOME=str(home))
+    cli = [sys.executable, "-m", "weald.runtime.daemon.cli", "config", "show"]
+    where = ["--project", str(project / "src"), "--tools", "*,!shell"]
+    shown = subprocess.run(
+        [*cli, *where, "--json"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert shown.returncode == 0, shown.stderr
+    report = json.loads(shown.stdout)
+    assert report["project"] == str(project)
+    assert report["files"] == [str(user), str(toml)]
+    assert [s["layer"] for s in report["sources"]] == ["user", "project"]
+    origins = report["origins"]
+    assert origins["agent.max_steps"] == f"user: {user}"
+    assert origins["tools.permissions.shell"] == f"user: {user}"
+    assert origins["tools.permissions.read_file"] == f"project: {toml}"
+    assert origins["context.auto"] == "default"
+    assert origins["tools.enabled"] == "parameter"
+    assert report["config"]["tools"]["enabled"] == ["*", "!shell"]
+    assert origins["limits.max_agents"] == f"project: {toml}"
+    assert "limits" in report["daemon_wide"]
+    text = subprocess.run(
+        [*cli, *where],
+        cwd=tmp_path,
+        env={**env, "COLUMNS": "250"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert text.returncode == 0, text.stderr
+    rows = {line.split()[0]: " ".join(line.split()[1:]) for line in text.stdout.splitlines() if line.strip()}
+    assert rows["limits.max_agents"] == f"5 project: {toml} (daemon-wide)"
+    assert rows["tools.permissions.read_file"] == f'"deny" project: {toml}'
+    assert f"a session started in {project / 'src'}: project {project}" in text.stdout
