@@ -227,6 +227,7 @@ class HistoryKeeper:
         self._stop = threading.Event()
         self._lock: trio.Lock | None = None  # made on the loop: one pass at a time
         self._over = False  # the store is past warn_bytes (warned once until it comes back under)
+        self.store_bytes: int | None = None  # the store's size as last measured (None: not yet)
         self.passes = 0
         self.last: GcReport | None = None
         self.last_at: float | None = None
@@ -259,7 +260,7 @@ class HistoryKeeper:
             return report
 
     async def follow(self) -> None:
-        """Pass every ``interval`` seconds, and look at the store's size meanwhile, until cancelled (a loop task)."""
+        """Pass every ``interval`` seconds, and measure the store's size each minute, until cancelled (a loop task)."""
         next_pass = trio.current_time() + min(_FIRST_PASS_DELAY, self.interval or _FIRST_PASS_DELAY)
         while not self._stop.is_set():
             if self.interval and trio.current_time() >= next_pass:
@@ -282,6 +283,7 @@ class HistoryKeeper:
             return 0
 
     def _check_size(self, size: int) -> None:
+        self.store_bytes = size
         over = bool(self.warn_bytes) and size > self.warn_bytes
         if over and not self._over:
             self._system.events.publish(

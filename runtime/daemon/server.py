@@ -2079,7 +2079,8 @@ class Server(Actor):
             "connections": len(self._connections),
             "faults_enabled": self._daemon.faults is not None,
             "store": _store_location(self.system),
-            "store_bytes": await trio.to_thread.run_sync(_store_bytes, self.system),
+            # As last measured (at most a minute ago): no I/O here, on the loop.
+            "store_bytes": self._daemon.history.store_bytes if self._daemon.history is not None else None,
             "store_kind": _store_kind(self.system),
             "node": _node_status(self.system),
             "store_write_failure": _write_failure(self.system),
@@ -2155,14 +2156,6 @@ def _out_of_fds(method: str) -> str:
         f"{method} failed: the daemon is out of file descriptors (too many connections, processes or files "
         "open); try again shortly"
     )
-
-
-def _store_bytes(system: Any) -> int:
-    """The store's size in bytes (blocking: a file's size, or a database query); 0 when it cannot be told."""
-    try:
-        return int(system.store.statistics().get("bytes", 0))
-    except StoreError:
-        return 0
 
 
 def _write_failure(system: Any) -> str | None:
