@@ -173,6 +173,9 @@ class Calibration(msgspec.Struct, kw_only=True, frozen=True):
         last_input_tokens: the input tokens the last answer reported.
         window: a context window a server named when it refused a request,
             smaller than the configured one; None if none did.
+        window_of: the window the model had before (configured, known or
+            the default): the server's is used again only while that is
+            unchanged (a configuration that now says otherwise wins).
     """
 
     model: str = ""
@@ -182,6 +185,7 @@ class Calibration(msgspec.Struct, kw_only=True, frozen=True):
     fixed_chars: int = 0
     last_input_tokens: int = 0
     window: int | None = None
+    window_of: int | None = None
 
 
 class ContextStats(msgspec.Struct, frozen=True, kw_only=True):
@@ -283,6 +287,7 @@ class Context:
         "sent_fixed",
         "seqs",
         "server_window",
+        "window_of",
     )
 
     def __init__(self, limits: ModelLimits, config: ContextConfig | None = None) -> None:
@@ -307,6 +312,7 @@ class Context:
         self._anchor_fixed = 0
         self.last_input_tokens = 0
         self.server_window: int | None = None  # a window a server named, smaller than the configured one
+        self.window_of: int | None = None  # the window the model had before the server named one
         self.compactions = 0
         self.pruned_before = 0
 
@@ -388,6 +394,8 @@ class Context:
         if limit:
             narrowed = self.limits.narrowed(limit)
             if narrowed is not self.limits:
+                if self.window_of is None:
+                    self.window_of = self.limits.context_window
                 self.limits = narrowed
                 self.server_window = narrowed.context_window
 
@@ -401,6 +409,7 @@ class Context:
             fixed_chars=self._anchor_fixed if self.calibrated else 0,
             last_input_tokens=self.last_input_tokens,
             window=self.server_window,
+            window_of=self.window_of,
         )
 
     def restore(self, calibration: Calibration | None, model: str) -> None:
@@ -414,7 +423,7 @@ class Context:
             self._anchor_tokens = calibration.anchor_tokens
             self._anchor_fixed = calibration.fixed_chars
             self.calibrated = True
-        if calibration.window is not None:
+        if calibration.window is not None and calibration.window_of == self.limits.context_window:
             self.learn_overflow(0, calibration.window, None)
 
     def forget_calibration(self) -> None:
@@ -423,7 +432,7 @@ class Context:
         self.calibrated = False
         self._anchor_chars = self._anchor_tokens = self._anchor_fixed = 0
         self.last_input_tokens = 0
-        self.server_window = None
+        self.server_window = self.window_of = None
 
     def fixed_tokens(self, system: str | None, tools: Sequence[ToolSpec]) -> int | None:
         """What the system prompt and the tools' schemas cost, as measured; None before any measure.

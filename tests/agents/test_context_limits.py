@@ -17,7 +17,7 @@ from test_context import LINE, Recorder, assistant, start, steps, stored, tool_r
 from weald.runtime import ActorSystem
 from weald.runtime.agents.agent import AgentRecord
 from weald.runtime.agents.context import CompactionMark, Context, ContextConfig, is_summary, summary_message
-from weald.runtime.llm import Message, ModelLimits, ProviderSettings
+from weald.runtime.llm import Message, ModelLimits, ProviderSettings, Usage
 from weald.runtime.testing import wait_until
 
 WORDS = "The river carries the silt of the northern hills down to the delta every spring. "  # 16 words
@@ -70,6 +70,28 @@ def test_steps_are_pruned_oldest_first_down_to_the_last_one_after_a_summary_too(
     assert context.prune_all() == 1
     assert context.chars == floor
     assert context.floor_chars() == floor
+
+
+def test_a_stored_calibration_comes_back_and_a_server_window_only_while_the_configured_one_is_unchanged() -> None:
+    measured = Context(ModelLimits(128_000, 16_384))
+    measured.append(0, Message(role="user", content="x" * 3_984))
+    measured.calibrate(measured.chars + 2_000, Usage(input_tokens=900), fixed_chars=2_000)
+    measured.learn_overflow(measured.chars + 2_000, limit=2_048, requested=None)
+    stored_calibration = measured.calibration("llama:small")
+    assert (stored_calibration.window, stored_calibration.window_of) == (2_048, 128_000)
+    again = Context(ModelLimits(128_000, 16_384))
+    again.append(0, Message(role="user", content="x" * 3_984))  # the same context, rebuilt from the history
+    again.restore(stored_calibration, "llama:small")
+    assert (again.calibrated, again.last_input_tokens, again.limits.context_window) == (True, 900, 2_048)
+    assert again.tokens_for(again.chars + 2_000) == measured.tokens_for(measured.chars + 2_000)
+    # The user configured the true window since: it wins over what the server once said.
+    reconfigured = Context(ModelLimits(8_192, 2_048, source="configured"))
+    reconfigured.restore(stored_calibration, "llama:small")
+    assert (reconfigured.calibrated, reconfigured.limits.context_window) == (True, 8_192)
+    # Another model: nothing of it applies.
+    other = Context(ModelLimits(128_000, 16_384))
+    other.restore(stored_calibration, "openai:gpt-4.1")
+    assert (other.calibrated, other.limits.context_window) == (False, 128_000)
 
 
 # -- oversized prompts ---------------------------------------------------------------------------------
