@@ -17,8 +17,12 @@ Fixtures (each test gets its own):
   test's temporary directory;
 - ``weald_recording``: loads a recording (``weald run --record``) as a
   `Recording`, a relative path taken from the test file's directory;
-- ``weald_config`` (``{}``) and ``weald_registry`` (a copy of the built-in
-  tools and yours): override them to configure ``weald_daemon``.
+- ``weald_config`` (``{}``) and ``weald_registry`` (the built-in tools and
+  those the test's own module and its ``conftest.py`` files define): override
+  them to configure ``weald_daemon``. A tool defined in another test file
+  does not join: ``weald_share_tools = true`` in the pytest configuration, or
+  ``@pytest.mark.weald_shared_tools`` on a test, gives every ``@tool`` of the
+  test process.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ import pytest
 from weald.runtime import ActorSystem
 from weald.runtime.faults import FaultInjector
 from weald.runtime.testing import DaemonHarness, Faults, Recording, ScriptBuilder
-from weald.tools import ToolRegistry, default_registry
+from weald.tools import Tool, ToolRegistry, default_registry
 
 __all__ = [
     "weald_config",
@@ -51,10 +55,32 @@ def weald_config() -> dict[str, Any]:
     return {}
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Declare the ``weald_shared_tools`` marker."""
+    config.addinivalue_line("markers", "weald_shared_tools: weald_daemon gets every @tool of the test process")
+
+
 @pytest.fixture
-def weald_registry() -> ToolRegistry:
-    """The tools ``weald_daemon`` offers: a copy of the built-ins and every tool defined with ``@tool``."""
-    return default_registry.copy()
+def weald_registry(request: pytest.FixtureRequest) -> ToolRegistry:
+    """The tools ``weald_daemon`` offers: the built-ins, and those of this test's module and its conftest files.
+
+    Every ``@tool`` of the process joins with ``weald_share_tools = true`` or
+    ``@pytest.mark.weald_shared_tools``.
+    """
+    if request.config.getini("weald_share_tools") or request.node.get_closest_marker("weald_shared_tools"):
+        return default_registry.copy()
+    test_file = Path(str(request.path)).resolve()
+    own = {test_file, *(parent / "conftest.py" for parent in test_file.parents)}
+    return ToolRegistry(tool for tool in default_registry.select() if _builtin(tool) or _defined_in(tool, own))
+
+
+def _builtin(tool: Tool) -> bool:
+    return str(getattr(tool.fn, "__module__", "")).startswith(("weald.tools", "weald.runtime"))
+
+
+def _defined_in(tool: Tool, files: set[Path]) -> bool:
+    code = getattr(tool.fn, "__code__", None)
+    return code is not None and Path(code.co_filename).resolve() in files
 
 
 @pytest.fixture

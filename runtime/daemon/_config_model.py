@@ -296,6 +296,10 @@ class ToolsConfig:
             (``[tools.NAME] timeout = N`` is the same thing, written there).
         options: ``[tools.NAME]`` tables, by name, passed to the tools as
             `ToolConfig.options` (``shell.env_keep``, ``files.max_read_bytes``...).
+        modules: Python modules the daemon imports when it starts, each
+            defining tools with ``@tool`` (``["mypkg.tools"]``); the directory
+            of the file naming them is importable. Installed packages offer
+            theirs through the ``weald.tools`` entry-point group instead.
     """
 
     max_output_lines: int = checked(2000, check_positive_int)
@@ -305,6 +309,7 @@ class ToolsConfig:
     permissions: Mapping[str, PermissionRule] = attrs.field(factory=dict, hash=False)
     timeouts: Mapping[str, float] = attrs.field(factory=dict, hash=False)
     options: Mapping[str, Mapping[str, object]] = attrs.field(factory=dict, hash=False)
+    modules: tuple[str, ...] = checked((), check_str_tuple)
 
     def to_tool_config(self) -> ToolConfig:
         """The `weald.tools.ToolConfig` every tool call receives."""

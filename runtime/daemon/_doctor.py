@@ -75,6 +75,7 @@ def run_checks(config: Config, config_error: str | None = None) -> list[Check]:
         _state_permissions,
         _previous_run,
         _telemetry,
+        _tools,
         _python,
     ]
     checks.extend(step(config) for step in steps)
@@ -355,3 +356,26 @@ def _python(_config: Config) -> Check:
     return Check(
         "python", "ok", f"weald {version} on Python {platform.python_version()} ({sys.executable}), {platform.system()}"
     )
+
+
+def _tools(config: Config) -> Check:
+    """The tools a daemon started here would have, and where each came from (a module that fails is a fail)."""
+    from pathlib import Path
+
+    from weald.runtime.daemon._tool_modules import by_origin, load_tools
+    from weald.runtime.daemon.config import ConfigError
+    from weald.tools import default_registry
+
+    try:
+        origins = load_tools(default_registry.copy(), config.tools.modules, import_dirs=[Path.cwd()])
+    except ConfigError as exc:
+        problems = "; ".join(str(problem) for problem in exc.problems)
+        return Check(
+            "tools", "fail", problems, "fix [tools] modules in weald.toml, or the package whose entry point fails"
+        )
+    groups = by_origin(origins)
+    parts = [
+        f"{len(names)} {origin}" if origin == "built-in" else f"{origin}: {', '.join(names)}"
+        for origin, names in groups.items()
+    ]
+    return Check("tools", "ok", f"{len(origins)} tools: " + "; ".join(parts))

@@ -423,11 +423,16 @@ def cmd_config(args: argparse.Namespace) -> int:
     daemon-wide sections are marked: a running daemon uses its own.
     """
     from weald.runtime.daemon._config_load import find_project_files, load_files, value_origins
+    from weald.runtime.daemon._tool_modules import by_origin, load_tools
     from weald.runtime.daemon.config import DAEMON_WIDE, config_to_dict
+    from weald.tools import default_registry
 
     files = find_project_files(project_dir(args) or Path.cwd())
     loaded = load_files(files)
     plain = config_to_dict(loaded.config)
+    # Where each tool would come from: [tools] modules (imported here, as the daemon would), entry points, built-in.
+    import_dirs = [files.root or files.start, *(path.parent for path in (files.user, files.project) if path)]
+    tool_origins = load_tools(default_registry.copy(), loaded.config.tools.modules, import_dirs=import_dirs)
     origins = value_origins(loaded, plain)
     store = plain.get("store")
     if isinstance(store, dict) and store.get("url"):
@@ -453,6 +458,7 @@ def cmd_config(args: argparse.Namespace) -> int:
                 "config": plain,
                 "origins": origins,
                 "daemon_wide": daemon_wide,
+                "tools": {entry.name: entry.origin for entry in tool_origins},
             }
         )
     else:
@@ -469,6 +475,9 @@ def cmd_config(args: argparse.Namespace) -> int:
                 daemon_wide=daemon_wide,
             )
         )
+        out.print("tools, by where they came from:", style="bold")
+        for origin, names in by_origin(tool_origins).items():
+            out.print(f"  {origin}: {', '.join(names)}", markup=False, soft_wrap=True)
     return EXIT_OK
 
 

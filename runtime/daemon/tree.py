@@ -118,6 +118,7 @@ from weald.runtime.daemon._projects import ProjectChange, ProjectConfig, Project
 from weald.runtime.daemon._retention import HistoryKeeper, RetentionJob
 from weald.runtime.daemon._runlog import DaemonLog, PreviousRun
 from weald.runtime.daemon._telemetry_settings import TelemetrySettings, telemetry_settings
+from weald.runtime.daemon._tool_modules import load_tools
 from weald.runtime.daemon.config import CONFIG_ENV, Config, ConfigError, config_to_dict
 from weald.runtime.daemon.metrics import Sampler
 from weald.runtime.daemon.server import SHUTDOWN_REASON, Server, SessionMCPServer, prepare_socket
@@ -1620,7 +1621,11 @@ class Daemon:
         stdio: serve JSON-RPC on stdin/stdout instead.
         http: ``HOST:PORT`` for the observer; default: ``[server] http`` (None: no observer).
         faults: a fault injector (`weald.runtime.faults`) when faults are enabled.
-        registry: the tools; default: a copy of the built-ins.
+        registry: the tools; default: a copy of the built-ins and of the tools
+            installed packages offer (the ``weald.tools`` entry points). The
+            modules ``[tools] modules`` names are imported into it either way
+            (`weald.runtime.daemon._tool_modules`); `tool_origins` says where
+            each tool came from.
         log: keep ``<state dir>/daemon.log``: faulthandler's tracebacks of a
             fatal crash and weald's warnings, and the record of how the
             previous run ended (`weald.runtime.daemon._runlog`). ``"terminal"``
@@ -1667,6 +1672,13 @@ class Daemon:
         self.observer_port: int | None = None  # the port the observer got; a restart keeps it
         self.faults = faults
         self.registry = registry if registry is not None else default_registry.copy()
+        self.tool_origins = load_tools(
+            self.registry,
+            config.tools.modules,
+            import_dirs=_import_dirs(config_files),
+            source=_files_source(config_files),
+            entry_points=registry is None,
+        )
         register_config_secrets(config)
         self._mcp_configs = _mcp_configs(config)
         # Read before the environment loses its secrets (OTEL_EXPORTER_OTLP_HEADERS); None: telemetry is off.
@@ -2277,3 +2289,19 @@ def _recording_path(record: str, working_dir: str) -> str:
         msg = f"cannot record to {path}: it exists and is not a regular file (a recording replaces only a file)"
         raise DaemonError(msg)
     return str(path)
+
+
+def _import_dirs(files: ProjectFiles | None) -> list[Path]:
+    """Where ``[tools] modules`` may live besides the environment: by the config files, and here."""
+    dirs = [Path.cwd()]
+    if files is not None:
+        dirs += [path.parent for path in (files.project, files.user) if path is not None]
+    return dirs
+
+
+def _files_source(files: ProjectFiles | None) -> str:
+    """The file(s) ``[tools] modules`` came from, for its error messages."""
+    if files is None:
+        return "weald.toml"
+    named = [str(path) for path in (files.user, files.project) if path is not None]
+    return " + ".join(named) or "weald.toml"

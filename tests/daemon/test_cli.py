@@ -92,7 +92,7 @@ def test_config_errors_are_printed_as_written_on_one_line_each(tmp_path: Path) -
     assert run.stderr.splitlines() == [
         "invalid configuration (1 problem):",
         f"  {tmp_path / 'weald.toml'}: tools.zzzz: unknown key; [tools] takes enabled, max_output_bytes, "
-        "max_output_lines, permission_timeout, permissions, timeouts (a [tools.NAME] table holds a tool's options)",
+        "max_output_lines, modules, permission_timeout, permissions, timeouts (a [tools.NAME] table holds a tool's options)",
     ]
 
 

@@ -46,6 +46,45 @@ def test_the_docs_test_of_a_tool_whose_subprocess_is_killed_passes(pytester: pyt
 
 
 def test_the_docs_test_that_replays_a_recording_under_a_fault_passes(pytester: pytest.Pytester) -> None:
+    record_the_docs_session(pytester)
+    user_project(pytester, "test_count_replay.py")
+
+    result = pytester.runpytest_subprocess("-q")
+
+    result.assert_outcomes(passed=1)
+
+
+def test_both_docs_tests_pass_in_one_project_each_daemon_with_its_own_tools(pytester: pytest.Pytester) -> None:
+    # line_count, defined in one file, does not join the other file's daemon (its replay would diverge).
+    record_the_docs_session(pytester)
+    user_project(pytester, "test_line_count.py", "test_count_replay.py")
+
+    result = pytester.runpytest_subprocess("-q")
+
+    result.assert_outcomes(passed=2)
+
+
+def test_a_test_can_ask_for_every_tool_of_the_process(pytester: pytest.Pytester) -> None:
+    tool = (
+        "from weald.tools import ToolContext, tool\n\n"
+        "@tool(name='only_in_a', description='x', parameters={'type': 'object', 'properties': {}})\n"
+        "async def only_in_a(ctx: ToolContext) -> str:\n    return 'a'\n\n"
+        "def test_a(weald_registry):\n    assert 'only_in_a' in weald_registry\n"
+    )
+    other = (
+        "import pytest\n\n"
+        "def test_own(weald_registry):\n    assert 'only_in_a' not in weald_registry\n    assert 'read_file' in weald_registry\n\n"
+        "@pytest.mark.weald_shared_tools\n"
+        "def test_shared(weald_registry):\n    assert 'only_in_a' in weald_registry\n"
+    )
+    pytester.makepyfile(test_a=tool, test_b=other)
+
+    result = pytester.runpytest_subprocess("-q", "-p", "weald")
+
+    result.assert_outcomes(passed=3)
+
+
+def record_the_docs_session(pytester: pytest.Pytester) -> None:
     # The recording the docs' test keeps with it, made as a user makes one: a real daemon, a
     # model behind the OpenAI wire format (a loopback fake here), the same tools.
     recordings = pytester.path / "recordings"
@@ -58,11 +97,6 @@ def test_the_docs_test_that_replays_a_recording_under_a_fault_passes(pytester: p
             (daemon.project / "notes.txt").write_text("alpha\nbeta\ngamma\n")
             agent = daemon.start_agent("fake:gpt-test", record=recordings / "count.json")
             assert daemon.prompt(agent, "how many lines has notes.txt?")["ok"]
-    user_project(pytester, "test_count_replay.py")
-
-    result = pytester.runpytest_subprocess("-q")
-
-    result.assert_outcomes(passed=1)
 
 
 def test_the_fixtures_stay_off_unless_the_project_asks(pytester: pytest.Pytester) -> None:
@@ -71,4 +105,7 @@ def test_the_fixtures_stay_off_unless_the_project_asks(pytester: pytest.Pytester
     result = pytester.runpytest("-q")  # in this process: the entry point is loaded, and asked for nothing
 
     result.assert_outcomes(errors=1)
-    result.stdout.fnmatch_lines(["*fixture 'weald_daemon' not found*"])
+    result.stdout.fnmatch_lines(
+        ["*weald_daemon: weald's pytest fixtures are off in this project: turn them on with -p weald*"]
+    )
+    assert "Traceback" not in result.stdout.str()
