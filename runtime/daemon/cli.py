@@ -477,7 +477,7 @@ def cmd_config(args: argparse.Namespace) -> int:
         )
         out.print("tools, by where they came from:", style="bold")
         for origin, names in by_origin(tool_origins).items():
-            out.print(f"  {origin}: {', '.join(names)}", markup=False, soft_wrap=True)
+            out.print(f"  {origin}: {', '.join(names)}", markup=False)
     return EXIT_OK
 
 
