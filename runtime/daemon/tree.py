@@ -498,6 +498,7 @@ class Sessions:
         # One frozen value per project configuration (generation), shared by its sessions.
         self._per_generation: dict[int, tuple[RunnerConfig, ContextConfig]] = {}
         self._turn_settings: dict[tuple[int, str | None, tuple[str, ...] | None, str | None], TurnSettings] = {}
+        self._project_mcp: dict[int, tuple[Any, ...]] = {}  # generation -> the project's own MCP servers
         self._spill_dir = str(self.spill_root)
 
     # -- configuration -----------------------------------------------------------------
@@ -638,10 +639,77 @@ class Sessions:
             allowed_dirs=(home_skills,) if home_skills is not None else (),
             output_dir=f"{self._spill_dir}/{record.session_id}",
             hibernate_after=self.config.limits.hibernate_after or None,  # 0: never
-            mcp_servers=_session_mcp_configs(record.mcp_servers or ()),
+            mcp_servers=self.session_mcp(project, record),
             settings=_SessionSettings(self, record),
             skill_dirs=(f"{root}/.weald/skills", str(self._weald_home / "skills")),
         )
+
+    def project_mcp(self, project: ProjectConfig) -> tuple[Any, ...]:
+        """The MCP servers of ``project``'s configuration that the daemon does not host itself (no I/O).
+
+        A server the daemon's own files name alike is the daemon's (offered to
+        every session); any other enabled server of the project's files runs
+        for each of the project's sessions, under the session's ``mcp``
+        supervisor. Made once per configuration generation.
+        """
+        made = self._project_mcp.get(project.generation)
+        if made is None:
+            hosted = self.config.mcp.servers
+            own = {
+                name: server
+                for name, server in project.config.mcp.servers.items()
+                if server.enabled and hosted.get(name) != server
+            }
+            made = tuple(_mcp_configs(attrs.evolve(project.config, mcp=attrs.evolve(project.config.mcp, servers=own))))
+            if len(self._project_mcp) >= 1024:
+                self._project_mcp.clear()
+            self._project_mcp[project.generation] = made
+        return made
+
+    def session_mcp(self, project: ProjectConfig, record: SessionRecord) -> tuple[Any, ...]:
+        """A session's own MCP servers: its project's (`project_mcp`), then agent.start's (which win a name)."""
+        given = _session_mcp_configs(record.mcp_servers or ())
+        if not given:
+            return self.project_mcp(project)
+        names = {config.name for config in given}
+        return (*(config for config in self.project_mcp(project) if config.name not in names), *given)
+
+    async def prepare_mcp(self, projects: Sequence[ProjectConfig]) -> None:
+        """Load the MCP SDK (in a worker thread) if any of ``projects`` has servers of its own, before their specs."""
+        if any(self.project_mcp(project) for project in projects):
+            from weald.runtime.mcp._actor import load_connection_modules
+
+            await trio.to_thread.run_sync(load_connection_modules)
+
+    async def apply_mcp_changes(self, directories: Sequence[str]) -> list[str]:
+        """Bring the awake sessions of ``directories`` to their project's MCP servers now; returns their ids.
+
+        A session with an ``mcp`` supervisor gets the new set
+        (`MCPSupervisor.update_servers`); one without it, idle, is put to
+        sleep, and its next message builds it with them. A session asleep
+        builds with them anyway when it wakes.
+        """
+        touched: list[str] = []
+        wanted = set(directories)
+        for session_id, directory in list(self._session_dirs.items()):
+            if directory not in wanted or not self.projects.known(directory):
+                continue
+            ref = self.system.whereis(f"/sessions/{session_id}")
+            if ref is None or (isinstance(ref, Stub) and ref.successor is None):
+                continue  # asleep (or gone): it wakes with the new servers
+            record = await self.stored(session_id)
+            if record is None:
+                continue
+            servers = self.session_mcp(self.projects.current(directory), record)
+            mcp = self.system.whereis(f"/sessions/{session_id}/mcp")
+            with contextlib.suppress(Exception):  # it stopped meanwhile: nothing to bring up to date
+                if mcp is not None and not isinstance(mcp, Stub):
+                    done = await mcp.proxy().update_servers(servers)
+                    if any(done.values()):
+                        touched.append(session_id)
+                elif servers and await self._proxy.hibernate_child(session_id):
+                    touched.append(session_id)
+        return touched
 
     @property
     def start_asleep(self) -> bool:
@@ -719,9 +787,9 @@ class Sessions:
             title=title,
         )
         try:
-            if asleep and session.record is None and not session.mcp_servers:
+            if asleep and session.record is None and not self._own_mcp(session):
                 await self._queue_asleep(session)
-            elif session.mcp_servers:
+            elif self._own_mcp(session):
                 await self._start_with_mcp(session)
             else:
                 await self._start_awake(session)
@@ -731,6 +799,10 @@ class Sessions:
         self._configured_nowait(session)
         return session.session_id
 
+    def _own_mcp(self, session: SessionRecord) -> tuple[Any, ...]:
+        """The MCP servers a checked new session runs as its own (its project's, agent.start's); no I/O."""
+        return self.session_mcp(self.projects.current(session.config_dir), session)
+
     async def _start_with_mcp(self, session: SessionRecord) -> None:
         """Start a session with MCP servers of its own; answered once each is connected or has failed.
 
@@ -739,9 +811,10 @@ class Sessions:
         retried under the session's ``mcp`` supervisor; the session runs
         without its tools meanwhile.
         """
-        assert session.mcp_servers
-        waiting = {server.name for server in session.mcp_servers}
-        deadline = max(_session_mcp_configs(session.mcp_servers), key=lambda c: c.connect_timeout).connect_timeout
+        servers = self._own_mcp(session)
+        assert servers
+        waiting = {server.name for server in servers}
+        deadline = max(servers, key=lambda c: c.connect_timeout).connect_timeout
         topics = ["mcp.connected", "mcp.disconnected"]
         with self.system.events.subscribe(topics, source=f"/sessions/{session.session_id}/mcp", max_buffer=256) as sub:
             await self._start_awake(session)
@@ -791,7 +864,7 @@ class Sessions:
             for index, (options, session) in enumerate(zip(starts, checked, strict=True)):
                 if isinstance(session, Exception):
                     out[index] = session
-                elif options.get("asleep") and session.record is None and not session.mcp_servers:
+                elif options.get("asleep") and session.record is None and not self._own_mcp(session):
                     # Queued here, in order (no checkpoint between two): admitted in this order.
                     added.append((index, session.session_id, self._queue_asleep(session)))
                 else:
@@ -863,6 +936,7 @@ class Sessions:
             raise DaemonError(msg) from exc
         chosen = model or self.default_model(configured)
         try:
+            await self.prepare_mcp([configured])
             # Building the provider may read a file (a script): not on the loop.
             # A model checked already needs no thread hop (10,000 starts, one model).
             if (configured.generation, chosen) not in self._models_checked:
@@ -1438,7 +1512,7 @@ class Sessions:
         async def one(directory: str, count: int) -> None:
             async with limiter:
                 try:
-                    await self.projects.acquire(directory)
+                    await self.prepare_mcp([await self.projects.acquire(directory)])
                 except ConfigError as exc:
                     failed[directory] = str(exc)
                     return
@@ -1923,7 +1997,7 @@ class Daemon:
         """
         daemon = await self._reload_own()
         changes = await self.projects.refresh(force=True)
-        self.publish_changes(changes)
+        await self.after_refresh(changes)
         report = {"daemon": daemon, "projects": [change.describe() for change in changes]}
         summary = {
             "daemon": daemon["status"],
@@ -1933,8 +2007,21 @@ class Daemon:
         self.system.events.publish("config.reloaded", "/config", summary)
         return report
 
-    def publish_changes(self, changes: list[ProjectChange]) -> None:
-        """``config.changed`` / ``config.refused`` for each project whose configuration is news."""
+    async def after_refresh(self, changes: list[ProjectChange]) -> None:
+        """Publish ``config.changed`` / ``config.refused`` for what is news, and bring project MCP servers up to date.
+
+        A changed project's own MCP servers (`Sessions.project_mcp`) are
+        started, stopped or restarted under each of its awake sessions
+        (`Sessions.apply_mcp_changes`); the rest of its configuration applies
+        at each session's next turn by itself.
+        """
+        changed = [change for change in changes if change.news and change.status == "changed"]
+        sessions = self.sessions
+        if changed and sessions is not None:
+            directories = [directory for change in changed for directory in change.directories]
+            projects = [sessions.projects.current(d) for d in directories if sessions.projects.known(d)]
+            await sessions.prepare_mcp(projects)
+            await sessions.apply_mcp_changes(directories)
         for change in changes:
             if change.news:
                 topic = "config.refused" if change.status == "refused" else "config.changed"
@@ -2132,7 +2219,7 @@ class ConfigWatcher(Actor):
     async def _poll(self) -> None:
         while True:
             await trio.sleep(self._interval)
-            self._daemon.publish_changes(await self._daemon.projects.refresh())
+            await self._daemon.after_refresh(await self._daemon.projects.refresh())
 
     def on_receive(self, message: Any) -> None:
         """The poll loop ended: its failure crashes this actor (the root restarts it)."""

@@ -290,3 +290,42 @@ def test_weald_mcp_add_remove_and_import_say_whether_the_running_daemon_picked_t
         assert daemon.terminate() == 0
     finally:
         daemon.close()
+
+
+def test_a_projects_own_mcp_servers_run_for_its_sessions_and_follow_its_file(tmp_path: Path) -> None:
+    daemon = DaemonProcess(tmp_path / "d")  # the daemon's own files name no MCP server
+    project = tmp_path / "p"
+    model = write_script(
+        project / "scripts" / "clock.json",
+        [
+            {"tool_calls": [{"name": "mcp__clock__get_current_time", "arguments": {"timezone": "UTC"}}]},
+            {"text": "done"},
+        ],
+        repeat=True,
+    )
+    toml = project / "weald.toml"
+    toml.write_text(
+        f'[models]\ndefault = "{model}"\n[tools.permissions]\n"mcp__clock__get_current_time" = "allow"\n' + CLOCK
+    )
+    daemon.start()
+    try:
+        with daemon.client() as client:
+            agent_id = client.call("agent.start", {"working_dir": str(project), "asleep": False})["agent_id"]
+
+        def clock_running() -> bool:
+            with daemon.client() as client:
+                node = client.call("tree", {"path": f"/sessions/{agent_id}/mcp"}, timeout=30)
+            return any(child["path"].endswith("/clock") and child["status"] == "running" for child in node["children"])
+
+        wait_until(clock_running, timeout=60, message="the project's clock server to run under the session")
+        prompt(daemon, agent_id)
+        assert '"timezone": "UTC"' in last_tool_result(daemon, agent_id)
+        assert servers(daemon) == {}  # not the daemon's: the session's own
+        # The project drops it: the running session loses it (no restart of the session).
+        toml.write_text(f'[models]\ndefault = "{model}"\n')
+        assert daemon.cli("reload").returncode == 0
+        prompt(daemon, agent_id)
+        assert "there is no tool named 'mcp__clock__get_current_time'" in last_tool_result(daemon, agent_id)
+        assert daemon.terminate() == 0
+    finally:
+        daemon.close()
