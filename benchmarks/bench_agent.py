@@ -183,7 +183,7 @@ def measure(quick: bool, placement: str | None) -> dict[str, Any]:
     url = os.environ.get("WEALD_BENCH_STORE_URL") or None
     with (
         tempfile.TemporaryDirectory(prefix="weald-bench-agent-") as tmp,
-        ActorSystem(store_path=Path(tmp) / "store.db", store_url=url) as system,
+        ActorSystem(store_path=Path(tmp) / "store.db", **({"store_url": url} if url else {})) as system,
     ):
         if url is not None:
             # As a daemon's node: its sessions claimed, so every commit checks the fence.

@@ -5,8 +5,10 @@ binaries are missing (as the sandbox tests install bubblewrap); `PgCluster`
 runs ``initdb`` and ``pg_ctl`` as ``nobody`` (PostgreSQL refuses to run as
 root) into a directory of its own, listening on a free loopback port and on
 a Unix socket in that directory. Logins over TCP need the password; over
-the socket they are trusted. Nothing is left behind: `stop` stops the
-server and removes the directory.
+the socket they are trusted. Nothing is left behind: `remove` stops the
+server and removes the directory, and a reaper process started with the
+cluster does the same if the process that made it dies first (a test run
+killed by a timeout, say).
 
 A missing piece raises `PgUnavailable` naming it; the pytest fixtures turn
 that into a failure, never a skip.
@@ -22,12 +24,29 @@ import secrets
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 _APT_TIMEOUT = 900.0
 _USER = "nobody"
+
+
+# Run by the reaper: waits for the test process (argv[1]) to go, then stops the server and removes its directory.
+_REAPER = """
+import os, shutil, subprocess, sys, time
+parent, pg_ctl, where = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+while True:
+    try:
+        os.kill(parent, 0)
+    except ProcessLookupError:
+        break
+    time.sleep(0.5)
+subprocess.run(["runuser", "-u", "nobody", "--", pg_ctl, "-D", where + "/data", "-m", "immediate", "-w", "stop"],
+               capture_output=True, timeout=60, check=False)
+shutil.rmtree(where, ignore_errors=True)
+"""
 
 
 class PgUnavailable(RuntimeError):
@@ -100,6 +119,7 @@ class PgCluster:
         self.password = "pw-" + secrets.token_hex(8)
         self.fsync = fsync
         self._running = False
+        self._reaper: subprocess.Popen[bytes] | None = None
         os.chown(self.dir, self._uid, self._gid)
 
     # -- as the server's user ---------------------------------------------------------------
@@ -155,6 +175,14 @@ class PgCluster:
             msg = f"pg_ctl start failed (exit {done.returncode}): {done.stderr.strip()}\n{log[-2000:]}"
             raise PgUnavailable(msg)
         self._running = True
+        if self._reaper is None:
+            self._reaper = subprocess.Popen(
+                [sys.executable, "-c", _REAPER, str(os.getpid()), str(self.bin / "pg_ctl"), str(self.dir)],
+                start_new_session=True,  # a signal to the test run's process group does not stop it
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
         return self
 
     def stop(self, mode: str = "fast") -> None:
@@ -170,6 +198,10 @@ class PgCluster:
     def remove(self) -> None:
         self.stop("immediate")
         shutil.rmtree(self.dir, ignore_errors=True)
+        reaper, self._reaper = self._reaper, None
+        if reaper is not None:
+            reaper.kill()
+            reaper.wait(10)
 
     # -- databases ----------------------------------------------------------------------------------
 
