@@ -183,10 +183,10 @@ def _notes(store: Store, n: int) -> None:
 
 # Searches as an agent makes them: a few words, some rare, some common, one a prefix.
 QUERIES = [
-    f"{VOCABULARY[40]} {VOCABULARY[900]} deploy",
-    f"{VOCABULARY[7]}* release",
-    f"{VOCABULARY[1200]} {VOCABULARY[3]}",
-    "build config notes",
+    f"{VOCABULARY[400]} {VOCABULARY[900]}",
+    f"{VOCABULARY[70]}*",
+    f"{VOCABULARY[1200]} {VOCABULARY[30]} deploy",
+    f"{VOCABULARY[2500]} {VOCABULARY[150]}",
 ]
 
 
@@ -311,7 +311,7 @@ def run_postgres(quick: bool) -> list[Row]:
         f"  claim + read 10,000 sessions: {m['claim_s'] * 1000:.0f} ms ({m['claimed']:.0f} claimed, "
         f"{m['claim_read']:.0f} read)"
     )
-    [
+    return [
         Row(
             "store",
             "15 writes committed, PostgreSQL",
