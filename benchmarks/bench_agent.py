@@ -243,9 +243,9 @@ def measure(quick: bool, placement: str | None) -> dict[str, Any]:
 
         store_flush = Store.flush
 
-        def counting_flush(self: Store) -> Any:
+        def counting_flush(self: Store, *args: Any, **kwargs: Any) -> Any:
             flushes[0] += 1
-            return store_flush(self)
+            return store_flush(self, *args, **kwargs)
 
         pin(placement)
         pykka_turns(20)

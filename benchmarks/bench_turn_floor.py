@@ -149,12 +149,12 @@ def floors(system: ActorSystem, tmp: str, n: int) -> None:
 def turns(system: ActorSystem, tmp: str, sessions_n: int) -> None:
     real_flush, real_enqueue = Store.flush, Store.enqueue_nowait
 
-    def instant_flush(self: Store) -> Future[None]:  # noqa: ARG001 - a Store method's signature
+    def instant_flush(self: Store, session: str | None = None) -> Future[None]:  # noqa: ARG001 - Store.flush's
         done: Future[None] = Future()
         done.set(None)
         return done
 
-    def dropped(self: Store, *args: Any) -> None:  # noqa: ARG001 - a Store method's signature
+    def dropped(self: Store, *args: Any, **kwargs: Any) -> None:  # noqa: ARG001 - a Store method's signature
         return None
 
     variants: dict[str, tuple[Any, Any, tuple[int, int, int] | None]] = {
