@@ -36,7 +36,7 @@ from pathlib import Path
 
 import attrs
 from cattrs import BaseValidationError
-from weald.runtime import UnreadableFileError, check_regular_file, is_placeholder, read_regular_file
+from weald.runtime import PLACEHOLDER_FILE_MODE, UnreadableFileError, check_regular_file, read_regular_file
 from weald.runtime._checks import (
     KeyPath,
     ValueProblem,
@@ -63,6 +63,7 @@ __all__ = [
     "LoadedConfig",
     "ProjectFiles",
     "Source",
+    "UserFile",
     "config_from_dict",
     "config_from_sources",
     "find_config_files",
@@ -71,7 +72,10 @@ __all__ = [
     "load_config",
     "load_files",
     "parse_config",
+    "project_files_with",
+    "project_root_blocking",
     "source_from_data",
+    "user_file",
     "value_origins",
     "weald_home",
 ]
@@ -208,39 +212,66 @@ def find_project_root(start: Path, *, home: Path | None = None) -> tuple[Path | 
     wrote ``/tmp/weald.toml`` must not configure every project under it), and
     below ``/``. A marker that is not yours (or root's), or that anyone may
     write to, is passed over and named in the second value, as git refuses a
-    repository another user owns. Blocking (it stats each directory).
+    repository another user owns; so is a ``weald.toml`` that is a placeholder
+    of the shell's sandbox. Blocking (it stats each directory).
 
     Returns:
         The project directory (None: no project file or directory up to where
         the walk stops), and the markers passed over.
     """
-    home_dir = Path.home() if home is None else home
+    root, ignored, _ = _project_root(os.path.abspath(start), str(Path.home() if home is None else home))
+    return (None if root is None else Path(root)), ignored
+
+
+def _project_root(start: str, home: str) -> tuple[str | None, tuple[str, ...], os.stat_result | None]:
+    """`find_project_root` on strings (the watcher runs it for every directory each second), with the file's stat.
+
+    Returns:
+        The project directory, the markers passed over, and the stat of its
+        ``weald.toml`` when it is a usable file (None: no project file).
+    """
     ignored: list[str] = []
-    directory = Path(os.path.abspath(start))
+    directory = start
     while True:
-        if directory in (home_dir, directory.parent):
-            return None, tuple(ignored)
+        parent = os.path.dirname(directory)
+        if directory in (home, parent):
+            return None, tuple(ignored), None
         try:
             if os.stat(directory).st_mode & stat.S_IWOTH:
-                return None, tuple(ignored)
+                return None, tuple(ignored), None
         except OSError:
-            return None, tuple(ignored)
+            return None, tuple(ignored), None
         found = False
+        config_info: os.stat_result | None = None
         for name, kind in ((CONFIG_FILE_NAME, stat.S_ISREG), (PROJECT_DIR_NAME, stat.S_ISDIR)):
-            marker = directory / name
+            marker = f"{directory}/{name}" if directory != "/" else f"/{name}"
             try:
                 info = os.stat(marker)
             except OSError:
                 continue
-            if not kind(info.st_mode) or (name == CONFIG_FILE_NAME and is_placeholder(marker)):
+            if not kind(info.st_mode):
+                continue
+            if name == CONFIG_FILE_NAME and _is_placeholder_file(info):
                 continue  # a placeholder the shell's sandbox holds while a command runs: no config
             if _trusted(info):
                 found = True
+                if name == CONFIG_FILE_NAME:
+                    config_info = info
             else:
-                ignored.append(str(marker))
+                ignored.append(marker)
         if found:
-            return directory, tuple(ignored)
-        directory = directory.parent
+            return directory, tuple(ignored), config_info
+        directory = parent
+
+
+def project_root_blocking(start: str, home: str) -> tuple[str | None, tuple[str, ...], os.stat_result | None]:
+    """`find_project_root` on strings, with the stat of the project's ``weald.toml`` (None: no usable one)."""
+    return _project_root(start, home)
+
+
+def _is_placeholder_file(info: os.stat_result) -> bool:
+    """What `is_placeholder` says of a file, from a stat already made."""
+    return stat.S_IMODE(info.st_mode) == PLACEHOLDER_FILE_MODE and info.st_size == 0
 
 
 @attrs.frozen
@@ -286,33 +317,63 @@ def find_project_files(
         environ: The environment, for ``WEALD_CONFIG`` and ``WEALD_HOME``.
     """
     home_dir = Path.home() if home is None else home
+    return project_files_with(start, home_dir, user_file(home=home_dir, environ=environ))
+
+
+@attrs.frozen
+class UserFile:
+    """The user file, as `find_project_files` looks for it: ``$WEALD_CONFIG``'s, else ``weald.toml`` in `weald_home`.
+
+    Attributes:
+        path: The file; None when it does not exist (and is not ``$WEALD_CONFIG``'s).
+        explicit: Whether ``$WEALD_CONFIG`` names it (then it must exist).
+        identity: Its device and inode, when it exists.
+    """
+
+    path: Path | None
+    explicit: bool
+    identity: tuple[int, int] | None = None
+    stat: tuple[int, int, int, int, int] | None = None  # device, inode, size, mtime_ns, ctime_ns
+
+
+def user_file(*, home: Path | None = None, environ: Mapping[str, str] = os.environ) -> UserFile:
+    """Where the user file is (blocking: one stat)."""
+    home_dir = Path.home() if home is None else home
     explicit = environ.get(CONFIG_ENV, "")
-    if explicit:
-        user: Path | None = _expand_home(Path(explicit), home_dir).absolute()
-    else:
-        candidate = weald_home(home=home_dir, environ=environ) / CONFIG_FILE_NAME
-        user = candidate if candidate.exists() else None
-    root, ignored = (None, ()) if start is None else find_project_root(start, home=home_dir)
-    project = None if root is None else root / CONFIG_FILE_NAME
-    if project is not None and (
-        not project.is_file() or is_placeholder(project) or (user is not None and _same_file(project, user))
-    ):
-        project = None
-    return ProjectFiles(
-        start=Path(os.path.abspath(start)) if start is not None else home_dir,
-        root=root,
-        user=user,
-        project=project,
+    path = (
+        _expand_home(Path(explicit), home_dir).absolute()
+        if explicit
+        else weald_home(home=home_dir, environ=environ) / CONFIG_FILE_NAME
+    )
+    try:
+        info = os.stat(path)
+    except OSError:
+        return UserFile(path=path if explicit else None, explicit=bool(explicit))
+    return UserFile(
+        path=path,
         explicit=bool(explicit),
-        ignored=ignored,
+        identity=(info.st_dev, info.st_ino),
+        stat=(info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns),
     )
 
 
-def _same_file(one: Path, other: Path) -> bool:
-    try:
-        return os.path.samefile(one, other)
-    except OSError:
-        return False
+def project_files_with(start: Path | None, home: Path, user: UserFile) -> ProjectFiles:
+    """`find_project_files` with the user file looked up already (the watcher looks once per pass)."""
+    if start is None:
+        return ProjectFiles(start=home, root=None, user=user.path, project=None, explicit=user.explicit)
+    begin = os.path.abspath(start)
+    root, ignored, info = _project_root(begin, str(home))
+    project = None
+    if root is not None and info is not None and (info.st_dev, info.st_ino) != user.identity:
+        project = Path(root) / CONFIG_FILE_NAME
+    return ProjectFiles(
+        start=Path(begin),
+        root=None if root is None else Path(root),
+        user=user.path,
+        project=project,
+        explicit=user.explicit,
+        ignored=ignored,
+    )
 
 
 def find_config_files(

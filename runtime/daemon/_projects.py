@@ -35,7 +35,7 @@ import itertools
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import attrs
 import trio
@@ -47,6 +47,9 @@ from weald.runtime.daemon._config_load import (
     config_from_sources,
     find_project_files,
     load_files,
+    project_files_with,
+    project_root_blocking,
+    user_file,
 )
 from weald.runtime.daemon._config_model import Config, ConfigError, ConfigFile
 
@@ -148,13 +151,30 @@ class _Look:
 class _Directory:
     """A directory sessions were started from: which files configure it, and how many sessions use it."""
 
-    __slots__ = ("files", "identity", "key", "users")
+    __slots__ = ("files", "identity", "key", "seen", "users")
 
     def __init__(self, files: ProjectFiles, key: tuple[str, ...], identity: tuple[_Identity, ...]) -> None:
+        self.users = 0
+        self.set(files, key, identity)
+
+    def set(self, files: ProjectFiles, key: tuple[str, ...], identity: tuple[_Identity, ...]) -> None:
         self.files = files
         self.key = key
         self.identity = identity
-        self.users = 0
+        # What the watcher compares each second, as strings made once here.
+        root = None if files.root is None else str(files.root)
+        user = None if files.user is None else str(files.user)
+        self.seen = _Seen(files, identity, root, user, files.project is not None)
+
+
+class _Seen(NamedTuple):
+    """A directory as last looked at, for the watcher's cheap comparison."""
+
+    files: ProjectFiles
+    identity: tuple[_Identity, ...]
+    root: str | None
+    user: str | None
+    has_project: bool
 
 
 def _key(files: ProjectFiles) -> tuple[str, ...]:
@@ -248,17 +268,19 @@ class Projects:
         if not any(other.key == known.key for other in self._directories.values()):
             self._configs.pop(known.key, None)
 
-    async def refresh(self, *, force: bool = False) -> list[ProjectChange]:
+    async def refresh(self, *, force: bool = False, report: bool = True) -> list[ProjectChange]:
         """Look at every known directory's files again; apply what changed (see the module docstring).
 
         Args:
             force: read every file again and compare digests (``weald
                 reload``), not only the files whose identity changed.
+            report: describe every configuration in use; false (the
+                watcher, each second): only those with news.
 
         Returns:
-            One change per project configuration in use, in no set order.
+            One change per project configuration (with news, unless ``report``), in no set order.
         """
-        known = {directory: (entry.files, entry.identity) for directory, entry in self._directories.items()}
+        known = {directory: entry.seen for directory, entry in self._directories.items()}
         if not known:
             return []
         configs = dict(self._configs)
@@ -267,8 +289,11 @@ class Projects:
         for directory in [d for d, entry in self._directories.items() if entry.users <= 0]:
             self._forget(directory)  # acquired for sessions that did not start (a failed restore)
         for look in looks:
-            if look.directory not in self._directories:
+            entry = self._directories.get(look.directory)
+            if entry is None:
                 continue  # released meanwhile
+            if look.unchanged is not None and not report and entry.key == look.unchanged.key:
+                continue  # the common case, each second: nothing to do
             before = self.current(look.directory)
             try:
                 after = self._install(look)
@@ -280,6 +305,8 @@ class Projects:
                 "refused" if after.refused else "changed" if after.generation != since else "unchanged"
             )
             news = after.generation != before.generation or (bool(after.refused) and after.refused != before.refused)
+            if not (report or news):
+                continue
             previous = changes.get(after.key)
             directories = (*(previous.directories if previous else ()), look.directory)
             if previous is not None and previous.status != "unchanged":
@@ -327,8 +354,8 @@ class Projects:
         known = self._directories.get(look.directory)
         if known is None:
             self._directories[look.directory] = _Directory(look.files, key, look.identity)
-        else:
-            known.files, known.key, known.identity = look.files, key, look.identity
+        elif look.unchanged is None or known.key != key:
+            known.set(look.files, key, look.identity)
         return existing
 
     async def _look(self, directory: str) -> _Look:
@@ -337,7 +364,7 @@ class Projects:
         if pending is None:
             pending = self._looking[directory] = Future()
             known = self._directories.get(directory)
-            previous = None if known is None else (known.files, known.identity)
+            previous = None if known is None else known.seen
             configs = dict(self._configs)
 
             async def look() -> None:
@@ -357,19 +384,21 @@ class Projects:
     def look_blocking(
         self,
         directory: str,
-        previous: tuple[ProjectFiles, tuple[_Identity, ...]] | None,
+        previous: _Seen | None,
         configs: Mapping[tuple[str, ...], ProjectConfig],
         force: bool,
+        files: ProjectFiles | None = None,
     ) -> _Look:
         """Find ``directory``'s files and read them if they changed since ``previous`` (or with ``force``)."""
-        files = find_project_files(Path(directory), home=self._home, environ=self._environ)
+        if files is None:
+            files = find_project_files(Path(directory), home=self._home, environ=self._environ)
         key = _key(files)
         identity = tuple(_identity(path) for path in files.paths)
         known = configs.get(key)
-        if known is not None and not force:
+        if known is not None and not force and previous is not None and previous.files == files:
             imports = tuple(_identity(path) for path in known.config.mcp.imports)
-            if previous is not None and previous[0] == files and previous[1] == (*identity, *imports):
-                return _Look(directory, files, (*identity, *imports), unchanged=known)
+            if previous.identity == (*identity, *imports):
+                return _Look(directory, files, previous.identity, unchanged=known)
         try:
             loaded = self._load_blocking(files)
         except ConfigError as exc:
@@ -380,20 +409,54 @@ class Projects:
 
     def _look_all_blocking(
         self,
-        known: Mapping[str, tuple[ProjectFiles, tuple[_Identity, ...]]],
+        known: Mapping[str, _Seen],
         configs: Mapping[tuple[str, ...], ProjectConfig],
         force: bool,
     ) -> list[_Look]:
+        """`look_blocking` for every directory: the user file looked up once, files shared by directories read once.
+
+        The watcher's pass runs this each second over every directory, so
+        the common case (nothing changed) is made of strings and stats only:
+        the project found upward and the files' identities compared with
+        what was seen before, no `ProjectFiles` made.
+        """
+        user = user_file(home=self._home, environ=self._environ)
+        user_part = () if user.path is None else (user.stat,)
+        user_path = None if user.path is None else str(user.path)
+        home = str(self._home)
         looks: list[_Look] = []
         read: dict[tuple[tuple[str, ...], tuple[_Identity, ...]], _Look] = {}
         for directory, previous in known.items():
-            files = find_project_files(Path(directory), home=self._home, environ=self._environ)
+            if not force:
+                root, ignored, info = project_root_blocking(directory, home)
+                on = root is not None and info is not None and (info.st_dev, info.st_ino) != user.identity
+                project_part: tuple[_Identity, ...] = ()
+                if on:
+                    assert info is not None
+                    project_part = ((info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns),)
+                files = previous.files
+                same = (
+                    previous.user == user_path
+                    and previous.root == root
+                    and previous.has_project == on
+                    and files.ignored == ignored
+                )
+                known_config = configs.get(_key(files)) if same else None
+                if known_config is not None:
+                    identity = (*user_part, *project_part)
+                    imports = known_config.config.mcp.imports
+                    if imports:
+                        identity = (*identity, *(_identity(path) for path in imports))
+                    if previous.identity == identity:
+                        looks.append(_Look(directory, files, previous.identity, unchanged=known_config))
+                        continue
+            files = project_files_with(Path(directory), self._home, user)
             identity = tuple(_identity(path) for path in files.paths)
             shared = read.get((_key(files), identity))
-            if shared is not None:  # the same files, read already for another directory
+            if shared is not None and shared.unchanged is None:  # the same files, read already for another directory
                 looks.append(attrs.evolve(shared, directory=directory, files=files))
                 continue
-            look = self.look_blocking(directory, previous, configs, force)
+            look = self.look_blocking(directory, previous, configs, force, files)
             read[(_key(files), identity)] = look
             looks.append(look)
         return looks

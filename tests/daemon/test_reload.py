@@ -329,3 +329,48 @@ def test_a_projects_own_mcp_servers_run_for_its_sessions_and_follow_its_file(tmp
         assert daemon.terminate() == 0
     finally:
         daemon.close()
+
+
+def test_a_weald_toml_created_nearer_a_sessions_directory_takes_over(daemon: DaemonProcess, tmp_path: Path) -> None:
+    project = project_with(tmp_path, "g", "allow")
+    sub = project / "sub"
+    sub.mkdir()
+    (sub / "secret.txt").write_text(SECRET + "\n")
+    agent_id = start(daemon, sub)
+    prompt(daemon, agent_id)
+    assert SECRET in last_tool_result(daemon, agent_id)
+    with daemon.client() as client:
+        client.call("events.subscribe", {"topics": ["config.changed"]})
+        (sub / "weald.toml").write_text((project / "weald.toml").read_text().replace('"allow"', '"deny"'))
+        collect_until(
+            client,
+            lambda notes: any(n[1]["event"]["data"]["project"] == str(sub) for n in notes if n[0] == "event"),
+            timeout=30,
+        )
+    prompt(daemon, agent_id)
+    assert "read_file is not allowed here" in last_tool_result(daemon, agent_id)
+
+
+def test_a_session_woken_from_hibernation_runs_under_its_projects_configuration_as_it_is(tmp_path: Path) -> None:
+    daemon = DaemonProcess(tmp_path / "d", extra_config="[limits]\nhibernate_after = 0.2\n")
+    project = project_with(tmp_path, "h", "allow")
+    daemon.start()
+    try:
+        agent_id = start(daemon, project)
+        prompt(daemon, agent_id)
+        assert SECRET in last_tool_result(daemon, agent_id)
+
+        def asleep() -> bool:
+            with daemon.client() as client:
+                rows = {row["agent_id"]: row for row in client.call("agent.list", timeout=30)}
+            return bool(rows[agent_id]["state"] == "hibernated")
+
+        wait_until(asleep, timeout=60, message="the session to hibernate")
+        set_permission(project, "deny")
+        assert daemon.cli("reload").returncode == 0
+        assert asleep()  # a reload wakes nothing
+        prompt(daemon, agent_id)
+        assert "read_file is not allowed here" in last_tool_result(daemon, agent_id)
+        assert daemon.terminate() == 0
+    finally:
+        daemon.close()
