@@ -66,9 +66,10 @@ class SessionIndex:
         """The packed project and model of a session; None if it is not in the index."""
         return self._sessions.get(session_id)
 
-    def items(self) -> Iterator[tuple[str, int]]:
-        """(id, packed project and model) of every session, in start order."""
-        return iter(self._sessions.items())
+    def items(self, *, reverse: bool = False) -> Iterator[tuple[str, int]]:
+        """(id, packed project and model) of every session, in start order (``reverse``: newest first)."""
+        items = self._sessions.items()
+        return reversed(items) if reverse else iter(items)
 
     def project_of(self, packed: int) -> str:
         return self._projects[packed // _MODELS]

@@ -1181,80 +1181,108 @@ class Server(Actor):
     # -- pages of sessions and actors (the observer at 100,000 sessions) -------------------------------
 
     async def _sessions_page(self, conn: Connection, p: SessionsPageParams) -> dict[str, Any]:
-        """One page of the sessions, filtered, searched and sorted over all of them; awake ones first by default."""
-        sessions = self._sessions
-        index = sessions.index
-        registry = self.system._registry
-        awake_count = 0
+        """One page of the sessions, filtered, searched and sorted over all of them; awake ones first by default.
+
+        Which sessions are awake comes from the ``/sessions`` supervisor
+        (`SupervisorBase.awake_children`: what the awake ones cost, not all
+        of them). The default page (awake first, no filter) then costs what
+        the awake ones and the page's rows cost; a filter, a search or a sort
+        by id, project or model goes once over the index (100,000 sessions:
+        a dict's walk, no lookup per session).
+        """
+        index = self._sessions.index
+        awake = await self._awake_sessions()
+        awake_set = set(awake)
+        counts = {"active": len(index), "awake": len(awake), "asleep": len(index) - len(awake)}
         if p.state == "stopped":
-            ids, projects = await self._stopped_sessions(p)
-            total = len(ids)
+            ids, records = await self._stopped_sessions(p)
+            total, page = len(ids), ids[p.offset : p.offset + p.limit]
         else:
-            project = index.project_number(p.project) if p.project is not None else None
-            model = index.model_number(p.model) if p.model is not None else None
-            needle = (p.search or "").casefold()
-            # A search matches an id, or a project's path: each project is looked at once, not once a session.
-            wanted_projects = {index.project_number(path) for path, _ in index.projects() if needle in path.casefold()}
-            unknown = (p.project is not None and project is None) or (p.model is not None and model is None)
-            awake_ids: list[str] = []
-            asleep_ids: list[str] = []
-            prefix = "/sessions/"
-            get = registry.get
-            slots = MODEL_SLOTS  # packed = project * slots + model (`SessionIndex`)
-            # The one pass over every session (100,000: ~40 ms): locals only, no call per session but the lookup.
-            for session_id, packed in index.items():
-                ref = get(prefix + session_id)
-                running = ref is not None and ref.__class__ is not Stub
-                awake_count += running
-                if unknown:
-                    continue
-                if project is not None and packed // slots != project:
-                    continue
-                if model is not None and packed % slots != model:
-                    continue
-                if needle and needle not in session_id.casefold() and packed // slots not in wanted_projects:
-                    continue
-                (awake_ids if running else asleep_ids).append(session_id)
-            if p.state == "awake":
-                ids = awake_ids
-            elif p.state == "asleep":
-                ids = asleep_ids
-            else:
-                ids = self._sorted_sessions(awake_ids, asleep_ids, p)
-            if p.state != "active":
-                ids = self._sorted_sessions(ids, [], p)
-            total = len(ids)
-            projects = None
-        page = ids[p.offset : p.offset + p.limit]
-        rows = await self._session_rows(page, projects)
+            records = None
+            total, page = self._session_ids(p, awake, awake_set)
         return {
             "total": total,
             "offset": p.offset,
             "limit": p.limit,
-            "counts": {"active": len(index), "awake": awake_count, "asleep": len(index) - awake_count},
+            "counts": counts,
             "projects": [{"working_dir": path, "sessions": n} for path, n in index.projects()[:200]],
             "models": [{"model": name, "sessions": n} for name, n in index.models()[:200]],
-            "rows": rows,
+            "rows": await self._session_rows(page, records),
         }
 
-    def _sorted_sessions(self, awake: list[str], asleep: list[str], p: SessionsPageParams) -> list[str]:
+    async def _awake_sessions(self) -> list[str]:
+        """The active sessions awake, the most recently woken (or started) last."""
+        supervisor = self.system.whereis("/sessions")
+        if supervisor is None or supervisor.__class__ is Stub:
+            return []
+        try:
+            up: list[str] = await supervisor.proxy().awake_children()
+        except ActorDeadError:
+            return []
         index = self._sessions.index
-        descending = p.order == "desc" if p.order is not None else p.sort in ("state", "started")
-        if p.sort in ("state", "started"):
-            # Start order is the index's own: no sort needed, only a reversal for newest first.
-            if p.sort == "started":
-                ids = awake + asleep
-                return ids[::-1] if descending else ids
-            first, then = (awake[::-1], asleep[::-1]) if descending else (awake, asleep)
-            return first + then
-        ids = awake + asleep
-        if p.sort == "id":
-            ids.sort(reverse=descending)
+        return [session_id for session_id in up if session_id in index]  # a stopped one is in none
+
+    def _session_ids(self, p: SessionsPageParams, awake: list[str], awake_set: set[str]) -> tuple[int, list[str]]:
+        """How many sessions match ``p``, and the ids of its page, in its order."""
+        index = self._sessions.index
+        project = index.project_number(p.project) if p.project is not None else None
+        model = index.model_number(p.model) if p.model is not None else None
+        if (p.project is not None and project is None) or (p.model is not None and model is None):
+            return 0, []
+        needle = (p.search or "").casefold()
+        # A search matches an id, or a project's path: each project is looked at once, not once a session.
+        wanted = {index.project_number(path) for path, _ in index.projects() if needle in path.casefold()}
+        slots = MODEL_SLOTS  # packed = project * slots + model (`SessionIndex`)
+
+        def matches(session_id: str, packed: int) -> bool:
+            return (
+                (project is None or packed // slots == project)
+                and (model is None or packed % slots == model)
+                and (not needle or needle in session_id.casefold() or packed // slots in wanted)
+            )
+
+        filtered = project is not None or model is not None or bool(needle)
+        sort = p.sort
+        descending = p.order == "desc" if p.order is not None else sort in ("state", "started")
+        window = slice(p.offset, p.offset + p.limit)
+        up = [sid for sid in awake if matches(sid, index.packed(sid) or 0)] if filtered else awake
+        if sort == "state" or (sort == "started" and p.state == "awake"):
+            up_ordered = up[::-1] if descending else up
+            if p.state == "awake":
+                return len(up), up_ordered[window]
+            asleep = (
+                (
+                    sid
+                    for sid, packed in index.items(reverse=descending)
+                    if sid not in awake_set and matches(sid, packed)
+                )
+                if filtered
+                else (sid for sid, _ in index.items(reverse=descending) if sid not in awake_set)
+            )
+            if filtered:  # the count needs the whole pass
+                down = list(asleep)
+                total = (len(up) if p.state == "active" else 0) + len(down)
+                ids = (up_ordered + down) if p.state == "active" else down
+                return total, ids[window]
+            total = (len(up) if p.state == "active" else 0) + len(index) - len(awake)
+            ordered = itertools.chain(up_ordered, asleep) if p.state == "active" else asleep
+            return total, list(itertools.islice(ordered, window.start, window.stop))
+        # Sorted over all of them: one pass, then a sort.
+        ids = [
+            sid
+            for sid, packed in index.items()
+            if (p.state == "active" or (sid in awake_set) == (p.state == "awake")) and matches(sid, packed)
+        ]
+        if sort == "started":
+            pass  # the index's own order
+        elif sort == "id":
+            ids.sort()
         else:
-            packs = dict(index.items())
-            name = index.project_of if p.sort == "project" else index.model_of
-            ids.sort(key=lambda session_id: (name(packs[session_id]), session_id), reverse=descending)
-        return ids
+            name = index.project_of if sort == "project" else index.model_of
+            ids.sort(key=lambda sid: (name(index.packed(sid) or 0), sid))
+        if descending:
+            ids.reverse()
+        return len(ids), ids[window]
 
     async def _stopped_sessions(self, p: SessionsPageParams) -> tuple[list[str], dict[str, Any]]:
         """The stopped sessions matching ``p``, from the store (they are in no index): ids and records."""

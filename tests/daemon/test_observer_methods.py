@@ -68,14 +68,14 @@ def test_a_page_of_sessions_puts_awake_ones_first_and_filters_searches_and_sorts
     red_page = client.call("sessions.page", {"project": red, "limit": 4})
     assert red_page["total"] == 10
     rows = red_page["rows"]
-    # Awake first, then the asleep ones; each the most recently started first.
-    assert [r["agent_id"] for r in rows] == ["page11", "page07", "page03", "page19"]
+    # Awake first, the most recently woken first, then the asleep ones, the most recently started first.
+    assert [r["agent_id"] for r in rows] == ["page07", "page11", "page03", "page19"]
     assert [r["awake"] for r in rows] == [True, True, True, False]
     assert rows[0]["state"] == "idle"
     assert rows[3]["state"] == "hibernated"
     assert rows[0]["usage"]["output_tokens"] > 0
     assert rows[0]["working_dir"] == red
-    assert rows[0]["model"] == slow
+    assert rows[0]["model"] == fast
     assert {"working_dir": red, "sessions": 10} in red_page["projects"]
     assert red_page["counts"]["awake"] >= 3
     assert red_page["counts"]["active"] == red_page["counts"]["awake"] + red_page["counts"]["asleep"]

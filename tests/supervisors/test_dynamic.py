@@ -267,8 +267,12 @@ def test_which_children_answers_for_the_children_asked_about_and_statistics_coun
     assert [i.id for i in sup.proxy().which_children().get(timeout=5)] == ["w0", "w1", "w2", "w3", "w4"]
     stats = sup.proxy().statistics().get(timeout=5)
     assert (stats.children, stats.asleep, stats.restarts) == (5, 1, 0)
+    assert sup.proxy().awake_children().get(timeout=5) == ["w0", "w1", "w2", "w4"]
     system.whereis(f"{sup.path}/w3").tell("wake up")  # any message wakes it
     wait_until(lambda: sup.proxy().statistics().get(timeout=5).asleep == 0, timeout=10)
+    assert sup.proxy().awake_children().get(timeout=5) == ["w0", "w1", "w2", "w4", "w3"]  # the last up last
+    sup.proxy().terminate_child(system.whereis(f"{sup.path}/w1")).get(timeout=5)
+    assert sup.proxy().awake_children().get(timeout=5) == ["w0", "w2", "w4", "w3"]
     system.whereis(f"{sup.path}/w0").tell("crash")
     wait_until(lambda: sup.proxy().statistics().get(timeout=5).restarts == 1, timeout=10)
     sup.stop()

@@ -69,6 +69,8 @@ def check_counts(ref: Ref[Any]) -> None:
     stats = ref.proxy().statistics().get(timeout=5)
     asleep = sum(1 for info in infos if info.status in ("dormant", "hibernated"))
     assert (stats.children, stats.asleep) == (len(infos), asleep), (ref.path, stats, [i.status for i in infos])
+    awake = ref.proxy().awake_children().get(timeout=5)
+    assert sorted(awake) == sorted(i.id for i in infos if i.status not in ("dormant", "hibernated"))
     for info in infos:
         if info.status == "running" and issubclass(info.ref.actor_class, SupervisorBase):
             check_counts(info.ref)

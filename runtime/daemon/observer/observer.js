@@ -903,7 +903,12 @@
     config.hidden = true;
     try {
       let result;
-      if (asleepStatus(node.status)) {
+      if (path === "/sessions") {
+        // Its snapshot would list every session (100,000): its counts, and the list below the tree, say it.
+        const tree = findNode(path) || node;
+        result = { path, kind: tree.kind, status: tree.status, restarts: tree.restarts, sessions: tree.children_hidden, asleep: tree.children_asleep,
+          note: "the sessions are the list below the tree: search, filter and sort it there" };
+      } else if (asleepStatus(node.status)) {
         // Asking an asleep actor anything would wake it: what the list knows is shown instead.
         result = { path, status: node.status, note: "asleep: nothing of it runs. Wake it to ask it (its state is in the store)." };
         const row = agentId ? await sessionRow(agentId) : null;
