@@ -160,8 +160,9 @@ class _View:
 
 
 _VIEWS = (
-    # The daemon's own part of the tree; /sessions as one node with its counts (sessions.page lists them).
-    _View("tree", "tree", ("*",), 0.25, params={"collapse": ["/sessions"]}, outside="/sessions/"),
+    # The daemon's own part of the tree; /sessions as one node (sessions.page lists and counts them): what the
+    # sessions do, wake or sleep does not redraw it.
+    _View("tree", "tree", ("*",), 0.25, params={"collapse": ["/sessions"]}, outside="/sessions"),
     _View("permissions", "permission.list", ("permission.*",), 0.05),
     _View("questions", "ask_user.list", ("question.*",), 0.05),
     _View("mcp", "mcp.servers", ("mcp.*", "supervisor.*"), 0.5),

@@ -1314,10 +1314,10 @@ class Server(Actor):
         would wake it), all in one worker-thread hop. What an asleep agent
         wrote was committed before it went to sleep, so nothing is flushed first.
         """
-        registry = self.system._registry
         index = self._sessions.index
         store = self.system.store
-        sessions: dict[str, Any] = {session_id: registry.get(f"/sessions/{session_id}") for session_id in page}
+        whereis = self.system.whereis
+        sessions: dict[str, Any] = {session_id: whereis(f"/sessions/{session_id}") for session_id in page}
         asleep = [session_id for session_id, ref in sessions.items() if ref.__class__ is Stub]
 
         def read() -> dict[str, AgentRecord]:
@@ -1391,8 +1391,10 @@ class Server(Actor):
         needle = (p.search or "").casefold()
         rows: list[dict[str, Any]] = []
         seen: dict[str, tuple[int, int]] = {}
-        for path, ref in list(self.system._registry.items()):
-            if ref.__class__ is Stub or not _under(path, prefix):
+        # The actors themselves: the stubs of 100,000 asleep sessions are not walked.
+        for ref in self.system.actors():
+            path = ref.path
+            if not _under(path, prefix):
                 continue
             stats = ref.statistics()
             if stats is None:
@@ -1449,7 +1451,7 @@ class Server(Actor):
         limiter = trio.CapacityLimiter(64)
 
         async def ask(path: str, children: list[dict[str, Any]]) -> None:
-            ref = self.system._registry.get(path)
+            ref = self.system.whereis(path)
             if ref is None or ref.__class__ is Stub or not issubclass(ref.actor_class, SupervisorBase):
                 return
             ids = [row["path"].rpartition("/")[2] for row in children]  # not all 100,000 of /sessions
@@ -1469,12 +1471,12 @@ class Server(Actor):
 
     def _add_memory(self, rows: list[dict[str, Any]]) -> None:
         """Each row's memory estimate; one made under `_MEMORY_AGE` s ago is reused (a table refreshed each second)."""
-        registry = self.system._registry
+        whereis = self.system.whereis
         now = time.monotonic()
         cache = self._memory
         for row in rows:
             path = row["path"]
-            ref = registry.get(path)
+            ref = whereis(path)
             held = cache.get(path)
             if held is not None and held[0] is ref and now - held[1] < _MEMORY_AGE:
                 estimate = held[2]
@@ -1497,11 +1499,11 @@ class Server(Actor):
                 f"{path} is part of the daemon itself, not restarted from here (a session's actors, under "
                 "/sessions/<id>, and MCP connections, under /mcp, are); restart the daemon instead",
             )
-        ref = self.system._registry.get(path)
+        ref = self.system.whereis(path)  # a path of an asleep session: its stub (nothing wakes)
         if ref is None or ref.__class__ is Stub:
             state = "asleep: nothing of it runs" if ref is not None else "not running"
             raise RPCError(NOT_FOUND, f"no running actor at {path} ({state}); actors.list shows the running ones")
-        parent = self.system._registry.get(_parent(path))
+        parent = self.system.whereis(_parent(path))
         if parent is None or parent.__class__ is Stub or not issubclass(parent.actor_class, SupervisorBase):
             raise RPCError(APP_ERROR, f"{path} has no supervisor to restart it (its parent is not one)")
         infos = await parent.proxy().which_children([path.rpartition("/")[2]])
@@ -1678,10 +1680,16 @@ class Server(Actor):
         registry = self.system._registry
         self.system.whereis(base)  # a path in a hibernated subtree gets its stub (nothing wakes)
         collapsed = tuple(c.rstrip("/") + "/" for c in p.collapse if c.rstrip("/"))
+        paths = []
         if collapsed:
-            paths = [path for path in list(registry) if _under(path, base) and not path.startswith(collapsed)]
-        else:
+            # The actors themselves, not the registry's stubs (100,000 asleep sessions): a supervisor's asleep
+            # children outside what is collapsed are drawn from its which_children below.
+            paths = [ref.path for ref in self.system.actors() if _under(ref.path, base)]
+            paths = [path for path in paths if not path.startswith(collapsed)]
+        if base not in paths:
             paths = [path for path in list(registry) if _under(path, base)]
+            if collapsed:
+                paths = [path for path in paths if not path.startswith(collapsed)]
         if base not in paths:
             raise RPCError(NOT_FOUND, f"no live actor at {base}")
         nodes: dict[str, dict[str, Any]] = {}

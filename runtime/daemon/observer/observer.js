@@ -378,9 +378,10 @@
       nodes += 1;
       noteRestarts(node, now);
       const extra = [];
-      if (node.children_hidden !== undefined && node.path === "/sessions") {
-        const asleep = node.children_asleep || 0;
-        extra.push(el("span", { class: "badge", text: `${count(node.children_hidden)} sessions · ${count(node.children_hidden - asleep)} awake · ${count(asleep)} asleep` }));
+      if (node.path === "/sessions") {
+        // The counts of the latest page (the tree is not redrawn for what the sessions do).
+        const c = sessions.counts || { active: node.children_hidden || 0, asleep: node.children_asleep || 0, awake: (node.children_hidden || 0) - (node.children_asleep || 0) };
+        extra.push(el("span", { class: "badge", id: "sessions-counts", text: `${count(c.active)} sessions · ${count(c.awake)} awake · ${count(c.asleep)} asleep` }));
       }
       const item = el("li", {}, el("span", { class: "toggle" }), nodeCard(node, extra));
       const kids = node.children || [];
@@ -450,7 +451,9 @@
           for (const list of this.lists) list.redraw();
         }
         this.total = result.total;
+        const before = JSON.stringify(this.counts);
         this.counts = result.counts;
+        if (JSON.stringify(this.counts) !== before) drawTree();
         this.setChoices(result.projects, result.models);
         for (const list of this.lists) list.refresh();
         drawDaemon();
