@@ -235,6 +235,12 @@ def main() -> None:
                     times.append(page.evaluate(SWITCH, tab))
                 switches[tab] = statistics.median(times)
             filters = [page.evaluate(FILTER, state) for state in ["awake", "active"] * 4]
+            console.print(
+                "filters (ms):",
+                [round(f) for f in filters],
+                "switches (ms):",
+                {k: round(v) for k, v in switches.items()},
+            )
             started = time.perf_counter()
             page.fill("#s-search", "a099999" if n >= 100_000 else f"a{n - 1:06d}")
             page.locator("#s-count", has_text="1 session match").wait_for(timeout=60_000)

@@ -464,6 +464,7 @@ def _estimate_size(root: object, max_objects: int) -> ActorMemory:
     stack: list[object] = [root]
     total = 0
     visited = 0
+    cut = False  # a container held more than the budget let the walk look at
     while stack and visited < max_objects:
         obj = stack.pop()
         visited += 1
@@ -488,14 +489,20 @@ def _estimate_size(root: object, max_objects: int) -> ActorMemory:
                 children = itertools.chain(state.values() if isinstance(state, dict) else (), slotted)
         else:
             continue
+        # Never more on the stack than the budget has left: a dict of 100,000 entries is not walked whole.
+        room = max_objects - visited - len(stack)
         for child in children:
             if child is None or child.__class__ in _SMALL or id(child) in seen:
                 continue
             if isinstance(child, _NOT_HELD):
                 continue
+            if room <= 0:
+                cut = True
+                break
             seen.add(id(child))
             stack.append(child)
-    return ActorMemory(bytes=total, objects=visited, complete=not stack)
+            room -= 1
+    return ActorMemory(bytes=total, objects=visited, complete=not stack and not cut)
 
 
 _ATOMS = frozenset({str, bytes, bytearray, int, float, bool, complex, memoryview})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from typing import Any, ClassVar
 
 import attrs
@@ -396,6 +397,9 @@ class Hoarder(Actor):
         self.kept: list[str] = []
         self.shared = shared
 
+    def set_kept(self, kept: list[str]) -> None:
+        self.kept = kept
+
     def on_receive(self, message: Any) -> None:
         if message == "wait":
             threading.Event().wait(0.3)  # a slow handler: what is sent meanwhile waits in the mailbox
@@ -453,6 +457,31 @@ def test_memory_estimate_grows_with_what_the_actor_holds_and_leaves_out_what_it_
     assert cut.bytes < full.bytes
     ref.stop()
     assert ref.memory_estimate() is None
+
+
+class Counted(list[object]):
+    """A list that counts the items its iterations handed out."""
+
+    handed = 0
+
+    def __iter__(self) -> Iterator[object]:
+        for item in super().__iter__():
+            Counted.handed += 1
+            yield item
+
+
+def test_a_memory_estimate_stays_in_its_budget_however_large_a_container(system: ActorSystem) -> None:
+    ref = system.spawn(Hoarder, kwargs={"shared": None}, name="huge")
+    ref.ask("first")
+    actor_list = Counted(object() for _ in range(100_000))
+    ref.proxy().set_kept(actor_list).get(timeout=5)
+    Counted.handed = 0
+    huge = ref.memory_estimate(max_objects=1000)
+    assert huge is not None
+    assert not huge.complete
+    assert huge.objects == 1000
+    # The 100,000 items were not walked to look at a thousand objects.
+    assert Counted.handed <= 1000
 
 
 def test_snapshot_returns_a_frozen_attrs_value(system: ActorSystem) -> None:
