@@ -823,7 +823,7 @@
     });
   }
 
-  // One chart: each series scaled to its own maximum over the window (two series: two scales).
+  // One chart: each series scaled to its own maximum over the window (two series: two scales), the newest on the right.
   function drawChart(canvas, chart, now) {
     const dpr = window.devicePixelRatio || 1;
     const width = Math.max(100, canvas.clientWidth), height = 80;
@@ -836,7 +836,10 @@
     for (const y of [0.25, 0.5, 0.75]) { g.beginPath(); g.moveTo(0, Math.round(height * y) + 0.5); g.lineTo(width, Math.round(height * y) + 0.5); g.stroke(); }
     const t = metrics.t;
     const end = t.length ? t[t.length - 1] : 0;
-    const span = metrics.points * metrics.interval;
+    // The window: what the rings hold, in whole minutes (a young daemon's first minutes fill the width).
+    const held = t.length ? end - t[0] : 0;
+    const minutes = Math.min(Math.max(1, Math.ceil(held / 60)), Math.round((metrics.points * metrics.interval) / 60));
+    const span = minutes * 60;
     const x = (time) => width - ((end - time) / span) * width;
     const labels = [];
     let points = 0;
@@ -864,7 +867,7 @@
       labels.push(chart.fmt(latest(name)));
     });
     g.fillStyle = "#6b756f";
-    g.fillText("10 min", width - 36, height - 3);
+    g.fillText(`${minutes} min`, width - 36, height - 3);
     canvas.dataset.points = String(points);
     canvas.dataset.last = String(latest(chart.series[0]) ?? "");
     now.textContent = labels.join(" · ");
