@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -268,6 +269,7 @@ def main() -> None:
     finally:
         proc.terminate()
         proc.wait(600)
+        shutil.rmtree(root, ignore_errors=True)  # 100,000 sessions' store: hundreds of MB
     table = Table(title=f"the observer at {n:,} sessions ({load_note()})")
     for column in ("what", "figure", "note"):
         table.add_column(column)
