@@ -42,6 +42,7 @@ from weald.tools._contract import (
     tool,
     validate_arguments,
 )
+from weald.tools._editor import EDITOR_METHODS, EditorBridge, EditorError
 from weald.tools._jobs import JobInfo, JobOutput, JobTable, nursery_spawner
 from weald.tools._ledger import ReadLedger
 from weald.tools._limits import limit_output, within_limits
@@ -50,8 +51,11 @@ from weald.tools._session import SessionServices
 from weald.tools._spill import SpillBudget, SpillLimits, remove_spill_dir, sweep_spill_dirs
 
 __all__ = [
+    "EDITOR_METHODS",
     "SANDBOX_ENABLE_HINT",
     "AbortSignal",
+    "EditorBridge",
+    "EditorError",
     "JobInfo",
     "JobOutput",
     "JobTable",

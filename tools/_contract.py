@@ -217,6 +217,12 @@ class ToolConfig:
             files weald's configuration reads besides the project's own
             ``weald.toml`` and ``.weald/`` (``[mcp] import`` files, the faults
             file), which are protected always (`weald.tools._protected`).
+        editor_files: read_file, write_file and edit_file work on the
+            editor's buffers instead of the disk when an editor that offers
+            them drives the session (``[acp] files = "editor"``; `weald.tools._editor`).
+        editor_terminal: foreground shell commands run in the editor's
+            terminals, still in weald's OS sandbox, when an editor that
+            offers them drives the session (``[acp] terminal = "editor"``).
     """
 
     max_output_lines: int = 2000
@@ -224,6 +230,8 @@ class ToolConfig:
     options: Mapping[str, Mapping[str, Any]] = attrs.field(factory=dict)
     private_paths: tuple[str, ...] = attrs.field(default=(), converter=_path_strings)
     protected_paths: tuple[str, ...] = attrs.field(default=(), converter=_path_strings)
+    editor_files: bool = False
+    editor_terminal: bool = False
 
     def option(self, tool_name: str, key: str, default: Any = None) -> Any:
         """Return ``options[tool_name][key]``, or ``default``."""

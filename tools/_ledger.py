@@ -546,6 +546,7 @@ class ReadLedger:
         st: os.stat_result | None = None,
         name: str | None = None,
         sha256: bytes | None = None,
+        where: str = "on disk",
     ) -> FileState:
         """Confirm the session read ``path`` and it has not changed since.
 
@@ -561,6 +562,8 @@ class ReadLedger:
             st: the file's current status; stat'ed here if None.
             name: the path as the model knows it, for messages.
             sha256: the digest of ``data``, if the caller computed it.
+            where: where the file changed, for the message (``"in the editor"``
+                when it is an editor's buffer).
 
         Returns:
             The recorded state.
@@ -597,7 +600,7 @@ class ReadLedger:
             else "same size, modified since"
         )
         raise ToolError(
-            f"{shown} has changed on disk since you last read it ({detail}); something else modified it. "
+            f"{shown} has changed {where} since you last read it ({detail}); something else modified it. "
             "Read it again with read_file and redo the change against its current content.",
         )
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,9 @@ class SessionServices:
             (sub-agents, questions to the user, the task store); None outside an agent.
         spill: the session's `SpillBudget`, bounding the output saved in
             ``output_dir``; None: default bounds for each call alone.
+        editor: session id -> the `weald.tools._editor.EditorBridge` of the
+            editor driving that session through ACP, or None; None (no
+            lookup): no editor ever drives it. Thread-safe.
     """
 
     output_dir: Path = attrs.field(converter=Path)
@@ -34,3 +38,4 @@ class SessionServices:
     jobs: Any = None
     runtime: Any = None
     spill: Any = None
+    editor: Callable[[str], Any] | None = None

@@ -32,6 +32,7 @@ from typing import Any
 
 import attrs
 from weald.tools._contract import ToolContext, ToolError, ToolResult, tool
+from weald.tools._editor import editor_files, write_buffer
 from weald.tools._fuzzy import (
     STRATEGY_NOTES,
     Located,
@@ -242,14 +243,17 @@ def edit_file(
         new_string=new_string,
         replace_all=replace_all,
     )
-    refuse_protected_path(ctx, ctx.resolve_path(path))
-    real, shown, data, st = read_text(ctx, path, purpose="edit_file edits")
+    resolved = ctx.resolve_path(path)
+    refuse_protected_path(ctx, resolved)
+    editor = editor_files(ctx, resolved)  # None (the disk) unless the project chose the editor's buffers
+    real, shown, data, st = read_text(ctx, path, purpose="edit_file edits", editor=editor)
     refuse_read_only(ctx, real, st)
     ledger = session_ledger(ctx)
     sha256: bytes | None = None
     history: FileHistory | None = None
     if ledger is not None:
-        sha256 = ledger.check_fresh(real, data=data, st=st, name=shown).digest
+        where = "in the editor" if editor is not None else "on disk"
+        sha256 = ledger.check_fresh(real, data=data, st=st, name=shown, where=where).digest
         history = ledger.history(real, sha256)
     doc = TextFile.decode(data)
     display = _Shown(doc.lines())
@@ -285,10 +289,16 @@ def edit_file(
     if new_data == data:
         raise ToolError(f"the edit would leave {shown} exactly as it is, so nothing was written. Check new_string.")
     ctx.abort.raise_if_set()
-    outcome = write_atomic(ctx, str(real), new_data, expect=st)
+    if editor is not None:
+        new_stat = write_buffer(ctx, editor, real, new_data)
+    else:
+        new_stat = write_atomic(ctx, str(real), new_data, expect=st).stat
     result, views = _report(shown, display.lines, TextFile.decode(new_data), plan)
     if ledger is not None:
-        ledger.record_change(real, new_data, outcome.stat, base=sha256, hunks=plan.hunks, views=views)
+        ledger.record_change(real, new_data, new_stat, base=sha256, hunks=plan.hunks, views=views)
+    if editor is not None:
+        output = result.output.replace(f"Edited {shown}:", f"Edited {shown} in the editor:", 1)
+        result = attrs.evolve(result, output=output, data={**result.data, "editor": True})
     return result
 
 

@@ -8,9 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from weald.tools._contract import ToolContext, ToolError, ToolResult, tool
+from weald.tools._editor import EditorBridge, editor_files, read_buffer
 from weald.tools._hashline import TextFile, binary_reason, format_lines, line_hash, to_display
 from weald.tools._ledger import session_ledger
-from weald.tools._sandbox import display_path, open_read
+from weald.tools._sandbox import display_path, open_read, resolve_in_sandbox
 
 __all__ = ["read_file", "read_text"]
 
@@ -68,29 +69,45 @@ def _show(line: str) -> str:
     return f"{line[:MAX_LINE_CHARS]}[... {len(line) - MAX_LINE_CHARS} more characters cut; grep can show them]"
 
 
+_DISK: Any = object()  # read_text's ``editor`` default: decide here
+
+
 def read_text(
     ctx: ToolContext,
     path: str,
     *,
     purpose: str = "read_file shows",
+    editor: EditorBridge | None = _DISK,
 ) -> tuple[Path, str, bytes, os.stat_result]:
     """Read a text file through the sandbox: its resolved path, display path, bytes and status.
 
     Shared by the file tools, so each refuses the same files in the same words.
+    Where the session's editor holds the project's files (`weald.tools._editor`),
+    the text is its buffer's, and the status a stand-in (`buffer_stat`).
 
     Args:
         ctx: the call's context.
         path: the path as the model gave it.
         purpose: completes the binary-file message ("... {purpose} UTF-8 text only").
+        editor: the editor to read through, None for the disk; by default
+            the one `editor_files` gives (a tool that writes afterwards
+            decides once and passes it, so it reads and writes the same place).
 
     Raises:
-        ToolError: the file is outside the sandbox, missing, too large or binary.
+        ToolError: the file is outside the sandbox, missing, too large or
+            binary; `EditorError`: the editor failed.
     """
+    limit = int(ctx.config.option("files", "max_read_bytes", DEFAULT_MAX_FILE_BYTES))
+    if ctx.config.editor_files:  # off unless the project chose the editor's buffers: one attribute
+        real = resolve_in_sandbox(ctx, path)
+        bridge = editor_files(ctx, real) if editor is _DISK else editor
+        if bridge is not None:
+            data, st = read_buffer(ctx, bridge, real, path, purpose=purpose, limit=limit)
+            return real, display_path(ctx, real), data, st
     f, real = open_read(ctx, path)
     shown = display_path(ctx, real)
     with f:
         st = os.fstat(f.fileno())
-        limit = int(ctx.config.option("files", "max_read_bytes", DEFAULT_MAX_FILE_BYTES))
         if st.st_size > limit:
             raise ToolError(
                 f"{shown} is {st.st_size} bytes, more than the file tools read ({limit} bytes). "

@@ -36,21 +36,31 @@ and ``hidden`` (lists of paths; ``~`` is the home directory).
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import functools
+import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import attrs
 import trio
-from weald.runtime import ChildProcess, make_private_dirs, new_process_mark, sanitized_env
+from weald.runtime import (
+    MARK_VARIABLE,
+    ChildProcess,
+    make_private_dirs,
+    marked_processes,
+    new_process_mark,
+    sanitized_env,
+)
 from weald.tools._bwrap import (
     SANDBOX_ENABLE_HINT,
     SandboxPolicy,
@@ -62,6 +72,7 @@ from weald.tools._bwrap import (
     sandbox_status,
 )
 from weald.tools._contract import ToolContext, ToolError, ToolResult, tool
+from weald.tools._editor import EditorBridge, EditorError, editor_terminal
 from weald.tools._jobs import JobInfo, JobOutput, JobTable
 from weald.tools._process import (
     DEFAULT_KILL_GRACE,
@@ -448,6 +459,13 @@ def _sandbox_options(
     Runs in a worker thread: it looks at the filesystem, and makes the
     placeholders of missing protected paths (held in ``placeholders``).
     """
+    return options_file(_sandbox_option_list(ctx, workdir, network, placeholders=placeholders, search_path=search_path))
+
+
+def _sandbox_option_list(
+    ctx: ToolContext, workdir: Path, network: bool, *, placeholders: Placeholders, search_path: str
+) -> list[str]:
+    """The options bubblewrap gets for a command (see `_sandbox_options`; blocking, for a worker thread)."""
     option = ctx.config.option
     tmp = None
     if ctx.session is not None:
@@ -470,7 +488,7 @@ def _sandbox_options(
         network=network,
         tmp=tmp,
     )
-    return options_file(bwrap_options(policy, placeholders))
+    return bwrap_options(policy, placeholders)
 
 
 def _sandbox_hints(launch: _Launch, output: str, failed: bool) -> list[str]:
@@ -553,6 +571,10 @@ def _job_table(ctx: ToolContext) -> JobTable:
 
 async def _run(ctx: ToolContext, command: str, timeout: float, cwd: str | None) -> ToolResult:
     workdir = _workdir(ctx, cwd)
+    if ctx.config.editor_terminal:  # off unless the project chose the editor's terminals: one attribute
+        editor = editor_terminal(ctx)
+        if editor is not None:
+            return await _run_in_editor(ctx, editor, command, timeout, workdir)
     # The command starts in the directory held open by an O_NOFOLLOW walk
     # (/proc/self/fd/N), not by its name: one swapped for a symlink after the
     # check is refused, never entered.
@@ -691,6 +713,309 @@ def _foreground_result(
         data["survivors"] = survivors
     result = _result(ok, "\n".join(parts), data=data, hints=hints)
     return attrs.evolve(result, full_output_path=str(spool)) if spool is not None else result
+
+
+# -- in the editor's terminal --------------------------------------------------------
+#
+# With [acp] terminal = "editor", and an editor offering terminal/* driving the
+# session, a foreground command runs in one of the editor's terminals, where the
+# user watches it. It is the same command line as weald's own: bash -c COMMAND
+# in the OS sandbox where it works here (bubblewrap; the editor runs on this
+# machine), with the same environment (secrets out, the call's process mark in).
+# The editor starts a small launcher (`_LAUNCHER`), which reads the command line,
+# the environment and the sandbox's options from a file only this user can read,
+# removes it, and becomes the command: nothing of the environment is on a command
+# line, and nothing of the editor's own environment reaches the command.
+
+# Seconds one terminal/create, output, kill or release may take the editor.
+_EDITOR_STEP_TIMEOUT = 30.0
+# How often the command's output is asked for while it runs.
+_TERMINAL_POLL = 0.2
+# What the editor keeps of the output (it drops the oldest past it); polled far more often than it fills.
+_TERMINAL_OUTPUT_LIMIT = 1024 * 1024
+
+_LAUNCHER = """\
+import json, os, sys
+path = sys.argv[1]
+with open(path, encoding="utf-8") as f:
+    spec = json.load(f)
+os.unlink(path)
+argv = spec["argv"]
+if spec["options"] is not None:
+    fd = os.memfd_create("weald-bwrap-options", 0)
+    data = memoryview(b"".join(os.fsencode(option) + b"\\0" for option in spec["options"]))
+    while data:
+        data = data[os.write(fd, data):]
+    os.lseek(fd, 0, os.SEEK_SET)
+    os.set_inheritable(fd, True)
+    argv = [spec["bwrap"], "--args", str(fd), "--", *argv]
+else:
+    os.chdir(spec["cwd"])
+os.execve(argv[0], argv, spec["env"])
+"""
+
+
+class _TerminalText:
+    """What the editor has shown of a terminal's output so far, to take only what is new from each answer."""
+
+    __slots__ = ("seen",)
+
+    def __init__(self) -> None:
+        self.seen = ""
+
+    async def take(self, answer: Any, capture: OutputCapture) -> dict[str, Any] | None:
+        """Feed what ``answer`` (terminal/output's) adds to ``capture``; returns its exit status, if it has one."""
+        if not isinstance(answer, dict) or not isinstance(answer.get("output"), str):
+            raise EditorError("the editor answered terminal/output without the output (no 'output' string)")
+        now: str = answer["output"]
+        seen, self.seen = self.seen, now
+        if now.startswith(seen):
+            new = now[len(seen) :]
+        else:  # the editor dropped the start (outputByteLimit): go on after what was seen last
+            probe = seen[-512:]
+            at = now.rfind(probe) if probe else -1
+            new = now[at + len(probe) :] if at >= 0 else now
+        if new:
+            await capture.feed("stdout", new.encode("utf-8", "surrogateescape"))
+        status = answer.get("exitStatus")
+        return status if isinstance(status, dict) else None
+
+
+async def _editor_launch(ctx: ToolContext, command: str, workdir: Path, mark: str) -> tuple[_Launch, dict[str, Any]]:
+    """How the editor's terminal starts ``command``: a `_Launch` (mode, placeholders) and the launcher's spec.
+
+    Raises:
+        ToolError: ``sandbox = "required"`` and the sandbox does not work here.
+    """
+    env = _environment(ctx, workdir)
+    env[MARK_VARIABLE] = mark
+    mode = str(ctx.config.option("shell", "sandbox", "auto"))
+    network = network_allowed(ctx.config.option("shell", "network", False), command)
+    spec: dict[str, Any] = {"argv": _argv(command), "env": env, "cwd": str(workdir), "bwrap": None, "options": None}
+    if mode == "off":
+        return _Launch(_argv(command), env, mode="off", network=True, pass_fds=()), spec
+    status = cached_sandbox_status()
+    if status is None:
+        status = await trio.to_thread.run_sync(sandbox_status)
+    if not status.available or status.bwrap is None:
+        if mode == "required":
+            raise ToolError(
+                f'commands may only run in weald\'s OS sandbox here ([tools.shell] sandbox = "required"), '
+                f"and it does not work on this machine: {status.reason}. Nothing was run. Ask the user to "
+                f"{SANDBOX_ENABLE_HINT}.",
+            )
+        return _Launch(_argv(command), env, mode="unavailable", network=True, pass_fds=()), spec
+    search_path = env.get("PATH", "")
+    env["TMPDIR"] = "/tmp"  # noqa: S108 - the sandbox's own /tmp
+    placeholders = Placeholders()
+    try:
+        spec["options"] = await trio.to_thread.run_sync(
+            functools.partial(
+                _sandbox_option_list, ctx, workdir, network, placeholders=placeholders, search_path=search_path
+            )
+        )
+    except BaseException:
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(placeholders.release)
+        raise
+    spec["bwrap"] = status.bwrap
+    launch = _Launch(_argv(command), env, mode="bwrap", network=network, pass_fds=(), placeholders=placeholders)
+    return launch, spec
+
+
+def _write_launch_file(spec: dict[str, Any]) -> str:
+    """The launcher's spec in a new file only this user can read (0600, O_EXCL); returns its path (blocking)."""
+    fd, path = tempfile.mkstemp(prefix="weald-launch-", suffix=".json")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        json.dump(spec, f)
+    return path
+
+
+async def _run_in_editor(
+    ctx: ToolContext, editor: EditorBridge, command: str, timeout: float, workdir: Path
+) -> ToolResult:
+    """Run ``command`` in a terminal of the editor; the result is the one weald's own run gives, plus the terminal."""
+    limits = _Limits.of(ctx)
+    grace = float(ctx.config.option("shell", "kill_grace", DEFAULT_KILL_GRACE))
+    mark = new_process_mark()
+    launch, spec = await _editor_launch(ctx, command, workdir, mark)
+    capture = OutputCapture(
+        tail_bytes=limits.bytes,
+        spool_dir=_spool_dir(ctx),
+        spool_prefix="shell-",
+        emit=ctx.emit,
+        spill=getattr(ctx.session, "spill", None),
+    )
+    text = _TerminalText()
+    started = trio.current_time()
+    terminal: str | None = None
+    status: dict[str, Any] | None = None
+    timed_out = False
+    launch_file: str | None = None
+    leftovers: tuple[list[int], list[int]] = ([], [])
+    try:
+        launch_file = await trio.to_thread.run_sync(_write_launch_file, spec)
+        created = await editor.arequest(
+            "terminal/create",
+            {
+                "command": sys.executable,
+                "args": ["-I", "-S", "-c", _LAUNCHER, launch_file],
+                "cwd": str(workdir),
+                "outputByteLimit": _TERMINAL_OUTPUT_LIMIT,
+            },
+            timeout=_EDITOR_STEP_TIMEOUT,
+            call_id=ctx.call_id,
+        )
+        terminal = created.get("terminalId") if isinstance(created, dict) else None
+        if not isinstance(terminal, str) or not terminal:
+            terminal = None
+            raise EditorError("the editor answered terminal/create without a terminal id; nothing was run")
+        launch.started()
+        with trio.move_on_after(timeout) as deadline:
+            status = await _follow_terminal(ctx, editor, terminal, text, capture, timeout=timeout)
+        timed_out = deadline.cancelled_caught
+    finally:
+        with trio.CancelScope(shield=True):
+            if terminal is not None:
+                ended = await _end_terminal(ctx, editor, terminal, text, capture, running=status is None)
+                status = status or ended
+            leftovers = await trio.to_thread.run_sync(_stop_marked, mark, grace)
+            await capture.aclose()
+            await launch.ended()
+            if launch_file is not None:
+                await trio.to_thread.run_sync(_remove_quietly, launch_file)
+    stopped, survivors = leftovers
+    result = _foreground_result(
+        capture,
+        code=_terminal_exit_code(status),
+        timed_out=timed_out,
+        timeout=timeout,
+        left_running=bool(stopped) and not timed_out,
+        survivors=survivors,
+        duration=trio.current_time() - started,
+        limits=limits,
+        launch=launch,
+    )
+    return attrs.evolve(result, data={**result.data, "terminal": "editor", "terminal_id": terminal})
+
+
+async def _follow_terminal(
+    ctx: ToolContext,
+    editor: EditorBridge,
+    terminal: str,
+    text: _TerminalText,
+    capture: OutputCapture,
+    *,
+    timeout: float,
+) -> dict[str, Any]:
+    """Stream the terminal's output into ``capture`` until the command exits; returns its exit status."""
+    ids = {"terminalId": terminal}
+    failure: list[EditorError] = []
+    exited: dict[str, Any] = {}
+
+    async def poll() -> None:
+        while True:
+            await text.take(
+                await editor.arequest("terminal/output", ids, timeout=_EDITOR_STEP_TIMEOUT, call_id=ctx.call_id),
+                capture,
+            )
+            await trio.sleep(_TERMINAL_POLL)
+
+    async def wait() -> None:
+        answer = await editor.arequest(
+            "terminal/wait_for_exit", ids, timeout=timeout + _EDITOR_STEP_TIMEOUT, call_id=ctx.call_id
+        )
+        exited.update(answer if isinstance(answer, dict) else {})
+        nursery.cancel_scope.cancel()
+
+    async def guarded(step: Any) -> None:
+        try:
+            await step()
+        except EditorError as exc:
+            failure.append(exc)
+            nursery.cancel_scope.cancel()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(capture.run_emitter)
+        nursery.start_soon(guarded, poll)
+        nursery.start_soon(guarded, wait)
+    if failure:
+        raise failure[0]
+    # What it printed last, between the last poll and its exit.
+    await text.take(
+        await editor.arequest("terminal/output", ids, timeout=_EDITOR_STEP_TIMEOUT, call_id=ctx.call_id), capture
+    )
+    return exited
+
+
+async def _end_terminal(
+    ctx: ToolContext,
+    editor: EditorBridge,
+    terminal: str,
+    text: _TerminalText,
+    capture: OutputCapture,
+    *,
+    running: bool,
+) -> dict[str, Any] | None:
+    """Kill the terminal's command if it still runs, take its last output, release it; best effort (shielded).
+
+    Returns:
+        Its exit status, when the editor had one.
+    """
+    ids = {"terminalId": terminal}
+    status: dict[str, Any] | None = None
+    with contextlib.suppress(EditorError):  # the editor is gone: its terminals went with it
+        if running:
+            await editor.arequest("terminal/kill", ids, timeout=_EDITOR_STEP_TIMEOUT, call_id=ctx.call_id)
+            answer = await editor.arequest("terminal/output", ids, timeout=_EDITOR_STEP_TIMEOUT, call_id=ctx.call_id)
+            status = await text.take(answer, capture)
+        await editor.arequest("terminal/release", ids, timeout=_EDITOR_STEP_TIMEOUT, call_id=ctx.call_id)
+    return status
+
+
+def _terminal_exit_code(status: Mapping[str, Any] | None) -> int | None:
+    """The exit code as weald reports one: the code, or minus the signal's number."""
+    if not status:
+        return None
+    code = status.get("exitCode")
+    if isinstance(code, int) and not isinstance(code, bool):
+        return code
+    name = status.get("signal")
+    if isinstance(name, str):
+        with contextlib.suppress(KeyError):
+            return -signal.Signals[name if name.startswith("SIG") else f"SIG{name}"].value
+    return None
+
+
+def _stop_marked(mark: str, grace: float) -> tuple[list[int], list[int]]:
+    """Stop what the command left running (its processes carry ``mark``): SIGTERM, then SIGKILL (blocking).
+
+    Returns:
+        The processes found, and those still alive at the end.
+    """
+    found = marked_processes(mark) or []
+    if not found:
+        return [], []
+    for pid in found:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    left = found
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = marked_processes(mark) or []
+    if not left:
+        return found, []
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    time.sleep(0.05)
+    return found, marked_processes(mark) or []
+
+
+def _remove_quietly(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
 
 
 # -- background -------------------------------------------------------------------

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from weald.tools._contract import ToolContext, ToolError, ToolResult, tool
+from weald.tools._editor import editor_files, write_buffer
 from weald.tools._hashline import UTF8_BOM, TextFile, strip_echoed_tags, tag_prefixed
 from weald.tools._ledger import session_ledger
 from weald.tools._sandbox import (
@@ -77,6 +78,7 @@ def write_file(ctx: ToolContext, path: str, content: str) -> ToolResult:
     real = resolve_in_sandbox(ctx, path)
     refuse_protected_path(ctx, real)
     shown = display_path(ctx, real)
+    editor = editor_files(ctx, real)  # None (the disk) unless the project chose the editor's buffers
     ledger = session_ledger(ctx)
     written = content.replace("\r\n", "\n")
     # Tags go only if every line carries the one read_file would show for it in the new file.
@@ -95,10 +97,11 @@ def write_file(ctx: ToolContext, path: str, content: str) -> ToolResult:
             "file again without them.",
         )
     if os.path.lexists(real):
-        _, _, old_data, expect = read_text(ctx, path, purpose="write_file replaces")
+        _, _, old_data, expect = read_text(ctx, path, purpose="write_file replaces", editor=editor)
         refuse_read_only(ctx, real, expect)
         if ledger is not None:
-            base = ledger.check_fresh(real, data=old_data, st=expect, name=shown).digest
+            where = "in the editor" if editor is not None else "on disk"
+            base = ledger.check_fresh(real, data=old_data, st=expect, name=shown, where=where).digest
         old = TextFile.decode(old_data)
         old_size = len(old_data)
         old_lines = len(old.lines())
@@ -114,21 +117,26 @@ def write_file(ctx: ToolContext, path: str, content: str) -> ToolResult:
     else:
         data = _encode_like(None, text)
     ctx.abort.raise_if_set()
-    outcome = write_atomic(ctx, str(real), data, expect=expect, exclusive=expect is None)
+    if editor is not None:
+        new_stat, created = write_buffer(ctx, editor, real, data), expect is None
+    else:
+        outcome = write_atomic(ctx, str(real), data, expect=expect, exclusive=expect is None)
+        new_stat, created = outcome.stat, outcome.created
     lines = TextFile.decode(data).lines()
     if ledger is not None:
         # Every line of the old version is replaced: no anchor into it carries over.
         hunks = [(0, old_lines, len(lines))] if base is not None else None
-        ledger.record_change(real, data, outcome.stat, base=base, hunks=hunks)
+        ledger.record_change(real, data, new_stat, base=base, hunks=hunks)
     size = f"{len(data)} bytes, {len(lines)} line{'' if len(lines) == 1 else 's'}"
-    if outcome.created:
-        summary = f"Created {shown} ({size})."
+    held = " in the editor" if editor is not None else ""
+    if created:
+        summary = f"Created {shown}{held} ({size})."
     else:
-        summary = f"Overwrote {shown} ({size}; it had {old_size} bytes)."
-    return ToolResult.success(
-        "\n".join([summary, *notes]),
-        data={"path": shown, "bytes": len(data), "created": outcome.created},
-    )
+        summary = f"Overwrote {shown}{held} ({size}; it had {old_size} bytes)."
+    info: dict[str, Any] = {"path": shown, "bytes": len(data), "created": created}
+    if editor is not None:
+        info["editor"] = True
+    return ToolResult.success("\n".join([summary, *notes]), data=info)
 
 
 def _encode_like(old: TextFile | None, text: str) -> bytes:

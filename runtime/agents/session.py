@@ -90,6 +90,9 @@ class SessionConfig:
             None: ``agent`` and ``runner`` for good.
         skill_dirs: where skills are looked for, highest precedence first;
             None: the working directory's ``.weald/skills``, then ``~/.weald/skills``.
+        editor: session id -> the editor driving that session through ACP
+            (``ctx.session.editor``, `weald.tools.EditorBridge`), or None;
+            None: file tools and the shell never go through an editor.
     """
 
     session_id: str
@@ -102,6 +105,7 @@ class SessionConfig:
     mcp_servers: tuple[Any, ...] = ()
     settings: Callable[[], TurnSettings] | None = attrs.field(default=None, eq=False)
     skill_dirs: tuple[str, ...] | None = None
+    editor: Callable[[str], Any] | None = attrs.field(default=None, eq=False)
 
 
 class _SessionTools(ToolRegistry):
@@ -543,6 +547,7 @@ def session_spec(
                 "config": config.runner,
                 "output_dir": config.output_dir,
                 "runtime": runtime,
+                "editor": config.editor,
             },
             shutdown=15.0,
         ),

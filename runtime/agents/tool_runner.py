@@ -489,6 +489,7 @@ class ToolRunner(Actor):
         output_dir: where full outputs and job spools go (default: a
             ``weald-outputs`` folder in the system's store directory).
         runtime: handles for tools that talk to the runtime (``ctx.session.runtime``).
+        editor: session id -> the editor driving it through ACP (``ctx.session.editor``), or None.
     """
 
     def __init__(
@@ -501,6 +502,7 @@ class ToolRunner(Actor):
         config: RunnerConfig | None = None,
         output_dir: str | Path | None = None,
         runtime: Any = None,
+        editor: Callable[[str], Any] | None = None,
     ) -> None:
         super().__init__()
         self._session_id = session_id
@@ -517,6 +519,7 @@ class ToolRunner(Actor):
         self._allowed_dirs = (*(_resolved(d) for d in allowed_dirs), _resolved(out))
         self._permission_scope = PermissionScope(self._working_dir, self._allowed_dirs)
         self._runtime = runtime
+        self._editor = editor
         self._batches: dict[str, _Batch] = {}
         self._permissions: dict[str, tuple[str, int]] = {}  # request_id -> (batch_id, index)
         self._allowed_always: set[tuple[str, str | None]] = set()
@@ -538,7 +541,12 @@ class ToolRunner(Actor):
         """Make the session services (on the runner's task); ``calls`` starts with the first call."""
         jobs = JobTable(self._spawn_job, output_dir=self._output_dir / "jobs", spill=self._spill)
         self._services = SessionServices(
-            output_dir=self._output_dir, ledger=ReadLedger(), jobs=jobs, runtime=self._runtime, spill=self._spill
+            output_dir=self._output_dir,
+            ledger=ReadLedger(),
+            jobs=jobs,
+            runtime=self._runtime,
+            spill=self._spill,
+            editor=self._editor,
         )
 
     def on_stop(self) -> Any:

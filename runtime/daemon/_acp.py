@@ -78,6 +78,19 @@ _PERMISSION_OPTIONS = [
     {"optionId": "allow_always", "name": "Allow always", "kind": "allow_always"},
     {"optionId": "deny", "name": "Deny", "kind": "reject_once"},
 ]
+_BUFFER_READ_WAIT = 10.0  # seconds a permission request's diff waits for the editor's buffer
+# The ACP client methods the daemon may ask of the editor for a session's tools (weald.tools.EDITOR_METHODS).
+_CLIENT_METHODS = frozenset(
+    {
+        "fs/read_text_file",
+        "fs/write_text_file",
+        "terminal/create",
+        "terminal/output",
+        "terminal/wait_for_exit",
+        "terminal/kill",
+        "terminal/release",
+    }
+)
 _TRACEPARENT = re.compile(r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")
 _IMAGE_TYPES = ("image/png", "image/jpeg", "image/gif", "image/webp")
 
@@ -185,7 +198,7 @@ def _describe(exc: msgspec.ValidationError) -> str:
 class _Call:
     """What the session keeps of one tool call while it runs: enough to show its diff and output."""
 
-    __slots__ = ("acp_id", "kind", "old_text", "output", "path", "tool")
+    __slots__ = ("acp_id", "kind", "new_text", "old_text", "output", "path", "read_buffer", "terminal_id", "tool")
 
     def __init__(self, acp_id: str, tool: str, kind: str, path: str | None) -> None:
         self.acp_id = acp_id
@@ -193,6 +206,9 @@ class _Call:
         self.kind = kind
         self.path = path
         self.old_text: str | None = None
+        self.read_buffer = False  # old_text is the editor's buffer (it read the file through the editor)
+        self.new_text: str | None = None  # what it wrote through the editor (the disk does not show it)
+        self.terminal_id: str | None = None  # the editor's terminal running its command
         self.output = ""
 
 
@@ -209,6 +225,9 @@ class _Session:
         self.streamed = False  # text deltas came for the current model call
         self.turn_ends: dict[str, threading.Event] = {}
         self.cancelled = False
+        # What the session's project takes from this editor ("client.attach"'s answer): its buffers, its terminals.
+        self.files = "disk"
+        self.terminal = "sandbox"
 
 
 # -- the agent ----------------------------------------------------------------------------------------------------
@@ -461,7 +480,22 @@ class AcpAgent:
                 self._daemon.call("events.unsubscribe", {"subscription": old.subscription}, timeout=30)
             with self._sessions_lock:
                 self._by_subscription.pop(old.subscription, None)
+        self._offer_editor(session)
         return session
+
+    def _offer_editor(self, session: _Session) -> None:
+        """Tell the daemon what the editor offers this session (its files, its terminals), if anything."""
+        fs = self._client_capabilities.get("fs")
+        fs = fs if isinstance(fs, dict) else {}
+        offer = {
+            "read_text_file": fs.get("readTextFile") is True,
+            "write_text_file": fs.get("writeTextFile") is True,
+            "terminal": self._client_capabilities.get("terminal") is True,
+        }
+        if not any(offer.values()):
+            return
+        routes = self._daemon.call("client.attach", {"agent_id": session.id, **offer}, timeout=60)
+        session.files, session.terminal = routes["files"], routes["terminal"]
 
     def _session(self, session_id: str) -> _Session:
         with self._sessions_lock:
@@ -586,6 +620,11 @@ class AcpAgent:
                     ).start()
                 elif method == "ask_user.question":
                     threading.Thread(target=self._question, args=(params,), name="weald-acp-ask", daemon=True).start()
+                elif method == "client.request":
+                    # Its own thread: a terminal's wait_for_exit lasts as long as the command.
+                    threading.Thread(
+                        target=self._client_request, args=(params,), name="weald-acp-client", daemon=True
+                    ).start()
             except Exception:  # one bad event must not stop the updates of every session
                 logger.exception("could not turn %s into an ACP update", method)
 
@@ -648,8 +687,8 @@ class AcpAgent:
 
     def _call_output(self, session: _Session, data: dict[str, Any]) -> None:
         call = session.calls.get(data.get("call_id", ""))
-        if call is None:
-            return
+        if call is None or call.terminal_id is not None:
+            return  # a command in the editor's terminal: the editor shows its output itself
         call.output = (call.output + data.get("text", ""))[-_OUTPUT_CAP:]
         self._update(
             session,
@@ -671,10 +710,13 @@ class AcpAgent:
             "status": "completed" if ok else "failed",
         }
         content: list[dict[str, Any]] = []
-        if call.output:
+        if call.terminal_id is not None:
+            content.append({"type": "terminal", "terminalId": call.terminal_id})
+        elif call.output:
             content.append({"type": "content", "content": _text(call.output)})
         if ok and call.kind == "edit" and call.path is not None:
-            new_text = _read_text(call.path)
+            # Written through the editor, the change is in its buffer, not on the disk.
+            new_text = call.new_text if call.new_text is not None else _read_text(call.path)
             if new_text is not None and new_text != call.old_text:
                 content.append({"type": "diff", "path": call.path, "oldText": call.old_text, "newText": new_text})
         if not ok and data.get("error"):
@@ -717,7 +759,7 @@ class AcpAgent:
             "locations": _locations(session.cwd, arguments),
             "rawInput": arguments,
         }
-        diff = _proposed_diff(session.cwd, call, tool, arguments)
+        diff = _proposed_diff(session.cwd, call, tool, arguments, self._buffer_reader(session))
         if diff is not None:
             tool_call["content"] = [diff]
         decision, message = "deny", None
@@ -739,6 +781,96 @@ class AcpAgent:
             params["message"] = message
         with contextlib.suppress(RPCCallError, DaemonUnavailableError):  # answered elsewhere, or timed out
             self._daemon.call("permission.respond", params, timeout=30)
+
+    def _buffer_reader(self, session: _Session) -> Callable[[str], str | None] | None:
+        """How to read a file as the session's tools will (the editor's buffer), or None: the disk."""
+        if session.files != "editor":
+            return None
+
+        def read(path: str) -> str | None:
+            try:
+                answer = self._ask_editor(
+                    "fs/read_text_file", {"sessionId": session.id, "path": path}, timeout=_BUFFER_READ_WAIT
+                )
+            except (RequestError, ConnectionError, TimeoutError):
+                return None
+            content = answer.get("content") if isinstance(answer, dict) else None
+            return content if isinstance(content, str) else None
+
+        return read
+
+    # -- the editor's files and terminals, for the session's tools ---------------------------------------------------
+
+    def _client_request(self, request: dict[str, Any]) -> None:
+        """Ask the editor what a tool call of one of our sessions asks (``client.request``), and answer the daemon."""
+        request_id, method = request.get("request_id"), request.get("method")
+        given = request.get("params")
+        params: dict[str, Any] = given if isinstance(given, dict) else {}
+        with self._sessions_lock:
+            session = self._sessions.get(request.get("agent_id", ""))
+        error: dict[str, Any] | None = None
+        result: Any = None
+        if session is None:
+            error = {"code": RESOURCE_NOT_FOUND, "message": "the session is not open in this editor any more"}
+        elif method not in _CLIENT_METHODS or not self._offers(method):
+            error = {"code": METHOD_NOT_FOUND, "message": f"the editor does not offer {method}"}
+        else:
+            timeout = request.get("timeout")
+            try:
+                result = self._ask_editor(
+                    method,
+                    {**params, "sessionId": session.id},
+                    timeout=float(timeout) if isinstance(timeout, int | float) else None,
+                )
+            except RequestError as exc:
+                error = {"code": exc.code, "message": exc.message}
+            except TimeoutError:
+                error = {"code": INTERNAL_ERROR, "message": f"the editor did not answer {method} in time"}
+            except ConnectionError as exc:
+                error = {"code": INTERNAL_ERROR, "message": f"the editor is gone ({exc})"}
+            else:
+                self._note_client_request(session, request.get("call_id") or "", method, params, result)
+        answer: dict[str, Any] = {"request_id": request_id}
+        if error is not None:
+            answer["error"] = error
+        else:
+            answer["result"] = result
+        with contextlib.suppress(RPCCallError, DaemonUnavailableError):  # timed out in the daemon, or it is gone
+            self._daemon.call("client.respond", answer, timeout=30)
+
+    def _offers(self, method: str) -> bool:
+        if method.startswith("terminal/"):
+            return self._client_capabilities.get("terminal") is True
+        fs = self._client_capabilities.get("fs")
+        key = "readTextFile" if method == "fs/read_text_file" else "writeTextFile"
+        return isinstance(fs, dict) and fs.get(key) is True
+
+    def _note_client_request(
+        self, session: _Session, call_id: str, method: str, params: dict[str, Any], result: Any
+    ) -> None:
+        """What the tool call's updates show of it: the buffer before and after an edit, the terminal."""
+        call = session.calls.get(call_id)
+        if call is None:
+            return
+        if method == "fs/read_text_file" and params.get("path") == call.path and not call.read_buffer:
+            content = result.get("content") if isinstance(result, dict) else None
+            if isinstance(content, str):
+                call.old_text, call.read_buffer = content, True
+        elif method == "fs/write_text_file" and params.get("path") == call.path:
+            if isinstance(params.get("content"), str):
+                call.new_text = params["content"]
+                if not call.read_buffer:  # a new file: nothing was there before
+                    call.old_text, call.read_buffer = None, True
+        elif method == "terminal/create" and isinstance(result, dict) and isinstance(result.get("terminalId"), str):
+            call.terminal_id = result["terminalId"]
+            self._update(
+                session,
+                {
+                    "sessionUpdate": "tool_call_update",
+                    "toolCallId": call.acp_id,
+                    "content": [{"type": "terminal", "terminalId": call.terminal_id}],
+                },
+            )
 
     def _question(self, question: dict[str, Any]) -> None:
         """ACP has no question of the agent to its user: say so to the model, which goes on."""
@@ -875,16 +1007,24 @@ def _read_text(path: str) -> str | None:
         return None
 
 
-def _proposed_diff(cwd: str, call: _Call | None, tool: str, arguments: dict[str, Any]) -> dict[str, Any] | None:
+def _proposed_diff(
+    cwd: str,
+    call: _Call | None,
+    tool: str,
+    arguments: dict[str, Any],
+    read_buffer: Callable[[str], str | None] | None = None,
+) -> dict[str, Any] | None:
     """The edit a permission request asks about, as an ACP diff, when it can be told before it runs.
 
     The call's ``tool.started`` may not have been seen yet (the request and
-    the event travel apart): the file is then read now.
+    the event travel apart): the file is then read now. With ``read_buffer``
+    (the session's files are the editor's buffers), the file is what the editor holds.
     """
     path = call.path if call is not None else _path(cwd, arguments)
     if path is None or tool not in ("write_file", "edit_file"):
         return None
-    old_text = call.old_text if call is not None else _read_text(path)
+    read = read_buffer if read_buffer is not None else _read_text
+    old_text = call.old_text if call is not None and read_buffer is None else read(path)
     new_text: str | None = None
     if tool == "write_file" and isinstance(arguments.get("content"), str):
         new_text = arguments["content"]

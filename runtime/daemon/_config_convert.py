@@ -41,6 +41,7 @@ from weald.runtime._checks import (
 from weald.runtime._secrets import REDACTED, is_secret_name, redact_secret_values
 from weald.runtime.daemon._config_model import (
     TOML_KEY,
+    AcpConfig,
     AgentConfig,
     AliasLimits,
     Config,
@@ -98,6 +99,7 @@ _SECTIONS: Final = (
     FaultsConfig,
     StateConfig,
     TelemetryConfig,
+    AcpConfig,
 )
 
 #: The keys ``[tools]`` itself takes; any other key is a ``[tools.NAME]`` options table.

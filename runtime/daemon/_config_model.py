@@ -51,6 +51,7 @@ __all__ = [
     "DAEMON_WIDE",
     "DEFAULT_MODEL",
     "TOML_KEY",
+    "AcpConfig",
     "AgentConfig",
     "AliasLimits",
     "Config",
@@ -766,6 +767,30 @@ class TelemetryConfig:
     metrics_interval: float = checked(15.0, check_seconds)
 
 
+@attrs.frozen(kw_only=True)
+class AcpConfig:
+    """``[acp]``: what a session driven from an editor (``weald acp``) takes from it (per project; docs/acp.md).
+
+    Whatever is chosen, weald's checks stay: the sandbox's paths, the
+    protected files, the permission rules and the read ledger judge every
+    call before anything reaches the editor, and a command in the editor's
+    terminal runs in weald's OS sandbox as it would in weald's own.
+
+    Attributes:
+        files: ``"disk"`` (the default): read_file, write_file and edit_file
+            work on the files on disk. ``"editor"``: on the editor's buffers,
+            unsaved edits included (``fs/read_text_file``,
+            ``fs/write_text_file``), when the editor offers both; else the disk.
+        terminal: ``"sandbox"`` (the default): shell commands run as weald's
+            own processes. ``"editor"``: foreground commands run in the
+            editor's terminals (``terminal/*``), where the user sees them,
+            when the editor offers them; background jobs stay weald's.
+    """
+
+    files: Literal["disk", "editor"] = "disk"
+    terminal: Literal["sandbox", "editor"] = "sandbox"
+
+
 @attrs.frozen
 class ModelChoice:
     """A model named in the config, resolved to what `make_provider` takes.
@@ -801,6 +826,7 @@ class Config:
         faults: ``[faults]``.
         daemon: ``[daemon]``.
         telemetry: ``[telemetry]``.
+        acp: ``[acp]``.
     """
 
     models: ModelsConfig = attrs.field(factory=ModelsConfig)
@@ -817,6 +843,7 @@ class Config:
     faults: FaultsConfig = attrs.field(factory=FaultsConfig)
     daemon: StateConfig = attrs.field(factory=StateConfig)
     telemetry: TelemetryConfig = attrs.field(factory=TelemetryConfig)
+    acp: AcpConfig = attrs.field(factory=AcpConfig)
 
     def resolve_model(self, name: str | None = None) -> ModelChoice | None:
         """Resolve a model name (an alias or a ``provider:model`` spec) to a `ModelChoice`.

@@ -49,6 +49,7 @@ from weald.runtime.daemon._config_load import (
 from weald.runtime.daemon._config_model import (
     DAEMON_WIDE,
     DEFAULT_MODEL,
+    AcpConfig,
     AgentConfig,
     AliasLimits,
     Config,
@@ -82,6 +83,7 @@ __all__ = [
     "DEFAULT_MODEL",
     "HOME_ENV",
     "PROJECT_DIR_NAME",
+    "AcpConfig",
     "AgentConfig",
     "AliasLimits",
     "Config",

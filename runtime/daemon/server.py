@@ -281,6 +281,30 @@ class PermissionRespondParams(_Params):
     message: Annotated[str, msgspec.Meta(max_length=2000)] | None = None
 
 
+class ClientAttachParams(_Params):
+    """``client.attach``: the editor behind this connection (``weald acp``) drives ``agent_id``, offering these."""
+
+    agent_id: str
+    read_text_file: bool = False
+    write_text_file: bool = False
+    terminal: bool = False
+
+
+class ClientError(msgspec.Struct, kw_only=True):
+    """The error an editor answered (JSON-RPC's; its other fields are ignored)."""
+
+    message: str
+    code: int = INTERNAL_ERROR
+
+
+class ClientRespondParams(_Params):
+    """``client.respond``: the editor's answer to a ``client.request``: its result, or its error."""
+
+    request_id: str
+    result: Any = None
+    error: ClientError | None = None
+
+
 class OpenPromptsParams(_Params):
     agent_id: str | None = None  # None: every agent's
 
@@ -579,6 +603,8 @@ class Server(Actor):
             "permission.respond": (PermissionRespondParams, self._permission_respond),
             "ask_user.list": (OpenPromptsParams, self._ask_user_list),
             "ask_user.respond": (AskUserRespondParams, self._ask_user_respond),
+            "client.attach": (ClientAttachParams, self._client_attach),
+            "client.respond": (ClientRespondParams, self._client_respond),
             "actor.snapshot": (ActorSnapshotParams, self._actor_snapshot),
             "actor.restart": (ActorPathParams, self._actor_restart),
             "actors.list": (ActorsListParams, self._actors_list),
@@ -812,12 +838,16 @@ class Server(Actor):
                 # A client that is really gone breaks the writer, which cancels the rest.
                 # Its own agents go first: a turn of one (a prompt in flight) ends with it.
                 self._reap_nowait(conn)
+                # Its editor can answer nothing more: tool calls waiting on it fail now (their turn is in flight).
+                self._daemon.editors.connection_closed(conn)
                 if in_flight:
                     await idle.wait()
                 conn.close()
         finally:
             conn.close()
             self._connections.pop(conn.id, None)
+            # Tool calls waiting on this connection's editor fail now, not at their deadline.
+            self._daemon.editors.connection_closed(conn)
             self.system.events.publish("server.disconnected", self.path, {"connection": conn.id})
             self._reap_nowait(conn)
 
@@ -1953,6 +1983,31 @@ class Server(Actor):
             raise RPCError(NOT_FOUND, f"question {p.question_id!r} is no longer open")
         return {"ok": True}
 
+    # -- editors (weald acp) ------------------------------------------------------------------------------
+
+    async def _client_attach(self, conn: Connection, p: ClientAttachParams) -> dict[str, Any]:
+        """The editor behind ``conn`` drives the session: its buffers and terminals serve the session's tools.
+
+        Whether they do is the session's project's choice (``[acp] files``,
+        ``[acp] terminal``) and needs the editor to offer them (both fs
+        methods for files); the answer says what applies now.
+        """
+        self._agent(p.agent_id)
+        files = p.read_text_file and p.write_text_file
+        self._daemon.editors.attach(conn, p.agent_id, files=files, terminal=p.terminal)
+        acp = self._sessions.config_of(p.agent_id).acp
+        return {
+            "files": "editor" if files and acp.files == "editor" else "disk",
+            "terminal": "editor" if p.terminal and acp.terminal == "editor" else "sandbox",
+        }
+
+    async def _client_respond(self, conn: Connection, p: ClientRespondParams) -> dict[str, Any]:
+        error = None if p.error is None else redact(p.error.message[:2000]) or f"error {p.error.code}"
+        if not self._daemon.editors.answer(conn, p.request_id, p.result, error):
+            msg = f"no request {p.request_id!r} waits for this connection's editor (answered, timed out or unknown)"
+            raise RPCError(NOT_FOUND, msg)
+        return {"ok": True}
+
     # -- events ------------------------------------------------------------------------------------------
 
     async def _events_subscribe(self, conn: Connection, p: EventsSubscribeParams) -> dict[str, Any]:
@@ -2127,6 +2182,7 @@ class Server(Actor):
             "sandbox": self._daemon.sandbox.to_dict() if self._daemon.sandbox is not None else None,
             "previous_run": previous.to_dict() if (previous := self._daemon.previous_run) is not None else None,
             "telemetry": _plain(self._daemon.telemetry.statistics()) if self._daemon.telemetry is not None else None,
+            "editors": _plain(self._daemon.editors.statistics()),
         }
 
     def _front_status(self) -> dict[str, Any]:

@@ -112,6 +112,7 @@ from weald.runtime.daemon._config_load import (
     weald_home,
 )
 from weald.runtime.daemon._config_model import DAEMON_WIDE, parse_retention
+from weald.runtime.daemon._editors import EditorBridges
 from weald.runtime.daemon._hygiene import SandboxReport, prepare_process, stop_leftovers
 from weald.runtime.daemon._index import SessionIndex
 from weald.runtime.daemon._projects import ProjectChange, ProjectConfig, Projects
@@ -467,9 +468,12 @@ class Sessions:
         roots: Roots | None = None,
         private_paths: tuple[str, ...] = (),
         projects: Projects | None = None,
+        editors: EditorBridges | None = None,
     ) -> None:
         self.system = system
         self.config = config
+        # The editors driving sessions through ACP, for the tools that go through them ([acp]).
+        self.editors = editors if editors is not None else EditorBridges(system.loop)
         self.roots = roots if roots is not None else Roots(system)
         # Every active session's project and model, for pages of sessions (sessions.page).
         self.index = SessionIndex()
@@ -548,6 +552,8 @@ class Sessions:
                     tools.to_tool_config(),
                     private_paths=self.private_paths,
                     protected_paths=self._protected_paths(project),
+                    editor_files=config.acp.files == "editor",
+                    editor_terminal=config.acp.terminal == "editor",
                 ),
                 spill=self.config.spill.to_limits(),  # daemon-wide: the daemon's disk
             )
@@ -642,6 +648,7 @@ class Sessions:
             mcp_servers=self.session_mcp(project, record),
             settings=_SessionSettings(self, record),
             skill_dirs=(f"{root}/.weald/skills", str(self._weald_home / "skills")),
+            editor=self.editors.current,
         )
 
     def project_mcp(self, project: ProjectConfig) -> tuple[Any, ...]:
@@ -1769,6 +1776,8 @@ class Daemon:
         self.state_dir = self.system.store_path.parent
         self.sandbox: SandboxReport | None = None
         self.sessions: Sessions | None = None
+        # Which editor (through weald acp) drives which session: the server attaches them, tools ask them.
+        self.editors = EditorBridges(self.system.loop)
         self.history: HistoryKeeper | None = None  # [history] retention's passes, once started
         self._stop_requested = False
         self._lock_fd: int | None = None
@@ -1831,6 +1840,7 @@ class Daemon:
                 roots=self.roots,
                 private_paths=self._private_paths(),
                 projects=self.projects,
+                editors=self.editors,
             )
             self.sessions.sweep_spill()
             self.history = HistoryKeeper(

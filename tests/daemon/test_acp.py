@@ -355,3 +355,376 @@ def test_agent_start_refuses_a_session_mcp_server_without_a_transport(daemon: Da
         assert caught.value.code == -32602
         assert "mcp_servers" in caught.value.message
         assert all(row["agent_id"] != "nothing" for row in client.call("agent.list"))
+
+
+# -- the editor's buffers and terminals ([acp] files / terminal = "editor") ------------------------------------------
+
+EDITOR_PROJECT = """
+[acp]
+files = "editor"
+terminal = "editor"
+
+[tools.permissions]
+write_file = "ask"
+edit_file = "ask"
+shell = "allow"
+"""
+
+ALLOWING_PROJECT = EDITOR_PROJECT.replace('"ask"', '"allow"')
+
+
+class BufferEditor(Editor):
+    """An editor with unsaved buffers and terminals of its own, as Zed has: it serves fs/* and terminal/*.
+
+    ``fs/read_text_file`` answers from ``buffers`` (the unsaved text) before the disk;
+    ``fs/write_text_file`` changes the buffer only. Terminals are real processes
+    started with the editor's own environment (``EDITOR_ONLY_TOKEN`` in it).
+    ``disconnect_on``: the path whose read makes the editor go away mid-call.
+    """
+
+    def __init__(
+        self, buffers: dict[str, str], answers: list[str] | None = None, disconnect_on: str | None = None
+    ) -> None:
+        super().__init__(answers)
+        self.buffers = dict(buffers)
+        self.requests: list[tuple[str, str]] = []
+        self.terminals: dict[str, tuple[asyncio.subprocess.Process, bytearray, asyncio.Task[None]]] = {}
+        self.disconnect_on = disconnect_on
+        self.gone = asyncio.Event()
+
+    async def read_text_file(self, session_id: str, path: str, **kwargs: Any) -> Any:
+        self.requests.append(("fs/read_text_file", path))
+        if path == self.disconnect_on:
+            self.gone.set()
+            await asyncio.sleep(3600)  # never answers: the editor goes away first
+        if path in self.buffers:
+            return acp.schema.ReadTextFileResponse(content=self.buffers[path])
+        try:
+            return acp.schema.ReadTextFileResponse(content=await asyncio.to_thread(Path(path).read_text))
+        except FileNotFoundError:
+            raise acp.RequestError(-32002, f"no such file: {path}") from None
+
+    async def write_text_file(self, session_id: str, path: str, content: str, **kwargs: Any) -> Any:
+        self.requests.append(("fs/write_text_file", path))
+        self.buffers[path] = content
+        return acp.schema.WriteTextFileResponse()
+
+    async def create_terminal(
+        self, session_id: str, command: str, args: list[str] | None = None, cwd: str | None = None, **kwargs: Any
+    ) -> Any:
+        self.requests.append(("terminal/create", command))
+        env = {**os.environ, "EDITOR_ONLY_TOKEN": "editor-secret-value"}
+        process = await asyncio.create_subprocess_exec(
+            command, *(args or []), cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        )
+        output = bytearray()
+
+        async def read() -> None:
+            assert process.stdout is not None
+            while chunk := await process.stdout.read(4096):
+                output.extend(chunk)
+
+        terminal_id = f"term-{len(self.terminals) + 1}"
+        self.terminals[terminal_id] = (process, output, asyncio.ensure_future(read()))
+        return acp.schema.CreateTerminalResponse(terminal_id=terminal_id)
+
+    async def terminal_output(self, session_id: str, terminal_id: str, **kwargs: Any) -> Any:
+        self.requests.append(("terminal/output", terminal_id))
+        process, output, _ = self.terminals[terminal_id]
+        status = None if process.returncode is None else acp.schema.TerminalExitStatus(exit_code=process.returncode)
+        return acp.schema.TerminalOutputResponse(output=output.decode(), truncated=False, exit_status=status)
+
+    async def wait_for_terminal_exit(self, session_id: str, terminal_id: str, **kwargs: Any) -> Any:
+        self.requests.append(("terminal/wait_for_exit", terminal_id))
+        process, _, reader = self.terminals[terminal_id]
+        code = await process.wait()
+        await reader
+        return acp.schema.WaitForTerminalExitResponse(exit_code=code)
+
+    async def kill_terminal(self, session_id: str, terminal_id: str, **kwargs: Any) -> Any:
+        self.requests.append(("terminal/kill", terminal_id))
+        process, _, _ = self.terminals[terminal_id]
+        if process.returncode is None:
+            process.kill()
+        return acp.schema.KillTerminalResponse()
+
+    async def release_terminal(self, session_id: str, terminal_id: str, **kwargs: Any) -> Any:
+        self.requests.append(("terminal/release", terminal_id))
+        process, _, reader = self.terminals.pop(terminal_id)
+        if process.returncode is None:
+            process.kill()
+        await process.wait()
+        await reader
+        return acp.schema.ReleaseTerminalResponse()
+
+
+EDITOR_CAPABILITIES = acp.schema.ClientCapabilities(
+    fs=acp.schema.FileSystemCapabilities(read_text_file=True, write_text_file=True), terminal=True
+)
+
+
+def editor_project(root: Path, config: str = EDITOR_PROJECT) -> Path:
+    project = root / "editor-project"
+    project.mkdir()
+    (project / "weald.toml").write_text(config)
+    (project / "app.py").write_text("colour = red\n")
+    (project / ".git" / "hooks").mkdir(parents=True)
+    (project / ".git" / "config").write_text("[core]\n")
+    return project
+
+
+def history_of(daemon: DaemonProcess, session_id: str) -> list[dict[str, Any]]:
+    with daemon.client() as client:
+        return client.call("agent.history", {"agent_id": session_id})["messages"]
+
+
+def tool_results(daemon: DaemonProcess, session_id: str) -> list[dict[str, Any]]:
+    return [m for m in history_of(daemon, session_id) if m["role"] == "tool"]
+
+
+def test_file_tools_read_and_edit_the_editors_unsaved_buffer_not_the_disk(
+    daemon: DaemonProcess, tmp_path: Path
+) -> None:
+    from weald.tools._hashline import line_hash
+
+    project = editor_project(tmp_path)
+    app = str(project / "app.py")
+    unsaved = "colour = green  # unsaved\nsize = 3\n"
+    anchored = {"path": "app.py", "start": f"2:{line_hash('size = 3')}", "new_string": "size = 4"}
+    model = daemon.script(
+        "buffers",
+        [
+            {"tool_calls": [{"name": "read_file", "arguments": {"path": "app.py"}}]},
+            {"tool_calls": [{"name": "edit_file", "arguments": anchored}]},
+            {
+                "tool_calls": [
+                    {"name": "edit_file", "arguments": {"path": "app.py", "old_string": "green", "new_string": "blue"}}
+                ]
+            },
+            {"tool_calls": [{"name": "write_file", "arguments": {"path": "new.txt", "content": "fresh\n"}}]},
+            {"text": "edited the buffer"},
+        ],
+    )
+    editor = BufferEditor({app: unsaved}, answers=["allow", "allow", "allow"])
+
+    async def scenario() -> str:
+        async with spawn(editor, daemon, model) as (conn, _process):
+            await conn.initialize(protocol_version=acp.PROTOCOL_VERSION, client_capabilities=EDITOR_CAPABILITIES)
+            session = await conn.new_session(cwd=str(project), mcp_servers=[])
+            result = await conn.prompt(session_id=session.session_id, prompt=[acp.text_block("edit app.py")])
+            assert result.stop_reason == "end_turn"
+            return session.session_id
+
+    session_id = run(scenario())
+    read, by_anchor, by_text, written = tool_results(daemon, session_id)
+    # The model read the buffer, tagged; the anchor from that read named the buffer's line 2.
+    assert f"1:{line_hash('colour = green  # unsaved')}|colour = green  # unsaved" in read["content"]
+    assert "red" not in read["content"]
+    for result in (by_anchor, by_text, written):
+        assert not result["is_error"], result["content"]
+        assert "in the editor" in result["content"]
+    final = "colour = blue  # unsaved\nsize = 4\n"
+    assert editor.buffers[app] == final
+    assert editor.buffers[str(project / "new.txt")] == "fresh\n"
+    # The disk is untouched: the editor decides when its buffers are saved.
+    assert (project / "app.py").read_text() == "colour = red\n"
+    assert not (project / "new.txt").exists()
+    assert [method for method, path in editor.requests if path == app].count("fs/write_text_file") == 2
+    # The permission request for the text edit, and the finished call, showed the buffer's change, not the disk's.
+    proposed = editor.permissions[1].content[0]
+    assert (proposed.type, proposed.old_text, proposed.new_text) == (
+        "diff",
+        "colour = green  # unsaved\nsize = 4\n",
+        final,
+    )
+    calls = editor.of("tool_call")
+    done = [u for u in editor.of("tool_call_update") if u.tool_call_id == calls[1].tool_call_id and u.status]
+    diff = next(c for c in done[-1].content if c.type == "diff")
+    assert (diff.old_text, diff.new_text) == (unsaved, "colour = green  # unsaved\nsize = 4\n")
+    with daemon.client() as client:
+        editors = client.call("daemon.status")["editors"]
+    assert editors["requests"] >= 6
+    assert editors["pending"] == 0
+
+
+def test_an_edit_of_a_buffer_the_user_changed_since_the_read_is_refused(daemon: DaemonProcess, tmp_path: Path) -> None:
+    project = editor_project(tmp_path, ALLOWING_PROJECT)
+    app = str(project / "app.py")
+    edit = {"path": "app.py", "old_string": "green", "new_string": "blue"}
+    model = daemon.script(
+        "typed",
+        [
+            {"tool_calls": [{"name": "read_file", "arguments": {"path": "app.py"}}]},
+            {"tool_calls": [{"name": "edit_file", "arguments": edit}]},
+            {"text": "it changed"},
+        ],
+    )
+    editor = BufferEditor({app: "colour = green\n"})
+    original = editor.read_text_file
+
+    async def read_then_type(session_id: str, path: str, **kwargs: Any) -> Any:
+        answer = await original(session_id, path, **kwargs)
+        editor.buffers[path] = "colour = green\nsize = 9  # typed after the read\n"  # the user goes on typing
+        return answer
+
+    editor.read_text_file = read_then_type  # type: ignore[method-assign]
+
+    async def scenario() -> str:
+        async with spawn(editor, daemon, model) as (conn, _process):
+            await conn.initialize(protocol_version=acp.PROTOCOL_VERSION, client_capabilities=EDITOR_CAPABILITIES)
+            session = await conn.new_session(cwd=str(project), mcp_servers=[])
+            await conn.prompt(session_id=session.session_id, prompt=[acp.text_block("edit")])
+            return session.session_id
+
+    session_id = run(scenario())
+    _, refused = tool_results(daemon, session_id)
+    assert refused["is_error"]
+    assert "app.py has changed in the editor since you last read it" in refused["content"]
+    assert "fs/write_text_file" not in [method for method, _ in editor.requests]
+    assert editor.buffers[app] == "colour = green\nsize = 9  # typed after the read\n"
+
+
+def test_a_protected_path_is_refused_before_any_request_reaches_the_editor(
+    daemon: DaemonProcess, tmp_path: Path
+) -> None:
+    # Writes allowed without asking: the refusal is weald's own, whatever the permissions say.
+    project = editor_project(tmp_path, ALLOWING_PROJECT)
+    model = daemon.script(
+        "protected",
+        [
+            {"tool_calls": [{"name": "write_file", "arguments": {"path": "weald.toml", "content": "[acp]\n"}}]},
+            {
+                "tool_calls": [
+                    {
+                        "name": "edit_file",
+                        "arguments": {"path": ".git/config", "old_string": "[core]", "new_string": "[x]"},
+                    }
+                ]
+            },
+            {
+                "tool_calls": [
+                    {"name": "write_file", "arguments": {"path": ".git/hooks/pre-commit", "content": "boom\n"}}
+                ]
+            },
+            {
+                "tool_calls": [
+                    {"name": "write_file", "arguments": {"path": ".weald/skills/x/SKILL.md", "content": "x\n"}}
+                ]
+            },
+            {"text": "refused"},
+        ],
+    )
+    editor = BufferEditor({str(project / "weald.toml"): "[acp]\nfiles = 'disk'\n"})
+
+    async def scenario() -> str:
+        async with spawn(editor, daemon, model) as (conn, _process):
+            await conn.initialize(protocol_version=acp.PROTOCOL_VERSION, client_capabilities=EDITOR_CAPABILITIES)
+            session = await conn.new_session(cwd=str(project), mcp_servers=[])
+            await conn.prompt(session_id=session.session_id, prompt=[acp.text_block("rewrite the rules")])
+            return session.session_id
+
+    session_id = run(scenario())
+    results = tool_results(daemon, session_id)
+    assert len(results) == 4
+    for result in results:
+        assert result["is_error"]
+        assert "is protected" in result["content"]
+    assert editor.requests == []  # nothing reached the editor, not even a read
+    assert editor.permissions == []
+    assert (project / "weald.toml").read_text() == ALLOWING_PROJECT
+    assert not (project / ".git" / "hooks" / "pre-commit").exists()
+
+
+def test_a_shell_command_runs_in_the_editors_terminal_inside_wealds_sandbox(
+    daemon: DaemonProcess, tmp_path: Path
+) -> None:
+    project = editor_project(tmp_path)
+    command = 'echo "hello $((6 * 7))"; echo "token: ${EDITOR_ONLY_TOKEN:-absent}"; echo planted >> weald.toml'
+    model = daemon.script(
+        "terminal",
+        [{"tool_calls": [{"name": "shell", "arguments": {"command": command}}]}, {"text": "ran it"}],
+    )
+    editor = BufferEditor({})
+
+    async def scenario() -> str:
+        async with spawn(editor, daemon, model) as (conn, _process):
+            await conn.initialize(protocol_version=acp.PROTOCOL_VERSION, client_capabilities=EDITOR_CAPABILITIES)
+            session = await conn.new_session(cwd=str(project), mcp_servers=[])
+            result = await conn.prompt(session_id=session.session_id, prompt=[acp.text_block("run it")])
+            assert result.stop_reason == "end_turn"
+            return session.session_id
+
+    session_id = run(scenario())
+    kinds = [method for method, _ in editor.requests]
+    assert kinds[0] == "terminal/create"
+    assert editor.requests[0][1] == sys.executable  # weald's launcher, which becomes the sandboxed command
+    assert {"terminal/output", "terminal/wait_for_exit", "terminal/release"} <= set(kinds)
+    assert editor.terminals == {}  # released
+    (result,) = tool_results(daemon, session_id)
+    assert "hello 42" in result["content"]
+    # The editor's own environment stays out of the command, and the sandbox keeps weald.toml read-only.
+    assert "token: absent" in result["content"]
+    assert "editor-secret-value" not in result["content"]
+    assert result["is_error"]
+    assert "Read-only file system" in result["content"]
+    assert (project / "weald.toml").read_text() == EDITOR_PROJECT
+    # The tool call's content is the editor's terminal, where its output streamed.
+    call = editor.of("tool_call")[0]
+    contents = [
+        c for u in editor.of("tool_call_update") if u.tool_call_id == call.tool_call_id for c in u.content or []
+    ]
+    assert any(c.type == "terminal" and c.terminal_id == "term-1" for c in contents)
+    # As it ran, its output streamed as the call's output events (the observer's, weald run's), from the terminal.
+    with daemon.client() as client:
+        streamed = client.call("events.query", {"topic": "tool.output", "source": f"/sessions/{session_id}"})["events"]
+    assert "hello 42" in "".join(event["data"]["text"] for event in streamed)
+
+
+def test_the_editor_going_away_mid_call_fails_the_call_clearly_and_the_session_lives_on(
+    daemon: DaemonProcess, tmp_path: Path
+) -> None:
+    project = editor_project(tmp_path)
+    app = str(project / "app.py")
+    model = daemon.script(
+        "gone",
+        [
+            {"tool_calls": [{"name": "read_file", "arguments": {"path": "app.py"}}]},
+            {"tool_calls": [{"name": "read_file", "arguments": {"path": "app.py"}}]},
+            {"text": "read it from the disk"},
+            {"text": "still here"},
+        ],
+    )
+    editor = BufferEditor({app: "colour = green\n"}, disconnect_on=app)
+
+    async def scenario() -> str:
+        async with spawn(editor, daemon, model) as (conn, process):
+            await conn.initialize(protocol_version=acp.PROTOCOL_VERSION, client_capabilities=EDITOR_CAPABILITIES)
+            session = await conn.new_session(cwd=str(project), mcp_servers=[])
+            turn = asyncio.ensure_future(conn.prompt(session_id=session.session_id, prompt=[acp.text_block("read")]))
+            await asyncio.wait_for(editor.gone.wait(), 60)
+            process.stdin.close()  # the editor disconnects while weald waits for the buffer
+            await asyncio.wait_for(process.wait(), 60)
+            turn.cancel()
+            return session.session_id
+
+    session_id = run(scenario())
+
+    def turn_over() -> bool:
+        return any(
+            m["role"] == "assistant" and m["content"] == "read it from the disk" for m in history_of(daemon, session_id)
+        )
+
+    from weald.runtime.testing import wait_until
+
+    wait_until(turn_over, timeout=60, message="the turn to end after the editor went away")
+    failed, again = tool_results(daemon, session_id)
+    assert failed["is_error"]
+    assert "the editor went away" in failed["content"]
+    assert "fs/read_text_file" in failed["content"]
+    # With no editor left, the next read is the disk's.
+    assert not again["is_error"]
+    assert "colour = red" in again["content"]
+    with daemon.client() as client:
+        answer = client.call("agent.prompt", {"agent_id": session_id, "text": "are you there?"}, timeout=60)
+        assert answer["ok"] is True
+        assert client.call("daemon.status")["editors"]["pending"] == 0

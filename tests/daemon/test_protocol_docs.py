@@ -21,6 +21,8 @@ from weald.runtime.daemon.client import RPCCallError
 ROOT = Path(__file__).parents[2]
 DOCS = [ROOT / "docs" / "protocol.md", ROOT / "docs" / "faults.md"]
 SERVER_SOURCE = (ROOT / "runtime" / "daemon" / "server.py").read_text()
+# The requests to editors (client.request) are sent by the daemon's editor bridges.
+EDITORS_SOURCE = (ROOT / "runtime" / "daemon" / "_editors.py").read_text()
 
 #: The replies that say the request itself was wrong, not what it asked for.
 MALFORMED = {server_module.PARSE_ERROR, server_module.INVALID_REQUEST, server_module.METHOD_NOT_FOUND}
@@ -78,7 +80,8 @@ def test_every_request_example_decodes_with_the_servers_own_params(doc: Path) ->
 @pytest.mark.parametrize("doc", DOCS, ids=lambda doc: doc.name)
 def test_every_notification_and_error_code_in_the_docs_is_one_the_server_sends(doc: Path) -> None:
     sent = set(re.findall(r'notify\("([a-z_.]+)"', SERVER_SOURCE))
-    assert {"event", "permission.request", "ask_user.question"} <= sent
+    sent |= set(re.findall(r'"method": "([a-z_.]+)", "params"', EDITORS_SOURCE))
+    assert {"event", "permission.request", "ask_user.question", "client.request"} <= sent
     for message in messages(doc):
         if "method" in message and "id" not in message:
             assert message["method"] in sent, f"{doc.name}: the server sends no {message['method']!r} notification"
