@@ -66,7 +66,7 @@ MAX_QUERY_TERMS: Final = 32
 """The most terms a search uses; the rest of the text is ignored."""
 
 _TERM = re.compile(r"\w+(\*)?")
-_NAMESPACE = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
+_NAMESPACE = re.compile(r"\A[a-z][a-z0-9_]{0,62}\Z")  # \Z: "$" would let a final newline in
 
 
 def check_namespace(namespace: str) -> None:

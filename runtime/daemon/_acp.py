@@ -91,7 +91,7 @@ _CLIENT_METHODS = frozenset(
         "terminal/release",
     }
 )
-_TRACEPARENT = re.compile(r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")
+_TRACEPARENT = re.compile(r"\A[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}\Z")
 _IMAGE_TYPES = ("image/png", "image/jpeg", "image/gif", "image/webp")
 
 # weald's tool names (and, for others, their kind) -> ACP tool kinds.

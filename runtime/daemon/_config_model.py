@@ -551,7 +551,7 @@ def check_store_url(value: object, _type: object = None) -> str:
     return value
 
 
-_NODE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,127}$")
+_NODE_ID = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9_.:@-]{0,127}\Z")
 
 
 def check_node_id(value: object, _type: object = None) -> str:

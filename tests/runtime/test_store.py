@@ -144,6 +144,8 @@ def test_a_typed_decode_failure_names_the_key(store: Store) -> None:
 def test_bad_namespaces_and_keys_are_refused(store: Store) -> None:
     with pytest.raises(StoreError, match="bad namespace 'Tasks!'"):
         store.put("Tasks!", "1", 1)
+    with pytest.raises(StoreError, match=r"bad namespace 'tasks\\n'"):  # "$" in a pattern lets a final newline in
+        store.put("tasks\n", "1", 1)
     with pytest.raises(StoreError, match="non-empty strings"):
         store.put("tasks", "", 1)
 
