@@ -982,7 +982,9 @@ class Agent(Actor):
     def on_failure(self, *exc_info: Any) -> None:
         """Tell whoever waits on the turn that it was interrupted (the supervisor restarts us)."""
         self._settle_hibernation(False)
-        self._interrupt_waiters(repr(exc_info[1]))
+        error = exc_info[1]
+        # In words, as a person reads it ("InjectedFault: injected fault 'x' ..."), not a repr.
+        self._interrupt_waiters(f"{type(error).__name__}: {error}" if str(error) else type(error).__name__)
 
     def _on_killed(self) -> None:
         self._settle_hibernation(False)
