@@ -56,6 +56,9 @@ def test_the_readme_tour_runs_as_written_from_a_fresh_clone(tmp_path_factory: py
         assert '▶ read_file {"path": "notes.txt"}' in tour.stderr
         assert "injected fault" in tour.stdout
         assert "agent restarted by its supervisor (restart 1)" in tour.stderr
+        # The interrupted turn still reports the tokens its model call used (it said 0 in / 0 out).
+        assert re.search(r"agent crashy · 1 step · [1-9][\d,]* in / [1-9][\d,]* out tokens", tour.stderr), out
+        assert "the agent crashed (InjectedFault: injected fault 'actor-crash-1'" in tour.stderr
         assert re.search(r"agent Agent running restarts=1 faults=1", tour.stdout), out
         assert "> what is in notes.txt?" in tour.stdout  # the history, after the crash
         assert re.search(r"^actor-crash-1\s+1\s", tour.stdout, re.MULTILINE), out
