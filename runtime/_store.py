@@ -100,6 +100,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Literal, TypeVar, overload
 
+import attrs
 import msgspec
 import trio
 from weald.runtime._codec import msgspec_decoder
@@ -111,6 +112,7 @@ from weald.runtime._errors import (
     StoreFullError,
 )
 from weald.runtime._future import LOOP_THREADS, Future
+from weald.runtime._latency import LatencyWindow
 from weald.runtime._store_backend import (
     BackendTransaction,
     FencedSessions,
@@ -282,6 +284,8 @@ class Store:
         self.reads = 0
         self.commits = 0
         self.commit_seconds = 0.0  # time spent in the commits counted by `commits` (their mean is the latency)
+        # The durations of the newest commits timed above (daemon.status, the commit latency metric).
+        self.commit_latency = LatencyWindow(1024)
         self.failed_commits = 0
         self.rounds = 0  # times the committer woke up and took the gathered writes
         # The committer's wake-ups: ("wake",), ("flush", future, session), ("stop",).
@@ -613,7 +617,9 @@ class Store:
         check_namespace(namespace)
         started = time.perf_counter()
         removed = self._backend.transact(namespace, puts, wanted, what)
-        self.commit_seconds += time.perf_counter() - started
+        took = time.perf_counter() - started
+        self.commit_seconds += took
+        self.commit_latency.record(took)
         self.writes += len(puts) + removed
         self.commits += 1
         return removed
@@ -1002,7 +1008,9 @@ class Store:
                 # Nothing was written: the sessions taken over go, the rest is tried again at once.
                 self._lose(exc.sessions, "another node claimed it (its placement's owner or epoch changed)")
                 continue
-            self.commit_seconds += time.perf_counter() - started
+            took = time.perf_counter() - started
+            self.commit_seconds += took
+            self.commit_latency.record(took)
             break
         self.writes += sum(len(values) for values in group.values())
         self.commits += 1
@@ -1259,6 +1267,7 @@ class Store:
             "writes": self.writes,
             "commits": self.commits,
             "commit_seconds": self.commit_seconds,
+            "commit_latency": attrs.asdict(self.commit_latency.summary()),
             "failed_commits": self.failed_commits,
             "queued": self._pending_count,
             "rounds": self.rounds,

@@ -213,6 +213,8 @@ class Telemetry:
         self._mcp_calls: dict[tuple[str, str], Any] = {}  # (agent path, call id) -> the MCP request's span
         self._subscription: Any = None
         self._loop_lag = 0.0
+        # Store commits whose durations went into their histogram, or were made before (the reader's thread).
+        self._commits_seen = system.store.commit_latency.count
         self.spans_started = 0
 
     # -- metrics --------------------------------------------------------------------------------------------
@@ -249,6 +251,9 @@ class Telemetry:
         )
         meter.create_observable_counter(
             "weald.store.commits", unit="{commit}", description="Store commits", callbacks=[self._observe_commits]
+        )
+        self._commit_duration = meter.create_histogram(
+            "weald.store.commit.duration", unit="s", description="Store commit latency (one transaction each)"
         )
         meter.create_observable_gauge(
             "weald.loop.lag",
@@ -292,7 +297,13 @@ class Telemetry:
 
         if not self._system.running:
             return []
-        return [Observation(self._system.store.statistics()["commits"])]
+        store = self._system.store
+        # The commits' durations since the last collection go into their histogram here, on the reader's
+        # thread, before it collects: the committer only notes each one (`Store.commit_latency`).
+        self._commits_seen, durations = store.commit_latency.since(self._commits_seen)
+        for seconds in durations:
+            self._commit_duration.record(seconds)
+        return [Observation(store.statistics()["commits"])]
 
     def _observe_lag(self, _options: Any) -> list[Any]:
         from opentelemetry.metrics import Observation

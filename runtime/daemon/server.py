@@ -2175,6 +2175,8 @@ class Server(Actor):
             "store_kind": _store_kind(self.system),
             "node": _node_status(self.system),
             "store_write_failure": _write_failure(self.system),
+            # The newest commits' durations (kept by the store's committer; no I/O).
+            "store_commits": _plain(self.system.store.commit_latency.summary()),
             "history": self._daemon.history.statistics() if self._daemon.history is not None else None,
             "turns": _plain(self._sessions.gate.statistics()) if self._daemon.sessions is not None else None,
             "max_message_bytes": self._max_message_bytes,

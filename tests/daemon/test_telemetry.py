@@ -303,6 +303,7 @@ def test_metrics_arrive(daemon: DaemonProcess, metrics: MetricsReceiver) -> None
         "weald.mailbox.length",
         "weald.store.size",
         "weald.store.commits",
+        "weald.store.commit.duration",
         "weald.loop.lag",
     }
     wait_until(lambda: wanted <= metrics.names, timeout=30, message=lambda: f"metrics {wanted - metrics.names}")
@@ -314,6 +315,16 @@ def test_metrics_arrive(daemon: DaemonProcess, metrics: MetricsReceiver) -> None
         if attribute.key == "gen_ai.token.type"
     }
     assert types == {"input", "output"}
+    # Each store commit is one point of the commit latency histogram, in seconds (cumulative: the last export has all).
+    last = metrics.points["weald.store.commit.duration"][-1]
+    assert last.unit == "s"
+    exported = sum(point.count for point in last.histogram.data_points)
+    assert exported >= 1
+    assert all(0 <= point.sum < 60 * point.count for point in last.histogram.data_points if point.count)
+    with daemon.client() as client:
+        latency = client.call("daemon.status")["store_commits"]
+    assert latency["count"] >= exported
+    assert 0 < latency["p50_ms"] <= latency["p99_ms"] <= latency["max_ms"]
 
 
 @pytest.mark.parametrize("collector", ["down", "silent"])

@@ -280,6 +280,20 @@ def test_enqueued_writes_are_committed_in_groups_and_flush_waits_for_them(store:
     assert store.statistics()["commits"] < 500  # grouped, not one commit per write
 
 
+def test_each_commit_is_timed_and_the_newest_durations_summarised(store: Store) -> None:
+    store.put("tasks", "a", 1)  # a synchronous write: one commit
+    for i in range(50):
+        store.enqueue_nowait("history", f"t/{i:03d}", i)
+    store.flush().get(timeout=10)
+    stats = store.statistics()
+    latency = stats["commit_latency"]
+    assert latency["count"] == stats["commits"] >= 2
+    assert latency["window"] == latency["count"]
+    assert 0 < latency["p50_ms"] <= latency["p99_ms"] <= latency["max_ms"]
+    # The mean over the window is the time counted in commit_seconds over the commits (all in the window here).
+    assert latency["mean_ms"] == pytest.approx(stats["commit_seconds"] / stats["commits"] * 1000, abs=0.01)
+
+
 def test_a_queued_group_is_one_transaction_across_namespaces(tmp_path: Path) -> None:
     path = tmp_path / "group.db"
     s = Store(path)
