@@ -74,7 +74,16 @@ _FILE_REQUEST_TIMEOUT = 30.0
 
 
 class EditorError(ToolError):
-    """A request to the editor failed: it went away, did not answer in time, or refused it."""
+    """A request to the editor failed: it went away, did not answer in time, or refused it.
+
+    Attributes:
+        refused: the editor answered, with an error (a file it does not have,
+            say); False when it could not be asked or did not answer.
+    """
+
+    def __init__(self, message: str, *, refused: bool = False) -> None:
+        super().__init__(message)
+        self.refused = refused
 
 
 class EditorBridge(Protocol):
@@ -211,8 +220,8 @@ def read_buffer(
     ctx.abort.raise_if_set()
     try:
         answer = bridge.request("fs/read_text_file", {"path": str(real)}, timeout=_timeout(ctx), call_id=ctx.call_id)
-    except EditorError:
-        if disk is None:  # no such file on the disk, and the editor has none either
+    except EditorError as exc:
+        if disk is None and exc.refused:  # no such file on the disk, and the editor has none either
             raise missing_error(ctx, path, real) from None
         raise
     content = answer.get("content") if isinstance(answer, dict) else None

@@ -494,7 +494,11 @@ class AcpAgent:
         }
         if not any(offer.values()):
             return
-        routes = self._daemon.call("client.attach", {"agent_id": session.id, **offer}, timeout=60)
+        try:
+            routes = self._daemon.call("client.attach", {"agent_id": session.id, **offer}, timeout=60)
+        except RPCCallError as exc:  # the session goes on without the editor's files and terminals
+            logger.warning("session %s: the daemon did not take the editor's files and terminals: %s", session.id, exc)
+            return
         session.files, session.terminal = routes["files"], routes["terminal"]
 
     def _session(self, session_id: str) -> _Session:

@@ -78,7 +78,7 @@ class EditorStatistics:
 class _Waiting:
     """One request sent to an editor, until its answer comes (loop thread only)."""
 
-    __slots__ = ("answered", "bridge", "error", "method", "result")
+    __slots__ = ("answered", "bridge", "error", "method", "refused", "result")
 
     def __init__(self, bridge: ClientBridge, method: str) -> None:
         self.bridge = bridge
@@ -86,6 +86,7 @@ class _Waiting:
         self.answered = trio.Event()
         self.result: Any = None
         self.error: str | None = None
+        self.refused = False  # the error is the editor's answer
 
 
 class ClientBridge:
@@ -174,7 +175,7 @@ class ClientBridge:
             )
         if waiting.error is not None:
             hub.failed += 1
-            raise EditorError(waiting.error)
+            raise EditorError(waiting.error, refused=waiting.refused)
         return waiting.result
 
     def close(self, reason: str) -> None:
@@ -238,6 +239,7 @@ class EditorBridges:
         waiting.result = result
         if error is not None:
             waiting.error = f"the editor answered {waiting.method} with an error: {error}"
+            waiting.refused = True
         waiting.answered.set()
         return True
 

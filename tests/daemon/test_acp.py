@@ -554,6 +554,7 @@ def test_an_edit_of_a_buffer_the_user_changed_since_the_read_is_refused(daemon: 
     model = daemon.script(
         "typed",
         [
+            {"tool_calls": [{"name": "read_file", "arguments": {"path": "nowhere.py"}}]},
             {"tool_calls": [{"name": "read_file", "arguments": {"path": "app.py"}}]},
             {"tool_calls": [{"name": "edit_file", "arguments": edit}]},
             {"text": "it changed"},
@@ -577,7 +578,9 @@ def test_an_edit_of_a_buffer_the_user_changed_since_the_read_is_refused(daemon: 
             return session.session_id
 
     session_id = run(scenario())
-    _, refused = tool_results(daemon, session_id)
+    missing, _, refused = tool_results(daemon, session_id)
+    assert missing["is_error"]
+    assert "nowhere.py does not exist" in missing["content"]  # neither on the disk nor in the editor
     assert refused["is_error"]
     assert "app.py has changed in the editor since you last read it" in refused["content"]
     assert "fs/write_text_file" not in [method for method, _ in editor.requests]
