@@ -17,7 +17,8 @@ import acp
 import pytest
 from acp.schema import EnvVariable, McpServerStdio
 from acp_harness import acp_command
-from daemon_harness import DaemonProcess, serving
+from daemon_harness import DaemonProcess, serving, sleep_tag, sleeping
+from weald.runtime.testing import wait_until
 
 PERMISSIONS = """
 [tools.permissions]
@@ -717,8 +718,6 @@ def test_the_editor_going_away_mid_call_fails_the_call_clearly_and_the_session_l
             m["role"] == "assistant" and m["content"] == "read it from the disk" for m in history_of(daemon, session_id)
         )
 
-    from weald.runtime.testing import wait_until
-
     wait_until(turn_over, timeout=60, message="the turn to end after the editor went away")
     failed, again = tool_results(daemon, session_id)
     assert failed["is_error"]
@@ -731,3 +730,38 @@ def test_the_editor_going_away_mid_call_fails_the_call_clearly_and_the_session_l
         answer = client.call("agent.prompt", {"agent_id": session_id, "text": "are you there?"}, timeout=60)
         assert answer["ok"] is True
         assert client.call("daemon.status")["editors"]["pending"] == 0
+
+
+def test_a_command_in_the_editors_terminal_past_its_timeout_is_killed_and_its_terminal_released(
+    daemon: DaemonProcess, tmp_path: Path
+) -> None:
+    project = editor_project(tmp_path)
+    tag = sleep_tag()
+    model = daemon.script(
+        "terminal-timeout",
+        [
+            {"tool_calls": [{"name": "shell", "arguments": {"command": f"echo waiting; sleep {tag}", "timeout": 2}}]},
+            {"text": "it timed out"},
+        ],
+    )
+    editor = BufferEditor({})
+
+    async def scenario() -> tuple[str, float]:
+        async with spawn(editor, daemon, model) as (conn, _process):
+            await conn.initialize(protocol_version=acp.PROTOCOL_VERSION, client_capabilities=EDITOR_CAPABILITIES)
+            session = await conn.new_session(cwd=str(project), mcp_servers=[])
+            began = time.monotonic()
+            result = await conn.prompt(session_id=session.session_id, prompt=[acp.text_block("wait")])
+            assert result.stop_reason == "end_turn"
+            return session.session_id, time.monotonic() - began
+
+    session_id, took = run(scenario())
+    assert took < 60
+    kinds = [method for method, _ in editor.requests]
+    assert kinds.index("terminal/kill") < kinds.index("terminal/release")
+    assert editor.terminals == {}
+    (result,) = tool_results(daemon, session_id)
+    assert result["is_error"]
+    assert "waiting" in result["content"]
+    assert "timed out after 2 s" in result["content"]
+    wait_until(lambda: sleeping(tag) == [], timeout=30, message="the command to be gone")
