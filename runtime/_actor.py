@@ -30,7 +30,7 @@ import threading
 import uuid
 import weakref
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from types import BuiltinFunctionType, CoroutineType, FunctionType, GeneratorType, MethodType, ModuleType
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Self, TypeVar
 
@@ -97,6 +97,8 @@ class Exit:
 
 NORMAL = Exit("normal")
 KILLED = Exit("killed")
+# What every actor's `started` signal resolves to: one shared value, not one per actor.
+_STARTED: outcome.Outcome[None] = outcome.Value(None)
 
 
 @attrs.frozen
@@ -358,13 +360,17 @@ class Ref(pykka.ActorRef[A]):
             return future.get(timeout=timeout)
         return future
 
+    def is_alive(self) -> bool:
+        """Whether the actor is running: its stop flag read directly (pykka's, one call fewer)."""
+        return not self.actor_stopped._set  # type: ignore[attr-defined]  # always a _StopFlag here
+
     def tell(self, message: Any) -> None:
         """Send ``message`` without waiting for a reply (pykka's ``tell``).
 
         Raises:
             ActorDeadError: the actor is not running.
         """
-        if not self.is_alive() and not self._holds_while_stopping():
+        if self.actor_stopped._set and not self._holds_while_stopping():  # type: ignore[attr-defined]
             msg = f"{self} not found"
             raise pykka.ActorDeadError(msg)
         self.actor_inbox.put(_Envelope(message))
@@ -812,6 +818,16 @@ class Actor(pykka.Actor):
     _inline_exit: Exit | None = None
     # Whether messages from foreign threads may be handled by `_serve_inline`.
     serve_foreign_inline: ClassVar[bool] = True
+    # Set per class (`__init_subclass__`): a loop actor whose ``on_start`` is
+    # the default cannot fail to start, so a supervisor need not wait for it.
+    _starts_at_once: ClassVar[bool] = True
+    # Set per class too: ``on_stop`` is the default (nothing to call at a normal end).
+    _plain_stop: ClassVar[bool] = True
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._starts_at_once = cls.on_start is Actor.on_start and not issubclass(cls, pykka.ThreadingActor)
+        cls._plain_stop = cls.on_stop is Actor.on_stop
 
     def __init__(self, *_args: Any, **_kwargs: Any) -> None:
         system = _spawning.system
@@ -859,7 +875,7 @@ class Actor(pykka.Actor):
         path: str,
         parent: Ref[Any] | None,
         args: tuple[Any, ...],
-        kwargs: dict[str, Any],
+        kwargs: Mapping[str, Any],
     ) -> Ref[Self]:
         if not system.running:
             msg = f"cannot start {cls.__name__} at {path}: the actor system is not running"
@@ -893,7 +909,7 @@ class Actor(pykka.Actor):
         self,
         actor_class: type[A],
         args: tuple[Any, ...] = (),
-        kwargs: dict[str, Any] | None = None,
+        kwargs: Mapping[str, Any] | None = None,
         *,
         name: str,
     ) -> Ref[A]:
@@ -1104,9 +1120,22 @@ class Actor(pykka.Actor):
             exit_ = KILLED
         if scope.cancelled_caught:
             exit_ = KILLED
+        if exit_.kind != "crashed" and (self._plain_stop or exit_.kind == "killed"):
+            # No hook to run (a normal end without ``on_stop``, or a kill):
+            # what `_loop_terminate` does, without a coroutine for it.
+            if self._exit is None:
+                self._status = "stopping"
+                self.actor_stopped.set()
+                self._cancel_io()
+                self._finish(exit_)
+            return
         await self._loop_terminate(exit_)
 
     async def _loop_start(self) -> Exit | None:
+        if self._starts_at_once:  # the default on_start: nothing to run, nothing to fail
+            self._status = "running"
+            self._actor_ref._started.resolve(_STARTED)
+            return None
         try:
             result = self.on_start()
             if type(result) is CoroutineType:
@@ -1117,7 +1146,7 @@ class Actor(pykka.Actor):
             self._actor_ref._started.resolve(_start_failed(self, exc))
             return Exit("crashed", exc)
         self._status = "running"
-        self._actor_ref._started.resolve(outcome.Value(None))
+        self._actor_ref._started.resolve(_STARTED)
         return None
 
     def _serve_inline(self, inbox: _LoopInbox) -> bool:
@@ -1247,7 +1276,7 @@ class Actor(pykka.Actor):
             self._cancel_io()
         try:
             if exit_.kind == "normal":
-                result = self.on_stop()
+                result = None if self._plain_stop else self.on_stop()
             elif exit_.kind == "crashed":
                 error = exit_.error
                 assert error is not None
@@ -1289,12 +1318,14 @@ class Actor(pykka.Actor):
         if self._inline_coroutine is not None:  # made by `_serve_inline`, never awaited: its message fails below
             self._inline_coroutine.close()
             self._inline_coroutine = None
-        self._hand_on_held()
+        if self._holding is not None:
+            self._hand_on_held()
         self.actor_inbox.close()  # type: ignore[attr-defined]
-        for future in self._stop_replies:
-            with contextlib.suppress(queue.Full):  # answered already
-                future.set(True)
-        self._stop_replies.clear()
+        if self._stop_replies:
+            for future in self._stop_replies:
+                with contextlib.suppress(queue.Full):  # answered already
+                    future.set(True)
+            self._stop_replies.clear()
         if exit_.kind == "crashed":
             logger.info("%s crashed", self, exc_info=exit_.error)
         # Children outlive no parent: any still running (the parent was
@@ -1452,7 +1483,7 @@ class ThreadActor(Actor, pykka.ThreadingActor):
             self._actor_ref._started.resolve(_start_failed(self, exc))
             return Exit("crashed", exc)
         self._status = "running"
-        self._actor_ref._started.resolve(outcome.Value(None))
+        self._actor_ref._started.resolve(_STARTED)
         return None
 
     def _thread_serve(self) -> Exit:

@@ -258,7 +258,7 @@ class SupervisorBase(Actor):
         """Spawn the child's actor; its ``on_start`` runs in its own task, next."""
         try:
             spec = child.spec  # made again here if it was let go while the child slept
-            ref = self.spawn_child(spec.actor, spec.args, dict(spec.kwargs), name=spec.id)
+            ref = self.spawn_child(spec.actor, spec.args, spec.kwargs, name=spec.id)
         except Exception as exc:
             child.status = "stopped"
             msg = f"cannot start child {child.id!r} of {self.path}: {exc!r}"
@@ -270,7 +270,13 @@ class SupervisorBase(Actor):
         """Wait for the child's ``on_start``; a failure there is a `StartError`."""
         spec = child.spec
         try:
-            await ref.started()
+            # A loop actor with the default ``on_start`` has nothing that could
+            # fail its start: it is running from its spawn (OTP's start_child
+            # of a process without init), and a supervisor that starts many
+            # (a model response's tool calls) waits for none of them. Should
+            # it end before its first step, its Down says so as for any end.
+            if not ref.actor_class._starts_at_once:
+                await ref.started()
         except Exception as exc:
             self._by_ref.pop(ref, None)
             child.status = "stopped"
@@ -352,16 +358,20 @@ class SupervisorBase(Actor):
 
     # -- watching -------------------------------------------------------------------------
 
-    async def on_receive(self, message: Any) -> None:
+    def on_receive(self, message: Any) -> Coroutine[Any, Any, None] | None:
+        """Handle a child's end, a wake-up or a backoff's end; returns the work to await, if any.
+
+        Not ``async``: a child's end that needs no restart (every tool
+        call's) is handled without making a coroutine at all; the receive
+        loop awaits what is returned.
+        """
         if isinstance(message, Down):
-            # A child's end that needs no restart (every tool call's) makes no coroutine of its own.
-            restart = self._on_down(message)
-            if restart is not None:
-                await restart
-        elif isinstance(message, _Wake):
-            await self._on_wake(message)
-        elif isinstance(message, _RestartDue):
-            await self._on_restart_due(message)
+            return self._on_down(message)
+        if isinstance(message, _Wake):
+            return self._on_wake(message)
+        if isinstance(message, _RestartDue):
+            return self._on_restart_due(message)
+        return None
 
     async def _on_wake(self, wake: _Wake) -> None:
         child = self._kids.get(wake.child_id)

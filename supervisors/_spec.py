@@ -18,33 +18,31 @@ RESTART_TYPES: tuple[str, ...] = ("permanent", "transient", "temporary")
 STRATEGIES: tuple[str, ...] = ("one_for_one", "one_for_all", "rest_for_one")
 
 
-def _check_id(_: object, __: attrs.Attribute[str], value: str) -> None:
+def _check_id(_: object, __: object, value: str) -> None:
     if not isinstance(value, str) or not value or "/" in value:
         msg = f"a child id is a non-empty string without '/', got {value!r}"
         raise ValueError(msg)
 
 
-def _check_restart(_: object, __: attrs.Attribute[str], value: str) -> None:
+def _check_restart(_: object, __: object, value: str) -> None:
     if value not in RESTART_TYPES:
         msg = f"restart must be one of {', '.join(RESTART_TYPES)}; got {value!r}"
         raise ValueError(msg)
 
 
-def _check_actor(_: object, __: attrs.Attribute[type], value: type) -> None:
+def _check_actor(_: object, __: object, value: type) -> None:
     if not (isinstance(value, type) and issubclass(value, Actor)):
         msg = f"a child's actor must be a subclass of weald.runtime.Actor, got {value!r}"
         raise TypeError(msg)
 
 
-def _check_shutdown(_: object, __: attrs.Attribute[float], value: float) -> None:
+def _check_shutdown(_: object, __: object, value: float) -> None:
     if not value >= 0:
         msg = f"shutdown is a number of seconds >= 0, got {value!r}"
         raise ValueError(msg)
 
 
-def _check_rebuild(
-    _: object, __: attrs.Attribute[Callable[[], ChildSpec] | None], value: Callable[[], ChildSpec] | None
-) -> None:
+def _check_rebuild(_: object, __: object, value: Callable[[], ChildSpec] | None) -> None:
     if value is not None and not callable(value):
         msg = f"rebuild is None or a function returning the spec again, got {value!r}"
         raise TypeError(msg)
@@ -117,16 +115,30 @@ class ChildSpec:
             ``==``.
     """
 
-    id: str = attrs.field(validator=_check_id)
-    actor: type[Actor] = attrs.field(validator=_check_actor)
+    id: str
+    actor: type[Actor]
     args: tuple[Any, ...] = attrs.field(default=(), converter=_as_tuple)
     kwargs: Mapping[str, Any] = attrs.field(factory=dict, converter=_freeze_kwargs)
-    restart: Restart = attrs.field(default="permanent", validator=_check_restart)
-    shutdown: float = attrs.field(default=5.0, validator=_check_shutdown)
+    restart: Restart = "permanent"
+    shutdown: float = 5.0
     backoff: Backoff | None = None
     progress: bool = True
     lazy: bool = False
-    rebuild: Callable[[], ChildSpec] | None = attrs.field(default=None, eq=False, validator=_check_rebuild)
+    rebuild: Callable[[], ChildSpec] | None = attrs.field(default=None, eq=False)
+
+    def __attrs_post_init__(self) -> None:
+        # One check of every field instead of a validator call per field: a
+        # spec is made for every tool call (attrs.evolve runs this too).
+        child_id = self.id
+        if child_id.__class__ is not str or not child_id or "/" in child_id:
+            _check_id(self, None, child_id)
+        _check_actor(self, None, self.actor)
+        if self.restart not in RESTART_TYPES:
+            _check_restart(self, None, self.restart)
+        if not self.shutdown >= 0:
+            _check_shutdown(self, None, self.shutdown)
+        if self.rebuild is not None:
+            _check_rebuild(self, None, self.rebuild)
 
 
 @attrs.frozen

@@ -377,6 +377,12 @@ class ToolExecution(Actor):
     cancels it; a timeout reported from here names the call's limit,
     ``ctx.timeout``, which is what the model and the config know.
 
+    ``on_end(exit, result)`` is called once the execution has ended (its
+    supervisor told, its path free), on the loop thread: ``result`` is the
+    call's outcome, or None if it ended without one (killed, stopped,
+    crashed). It must not raise. It replaces a future per call and a
+    continuation on ``exited()``.
+
     ``limit`` cuts an outcome too long for the model, saving it whole to a
     spill file, in a worker thread (never on the loop); None leaves it as it is.
     """
@@ -387,7 +393,7 @@ class ToolExecution(Actor):
         arguments: Mapping[str, Any],
         ctx: ToolContext,
         deadline: float,
-        result: Future[ToolResult],
+        on_end: Callable[[Exit, ToolResult | None], None],
         *,
         limit: _OutputLimit | None = None,
     ) -> None:
@@ -396,8 +402,15 @@ class ToolExecution(Actor):
         self._arguments = arguments
         self._ctx = ctx
         self._deadline = deadline
-        self._result = result
+        self._on_end = on_end
+        self._value: ToolResult | None = None
         self._limit = limit
+
+    def _finish(self, exit_: Exit) -> None:
+        if self._exit is not None:
+            return
+        super()._finish(exit_)
+        self._on_end(exit_, self._value)
 
     async def _loop_serve(self) -> Exit:
         """Run the call, then end normally: neither the call nor the end is a message.
@@ -441,8 +454,7 @@ class ToolExecution(Actor):
                 self._ctx.abort.set("stopped")  # killed: a thread tool still running sees it
                 raise
             # The deadline's: the scope stays cancelled, so nothing below may wait.
-            value = self._timeout_result()
-            self._result.set(value)
+            self._value = self._timeout_result()
             return
         except BaseException as exc:  # a tool's BaseException is still only an error result
             value = ToolResult.error(
@@ -457,7 +469,7 @@ class ToolExecution(Actor):
             # and the save is bounded by the spill limits.
             with trio.CancelScope(shield=scope.cancel_called):
                 value = await trio.to_thread.run_sync(limit, value)
-        self._result.set(value)
+        self._value = value
 
     def _timeout_result(self) -> ToolResult:
         tool = self._tool
@@ -858,30 +870,12 @@ class ToolRunner(Actor):
         )
         self._started_calls += 1
         pending.started = time.monotonic()
-        result: Future[ToolResult] = Future()
         child_id = f"{call.id}-{next(self._ids)}"
-        spec = ChildSpec(
-            _child_name(child_id),
-            ToolExecution,
-            args=(tool, call.arguments or {}, ctx, deadline, result),
-            kwargs={
-                "limit": _OutputLimit(
-                    tool.truncate,
-                    batch.tool_config,
-                    save_dir=self._output_dir,
-                    call_id=f"{call.id}-{pending.index}",
-                    spill=self._spill,
-                )
-            },
-            restart="temporary",
-            shutdown=1.0,
-            progress=False,  # tool.started / tool.finished report each call
-        )
         batch_id, index = msg.batch_id, pending.index
         runner = self.actor_ref
 
         # The call's life is followed with continuations (on the supervisor's
-        # reply to start_children, then on the child's exit), not with an I/O
+        # reply to start_children, then the child's own end), not with an I/O
         # task awaiting them: a task per call cost a spawn, a cancel scope and
         # two more wake-ups of the loop. The continuations run on the loop
         # thread, in the supervisor's and the child's tasks, and only record
@@ -898,27 +892,37 @@ class ToolRunner(Actor):
                     with contextlib.suppress(ActorDeadError):
                         runner.tell(_CALLS_DONE)
 
-        def ended(exited: Future[Exit]) -> None:
-            try:
-                exit_ = exited.get()
-                if result.done():
-                    value = result.get()
-                else:  # killed or stopped mid-call (an abort by the runner has answered the call already)
-                    value = ToolResult.error(
-                        f"the {tool.name} call ended without a result ({exit_.describe()}). "
-                        "It is fine to call the tool again."
-                    )
-            except BaseException as exc:  # a continuation must not raise into the child's end
-                report(exc)
-                return
+        def ended(exit_: Exit, value: ToolResult | None) -> None:
+            if value is None:  # killed or stopped mid-call (an abort by the runner has answered the call already)
+                value = ToolResult.error(
+                    f"the {tool.name} call ended without a result ({exit_.describe()}). "
+                    "It is fine to call the tool again."
+                )
             report(value)
+
+        spec = ChildSpec(
+            _child_name(child_id),
+            ToolExecution,
+            args=(tool, call.arguments or {}, ctx, deadline, ended),
+            kwargs={
+                "limit": _OutputLimit(
+                    tool.truncate,
+                    batch.tool_config,
+                    save_dir=self._output_dir,
+                    call_id=f"{call.id}-{pending.index}",
+                    spill=self._spill,
+                )
+            },
+            restart="temporary",
+            shutdown=1.0,
+            progress=False,  # tool.started / tool.finished report each call
+        )
 
         def started(outcome: Ref[Any] | BaseException) -> None:
             if isinstance(outcome, BaseException):  # it could not start: the supervisor's error
                 report(outcome)
                 return
             pending.execution = outcome
-            outcome.exited()._on_done(ended)
             if pending.abort.is_set():
                 # Aborted before the supervisor's answer came (the abort found
                 # no execution to kill): the call is answered; end it now.

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import gc
+from typing import Any
 
 import pykka
 import pytest
+import trio
 from sup_workers import JOURNAL, ThreadWorker, Worker
 from weald.runtime import Actor, ActorSystem, StartError
 from weald.runtime.testing import wait_for_event, wait_until
@@ -151,6 +153,46 @@ def test_start_children_spawns_every_child_before_waiting_for_the_first(system: 
     # Started one after another, the first would have seen only itself.
     assert Sibling.seen == {f"/dyn/c{i}": 5 for i in range(5)}
     assert [c.id for c in sup.proxy().which_children().get()] == [f"c{i}" for i in range(5)]
+
+
+class Plain(Actor):
+    """No ``on_start``: nothing of its start can fail."""
+
+    def on_receive(self, message: Any) -> Any:
+        return message
+
+
+class Looking(DynamicSupervisor):
+    async def start_and_look(self, specs: list[ChildSpec]) -> list[str | None]:
+        """Start children, then read their own status in the same step of this supervisor's task."""
+        refs = await self.start_children(specs)
+        return [r.statistics().status for r in refs]  # type: ignore[union-attr]
+
+
+def test_a_child_without_on_start_is_started_at_its_spawn_without_waiting_for_its_first_step(
+    system: ActorSystem,
+) -> None:
+    sup = system.spawn(Looking, name="dyn")
+    proxy = sup.proxy()
+    # Nothing of their start can fail, so the supervisor waits for none of them (a model
+    # response's tool calls start this way): none has run a step when it answers.
+    assert proxy.start_and_look([ChildSpec(f"p{i}", Plain) for i in range(3)]).get(timeout=5) == ["starting"] * 3
+    assert [c.status for c in proxy.which_children().get()] == ["running"] * 3
+    assert [c.ref.ask(i) for i, c in enumerate(proxy.which_children().get())] == [0, 1, 2]
+    # Children with an on_start are still waited for.
+    assert proxy.start_and_look([ChildSpec("w", Worker)]).get(timeout=5) == ["running"]
+
+    # One killed before its first step has an ordinary end: a permanent child is restarted.
+    async def start_and_kill() -> Any:
+        ref = await proxy.start_child(ChildSpec("k", Plain))
+        ref.kill()
+        return ref
+
+    killed = trio.from_thread.run(start_and_kill, trio_token=system.loop.token)
+    assert killed.exited().get(timeout=5).kind == "killed"
+    again = wait_until(lambda: next((c.ref for c in proxy.which_children().get() if c.id == "k" and c.ref), None))
+    assert again is not killed
+    assert again.ask("x") == "x"
 
 
 def test_start_children_reports_each_childs_failure_and_starts_the_rest(system: ActorSystem) -> None:
