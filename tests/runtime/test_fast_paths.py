@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import re
 import uuid
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,7 @@ from weald.runtime import Actor, ActorSystem, Future, redact, register_secret
 from weald.runtime._events import _redact_payload
 from weald.runtime.agents.tool_runner import RunTools, ToolCallRequest, ToolRunner
 from weald.runtime.testing import ResultCollector, wait_until
+from weald.supervisors import ChildSpec, DynamicSupervisor
 from weald.tools import ToolContext, ToolRegistry, tool
 
 REG = ToolRegistry()
@@ -239,3 +242,39 @@ def test_proxies_know_exactly_the_attributes_pykka_would_find(system: ActorSyste
     assert rich.method().get() == 1
     with pytest.raises(AttributeError):
         _ = rich.nothing_here
+
+
+class Idle(Actor):
+    def on_receive(self, message: Any) -> Any:
+        return message
+
+
+@pytest.mark.parametrize("how", ["stopped", "killed", "a tool call"])
+def test_an_ended_actor_is_freed_at_once_not_left_to_the_cyclic_collector(
+    system: ActorSystem, tmp_path: Path, how: str
+) -> None:
+    # A live inbox names its ref, which holds the inbox: a cycle that made every
+    # ended actor (each tool call's execution) garbage for the cyclic collector.
+    sup = system.spawn(DynamicSupervisor, name="sup")
+    runner = system.spawn(ToolRunner, args=("s", str(tmp_path)), kwargs={"registry": REG}, name="runner")
+    agent = system.spawn(ResultCollector, name="agent")
+    runner.tell(RunTools("warm", (ToolCallRequest("w", "noop", {}),), None, agent))
+    wait_until(lambda: agent.proxy().received().get())
+    gc.collect()
+    gc.disable()
+    try:
+        if how == "a tool call":
+            runner.tell(RunTools("b1", (ToolCallRequest("c", "noop", {}),), None, agent))
+            wait_until(lambda: len(agent.proxy().received().get()) == 2)
+            wait_until(lambda: system.registered("/runner/calls/") == [])
+        else:
+            ref = sup.proxy().start_child(ChildSpec("c", Idle, restart="temporary")).get(timeout=5)
+            assert ref.ask("hi") == "hi"
+            gone = weakref.ref(ref)
+            ref.stop() if how == "stopped" else ref.kill()
+            del ref
+            wait_until(lambda: sup.proxy().which_children().get() == [])
+            wait_until(lambda: gone() is None)  # freed by reference counting: the collector is off
+        assert gc.collect() == 0
+    finally:
+        gc.enable()
