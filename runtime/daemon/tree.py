@@ -113,6 +113,7 @@ from weald.runtime.daemon._config_load import (
 )
 from weald.runtime.daemon._config_model import DAEMON_WIDE, parse_retention
 from weald.runtime.daemon._editors import EditorBridges
+from weald.runtime.daemon._gc import apply_collector_setting, restore_collector_setting
 from weald.runtime.daemon._hygiene import SandboxReport, prepare_process, stop_leftovers
 from weald.runtime.daemon._index import SessionIndex
 from weald.runtime.daemon._projects import ProjectChange, ProjectConfig, Projects
@@ -1781,6 +1782,7 @@ class Daemon:
         self.history: HistoryKeeper | None = None  # [history] retention's passes, once started
         self._stop_requested = False
         self._lock_fd: int | None = None
+        self._collector_set = False
         self.started_at = 0.0
 
     def start(self, *, restore: bool = True, progress: Callable[[int, int], None] | None = None) -> Daemon:
@@ -1803,9 +1805,12 @@ class Daemon:
                 raise DaemonError(msg) from exc
         # No secret in the environment, marks for this state directory, the sandbox decided.
         self.sandbox, _ = prepare_process(self.config, self.state_dir)
+        apply_collector_setting()  # larger generations: see _gc.py
+        self._collector_set = True
         try:
             self.system.start()
         except BaseException:
+            self._restore_collector()
             restore_environ()
             self._close_log()
             self._unlock()
@@ -1878,6 +1883,7 @@ class Daemon:
                 root.start_child(ChildSpec("http", Observer, kwargs=observer, shutdown=10)).get(timeout=30)
         except BaseException:
             self.system.shutdown()
+            self._restore_collector()
             restore_environ()
             self._close_log()
             self._unlock()
@@ -2122,6 +2128,7 @@ class Daemon:
         try:
             self.system.shutdown(timeout=timeout)
         finally:
+            self._restore_collector()
             self._close_log()  # a clean stop: the run's marker goes
             self._unlock()  # last: the store is closed
             if self.telemetry is not None:
@@ -2131,6 +2138,11 @@ class Daemon:
                 self.telemetry.shutdown()  # what is queued is exported (bounded by its export timeout)
         if self.sandbox is not None:
             restore_environ()  # for a program hosting the daemon; `weald serve` exits next
+
+    def _restore_collector(self) -> None:
+        if self._collector_set:
+            self._collector_set = False
+            restore_collector_setting()
 
     async def _wind_down(self, timeout: float) -> None:
         """Stop accepting, abort running turns, and deliver every pending reply (on the loop)."""
