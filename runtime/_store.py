@@ -339,6 +339,9 @@ class Store:
         self._lease_stop = threading.Event()
         self._lease_lost: StoreFencedError | None = None
         self.on_lease_back: Callable[[], None] | None = None
+        # What each renewal writes into the node's row (load figures for fronts): must not block.
+        self.lease_info: Callable[[], Mapping[str, Any]] | None = None
+        self.last_commit: float | None = None  # wall-clock time of the last group committed
         self.lease_renewals = 0
         self.lease_failures = 0
 
@@ -1014,6 +1017,7 @@ class Store:
             break
         self.writes += sum(len(values) for values in group.values())
         self.commits += 1
+        self.last_commit = time.time()
 
     # -- the fence ---------------------------------------------------------------------------
 
@@ -1173,6 +1177,32 @@ class Store:
             for session in ids:
                 self._held.pop(session, None)
 
+    def hand_over(self, session_ids: Iterable[str], to: str) -> list[str]:
+        """Hand sessions this node holds to node ``to`` (their epochs + 1); returns those handed. Blocking.
+
+        Their writes must be committed first (`flush`): from now on they are
+        refused here, as if taken over, without telling ``on_fenced`` (the
+        caller stopped them). A session this node no longer holds is not handed.
+
+        Raises:
+            StoreError: the database failed (nothing was handed).
+        """
+        node = self._require_node()
+        with self._fence_lock:
+            held = {session: self._held[session] for session in session_ids if session in self._held}
+        if not held:
+            return []
+        handed = self._backend.handover(node, held, to)
+        with self._fence_lock:
+            for session in handed:
+                self._held.pop(session, None)
+                self._fenced[session] = StoreFencedError(
+                    f"store {self.location}: session {session!r} was handed over to node {to!r}; "
+                    "nothing more of it is written here",
+                    (session,),
+                )
+        return list(handed)
+
     def holds(self, session: str) -> bool:
         """Whether this node may write ``session`` (it claimed it and has not lost it)."""
         return session not in self._fenced and (self._node is None or not self._backend.fences or session in self._held)
@@ -1186,8 +1216,14 @@ class Store:
         interval = node.lease / 3
         while not self._lease_stop.wait(interval):
             sent = time.monotonic()
+            info: Mapping[str, Any] | None = None
+            if self.lease_info is not None:
+                try:
+                    info = self.lease_info()
+                except Exception:  # the figures are extra; the lease is what matters
+                    logger.exception("store %s: the lease's figures could not be read", self.location)
             try:
-                renewed = self._backend.renew(node)
+                renewed = self._backend.renew(node, info)
             except StoreError as exc:
                 self.lease_failures += 1
                 if time.monotonic() > self._lease_deadline and self._lease_lost is None:

@@ -360,11 +360,22 @@ class StoreBackend(ABC):
         """
 
     @abstractmethod
-    def renew(self, node: NodeLease) -> bool:
-        """Extend this node's lease; False if the node's row has another epoch (a newer start took the name).
+    def renew(self, node: NodeLease, info: Mapping[str, Any] | None = None) -> bool:
+        """Extend this node's lease, merging ``info`` into its row; False if a newer start took the name.
 
         Raises:
             StoreError: the database could not be reached (the lease is not renewed).
+        """
+
+    @abstractmethod
+    def handover(self, node: NodeLease, held: Mapping[str, int], to: str) -> dict[str, int]:
+        """Hand sessions this node holds (session -> epoch) to node ``to``, each epoch + 1; returns those handed.
+
+        A session whose placement no longer names this node at that epoch is
+        not handed (it was lost meanwhile).
+
+        Raises:
+            StoreError: the database failed, or the backend has one node only.
         """
 
     @abstractmethod

@@ -582,12 +582,12 @@ class PostgresBackend(StoreBackend):
         self._seen_version = int(version)
         return NodeLease(node_id=node_id, epoch=int(epoch), lease=lease)
 
-    def renew(self, node: NodeLease) -> bool:
+    def renew(self, node: NodeLease, info: Mapping[str, Any] | None = None) -> bool:
         rows = self._node_call(
             f"node {node.node_id!r}'s lease",
-            "UPDATE weald_nodes SET lease_until = now() + make_interval(secs => %s) "
+            "UPDATE weald_nodes SET lease_until = now() + make_interval(secs => %s), info = info || %s::jsonb "
             "WHERE node_id = %s AND epoch = %s RETURNING 1",
-            (node.lease, node.node_id, node.epoch),
+            (node.lease, msgspec.json.encode(dict(info or {})).decode(), node.node_id, node.epoch),
             lease_conn=True,
         )
         return bool(rows)
@@ -670,6 +670,90 @@ class PostgresBackend(StoreBackend):
             if mine is not None and (owner != node.node_id or int(epoch) != mine):
                 lost.append(agent_id)
         return lost
+
+    def handover(self, node: NodeLease, held: Mapping[str, int], to: str) -> dict[str, int]:
+        rows = self._node_call(
+            f"node {node.node_id!r}'s handover of {len(held)} sessions to {to!r}",
+            "UPDATE weald_placement p SET owner = %(to)s, epoch = p.epoch + 1, "
+            "lease = now() + make_interval(secs => %(lease)s) "
+            "FROM unnest(%(ids)s::text[], %(epochs)s::bigint[]) AS h(id, epoch) "
+            "WHERE p.agent_id = h.id AND p.owner = %(me)s AND p.epoch = h.epoch RETURNING p.agent_id, p.epoch",
+            {"to": to, "lease": node.lease, "ids": list(held), "epochs": list(held.values()), "me": node.node_id},
+        )
+        return {agent_id: int(epoch) for agent_id, epoch in rows}
+
+    def set_node_info(self, node_id: str, info: Mapping[str, Any]) -> bool:
+        """Merge ``info`` into a node's row (a drain marks it ``draining``); False if there is no such node."""
+        rows = self._node_call(
+            f"node {node_id!r}'s row",
+            "UPDATE weald_nodes SET info = info || %s::jsonb WHERE node_id = %s RETURNING 1",
+            (msgspec.json.encode(dict(info)).decode(), node_id),
+        )
+        return bool(rows)
+
+    def placement(self, session_ids: Iterable[str]) -> dict[str, tuple[str | None, int, bool]]:
+        """Each placed session of ``session_ids``: (owner, epoch, whether the owner's lease is live)."""
+        rows = self._read(
+            "the placement of sessions",
+            "SELECT p.agent_id, p.owner, p.epoch, coalesce(n.lease_until > now(), false) FROM weald_placement p "
+            "LEFT JOIN weald_nodes n ON n.node_id = p.owner WHERE p.agent_id = ANY(%s)",
+            (list(session_ids),),
+        )
+        return {agent_id: (owner, int(epoch), bool(live)) for agent_id, owner, epoch, live in rows}
+
+    def placed_on(self, node_id: str) -> list[str]:
+        """The sessions placed on ``node_id``, oldest claim first."""
+        rows = self._read(
+            f"node {node_id!r}'s sessions",
+            "SELECT agent_id FROM weald_placement WHERE owner = %s ORDER BY version",
+            (node_id,),
+        )
+        return [row[0] for row in rows]
+
+    def cluster_snapshot(self, listed: int) -> dict[str, Any]:
+        """The nodes and placement tables at one moment (one repeatable-read transaction); see `cluster_status`."""
+        orphan = (
+            "p.owner IS NULL OR NOT EXISTS (SELECT 1 FROM weald_nodes n WHERE n.node_id = p.owner "
+            "AND n.lease_until > now())"
+        )
+        try:
+            with self._conn() as conn, conn.transaction():
+                conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                as_of = conn.execute("SELECT extract(epoch FROM now())::float8").fetchone()
+                nodes = conn.execute(
+                    "SELECT node_id, epoch, extract(epoch FROM lease_until)::float8, "
+                    "extract(epoch FROM started)::float8, info, "
+                    "(SELECT count(*) FROM weald_placement p WHERE p.owner = n.node_id) "
+                    "FROM weald_nodes n ORDER BY node_id"
+                ).fetchall()
+                placed = conn.execute("SELECT count(*) FROM weald_placement").fetchone()
+                orphaned = conn.execute(f"SELECT count(*) FROM weald_placement p WHERE {orphan}").fetchone()  # noqa: S608
+                orphans = conn.execute(
+                    f"SELECT agent_id FROM weald_placement p WHERE {orphan} ORDER BY agent_id LIMIT %s",  # noqa: S608
+                    (listed,),
+                ).fetchall()
+        except self._psycopg.Error as exc:
+            raise self.failure(exc, "the cluster's nodes and placement", reading=True) from exc
+        assert as_of is not None
+        assert placed is not None
+        assert orphaned is not None
+        return {
+            "as_of": float(as_of[0]),
+            "nodes": [
+                {
+                    "node_id": n,
+                    "epoch": int(e),
+                    "lease_until": float(lease),
+                    "started": float(started),
+                    "info": info,
+                    "placed": int(count),
+                }
+                for n, e, lease, started, info, count in nodes
+            ],
+            "placed": int(placed[0]),
+            "orphaned": int(orphaned[0]),
+            "orphans": [row[0] for row in orphans],
+        }
 
     def nodes(self) -> list[dict[str, Any]]:
         """Every node's row: id, epoch, whether its lease is live, when it started, what it said of itself."""

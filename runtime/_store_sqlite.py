@@ -598,8 +598,12 @@ class SqliteBackend(StoreBackend):
     def claim_orphans(self, node: NodeLease) -> dict[str, int]:  # noqa: ARG002 - one owner: no orphans
         return {}
 
-    def renew(self, node: NodeLease) -> bool:  # noqa: ARG002 - one owner: nothing to renew
+    def renew(self, node: NodeLease, info: Mapping[str, Any] | None = None) -> bool:  # noqa: ARG002 - one owner
         return True
+
+    def handover(self, node: NodeLease, held: Mapping[str, int], to: str) -> dict[str, int]:  # noqa: ARG002
+        msg = f"store {self.path}: a sqlite store has one node; sessions move between nodes on a postgresql:// store"
+        raise StoreError(msg)
 
     def leave(self, node: NodeLease) -> None:
         pass

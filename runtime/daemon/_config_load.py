@@ -399,7 +399,17 @@ def find_config_files(
 # --- Normalizing and merging ----------------------------------------------------------------------
 
 # Keys holding paths: (section, key), or ("mcp", "servers", *, key).
-_PATH_KEYS = (("store", "path"), ("spill", "dir"), ("server", "socket"), ("faults", "file"), ("daemon", "state_dir"))
+_PATH_KEYS = (
+    ("store", "path"),
+    ("spill", "dir"),
+    ("server", "socket"),
+    ("faults", "file"),
+    ("daemon", "state_dir"),
+    ("cluster", "secret_file"),
+    ("cluster", "tls_cert"),
+    ("cluster", "tls_key"),
+    ("cluster", "tls_ca"),
+)
 
 
 def _resolve_relative(value: object, base_dir: Path) -> object:

@@ -54,6 +54,7 @@ __all__ = [
     "AcpConfig",
     "AgentConfig",
     "AliasLimits",
+    "ClusterConfig",
     "Config",
     "ConfigError",
     "ConfigFile",
@@ -625,6 +626,73 @@ def check_retention(value: object, _type: object = None) -> str:
     return value
 
 
+def check_listen_address(value: object, _type: object = None) -> str:
+    """``HOST:PORT`` a node serves fronts on, or the address it tells them: a host name or an IP address."""
+    if not isinstance(value, str):
+        raise InvalidValue('"HOST:PORT", like "0.0.0.0:7400"', value)
+    host, colon, port = value.rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")
+    if not colon or not host or not port.isdigit() or int(port) > 65535 or any(c.isspace() for c in host):
+        raise InvalidValue('"HOST:PORT", like "0.0.0.0:7400" (port 0 picks a free one)', value)
+    return value
+
+
+def check_secret(value: object, _type: object = None) -> str:
+    """The cluster's shared secret: at least 16 characters."""
+    if not isinstance(value, str) or len(value) < 16:
+        shown = "a shorter string" if isinstance(value, str) else value
+        raise InvalidValue("a secret of at least 16 characters (weald cluster secret makes one)", shown)
+    return value
+
+
+_LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+
+
+def check_labels(value: object, _type: object = None) -> dict[str, str]:
+    """A node's labels: a table of names (letters, digits, ``_ . -``) to strings."""
+    table = check_str_table(value)
+    for name in table:
+        if not _LABEL.match(name):
+            raise InvalidValue("label names of letters, digits, '_', '.' or '-' (at most 63)", name)
+    return table
+
+
+@attrs.frozen(kw_only=True)
+class ClusterConfig:
+    """``[cluster]``: daemons on several machines behind a front (daemon-wide; docs/deployment.md).
+
+    Attributes:
+        listen: ``HOST:PORT`` this node serves fronts on (``weald serve
+            --listen``); None: it serves none. Needs ``[store] url`` and a secret.
+        advertise: The address fronts connect to; default: ``listen``, with
+            this machine's host name for an unspecified host (``0.0.0.0``).
+        secret: The secret every node and front of the cluster shares; a
+            front and a node each prove they hold it before any request.
+            Never printed; keep the file readable by its owner only.
+        secret_file: A file holding the secret (its first line), instead of ``secret``.
+        tls_cert: A node's certificate (PEM): with ``tls_key``, nodes serve
+            fronts over TLS.
+        tls_key: The certificate's private key (PEM).
+        tls_ca: Certificates a front trusts (PEM): with it, a front talks to
+            nodes over TLS and checks their certificates.
+        labels: This node's labels; a node labelled ``project = "DIR"`` takes
+            the new sessions of the projects under DIR (pinning), others don't.
+        placement: ``module:function`` a front calls to place a new session
+            (given the start's params and the live nodes; returns a node id,
+            or None for the least loaded).
+    """
+
+    listen: str | None = checked(None, optional(check_listen_address))
+    advertise: str | None = checked(None, optional(check_listen_address))
+    secret: str | None = checked(None, optional(check_secret))
+    secret_file: Path | None = None
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_ca: Path | None = None
+    labels: Mapping[str, str] = checked_factory(dict, check_labels)
+    placement: str | None = checked(None, optional(check_string))
+
+
 @attrs.frozen(kw_only=True)
 class HistoryConfig:
     """``[history]``: how long the store keeps an agent's conversation (per project).
@@ -827,6 +895,7 @@ class Config:
         daemon: ``[daemon]``.
         telemetry: ``[telemetry]``.
         acp: ``[acp]``.
+        cluster: ``[cluster]``.
     """
 
     models: ModelsConfig = attrs.field(factory=ModelsConfig)
@@ -844,6 +913,7 @@ class Config:
     daemon: StateConfig = attrs.field(factory=StateConfig)
     telemetry: TelemetryConfig = attrs.field(factory=TelemetryConfig)
     acp: AcpConfig = attrs.field(factory=AcpConfig)
+    cluster: ClusterConfig = attrs.field(factory=ClusterConfig)
 
     def resolve_model(self, name: str | None = None) -> ModelChoice | None:
         """Resolve a model name (an alias or a ``provider:model`` spec) to a `ModelChoice`.
@@ -883,7 +953,7 @@ class Config:
 #: The sections (and keys) the daemon reads once for itself, from its own configuration (the files
 #: ``weald serve`` found); every other key is read per session, from the session's project. A
 #: project file may set these too: its sessions ignore them (``weald config show`` says so).
-DAEMON_WIDE: Final = frozenset({"server", "store", "spill", "limits", "faults", "daemon"})
+DAEMON_WIDE: Final = frozenset({"server", "store", "spill", "limits", "faults", "daemon", "cluster"})
 
 
 @attrs.frozen

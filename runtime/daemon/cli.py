@@ -99,6 +99,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
             print_error(err, f"weald serve: --http: {exc}")
             return EXIT_USAGE
     path = None if args.stdio and not args.socket else socket_path(args, config)
+    if args.front:
+        from weald.runtime.daemon._cli_cluster import serve_front
+
+        return serve_front(args, config, path)
+    from weald.runtime.daemon._cluster import ClusterError, check_node_config
+
+    try:
+        check_node_config(config)
+    except ClusterError as exc:
+        print_error(err, f"weald serve: {exc}")
+        return EXIT_USAGE
     log: Literal["terminal"] | bool = "terminal" if sys.stderr.isatty() else True
     daemon = Daemon(
         config,
@@ -152,12 +163,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
         line = {"socket": str(path), "pid": os.getpid(), "store": _store_shown(config)}
         if daemon.node is not None:
             line["node"] = {"node_id": daemon.node.node_id, "epoch": daemon.node.epoch}
+        if daemon.cluster_port is not None:
+            line["listen"] = daemon.cluster_port.address
         if daemon.observer_port is not None:
             line["http"] = _observer_address(daemon)
         sys.stdout.write(json.dumps(line) + "\n")
         sys.stdout.flush()
     elif not args.stdio:
         node = f"; node {daemon.node.node_id} epoch {daemon.node.epoch}" if daemon.node is not None else ""
+        if daemon.cluster_port is not None:
+            node += f", fronts on {daemon.cluster_port.address}"
         err.print(
             f"weald daemon serving on {path} (pid {os.getpid()}); store {_store_shown(config)}{node}",
             markup=False,
@@ -201,7 +216,17 @@ def _store_options(args: argparse.Namespace, config: Any) -> Any:
     except ValueProblem as exc:
         option = "--node-id" if "node" in str(exc) else "--store"
         raise ValueError(f"{option}: {exc}") from None
-    return attrs.evolve(config, store=attrs.evolve(config.store, **changes)) if changes else config
+    if changes:
+        config = attrs.evolve(config, store=attrs.evolve(config.store, **changes))
+    if getattr(args, "listen", None):
+        from weald.runtime.daemon._config_model import check_listen_address
+
+        try:
+            listen = check_listen_address(args.listen)
+        except ValueProblem as exc:
+            raise ValueError(f"--listen: {exc}") from None
+        config = attrs.evolve(config, cluster=attrs.evolve(config.cluster, listen=listen))
+    return config
 
 
 def _store_shown(config: Any) -> str:
@@ -826,6 +851,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--node-id", metavar="NAME", help="this daemon's name among those sharing the database")
     p.add_argument(
+        "--listen", metavar="HOST:PORT", help="serve a cluster's fronts here (a node; [cluster] listen, secret)"
+    )
+    p.add_argument("--front", action="store_true", help="run a cluster's front on the socket instead of a daemon")
+    p.add_argument(
         "--http", metavar="HOST:PORT", help="serve the observer, a live web view, here (loopback; port 0: any free)"
     )
     command(sub, "status", cmd_status, "is a daemon running?")
@@ -880,6 +909,10 @@ def build_parser() -> argparse.ArgumentParser:
     from weald.runtime.daemon._cli_store import add_store_commands
 
     add_store_commands(sub, common, print_json)
+
+    from weald.runtime.daemon._cli_cluster import add_cluster_commands
+
+    add_cluster_commands(sub, common, print_json)
 
     p = command(sub, "acp", cmd_acp, "serve an editor over ACP (stdio)")
     p.add_argument("--model", help="provider:model (or an alias) for new sessions (default: the project's)")

@@ -83,6 +83,7 @@ __all__ = [
     "ERRORS",
     "MAX_MESSAGE_BYTES",
     "SHUTDOWN_REASON",
+    "ClusterPort",
     "Server",
     "ServerSnapshot",
     "SocketInUseError",
@@ -105,6 +106,7 @@ INTERNAL_ERROR = -32603
 APP_ERROR = -32000
 NOT_FOUND = -32001
 FAULTS_DISABLED = -32002
+NOT_OWNER = -32004  # a node asked about a session another node runs (see `_cluster`)
 
 ERRORS = {
     PARSE_ERROR: "parse error",
@@ -115,6 +117,7 @@ ERRORS = {
     APP_ERROR: "request failed",
     NOT_FOUND: "not found",
     FAULTS_DISABLED: "fault injection is not enabled",
+    NOT_OWNER: "the session is on another node",
     LIMIT_REACHED: "a limit of the daemon was reached",
 }
 
@@ -327,6 +330,20 @@ class EventsSubscribeParams(_Params):
 
 class EventsUnsubscribeParams(_Params):
     subscription: str
+
+
+MAX_ADOPT = 10_000
+"""The most sessions one ``cluster.adopt`` or ``cluster.handover`` names."""
+
+
+class ClusterAdoptParams(_Params):
+    agent_ids: Annotated[list[str], msgspec.Meta(min_length=1, max_length=MAX_ADOPT)]
+
+
+class ClusterHandoverParams(_Params):
+    agent_ids: Annotated[list[str], msgspec.Meta(min_length=1, max_length=MAX_ADOPT)]
+    to: Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
+    timeout: Annotated[float, msgspec.Meta(ge=0)] = 300.0
 
 
 class FaultInjectParams(_Params):
@@ -553,11 +570,13 @@ class Server(Actor):
         stdio: serve one connection on stdin/stdout instead.
     """
 
-    def __init__(self, daemon: Any, socket_path: Path | None = None, stdio: bool = False) -> None:
+    def __init__(self, daemon: Any, socket_path: Path | None = None, stdio: bool = False, cluster: Any = None) -> None:
         super().__init__()
         self._daemon = daemon
         self._socket_path = socket_path
         self._stdio = stdio
+        # A node's port for fronts (`ClusterPort`: its bound socket, the secret, TLS), or None.
+        self._cluster = cluster
         self._connections: dict[int, Connection] = {}
         self._requests = 0
         self._refused = 0
@@ -573,6 +592,7 @@ class Server(Actor):
         self._budget = InputBudget(limits.max_buffered_bytes)  # partial lines of every connection
         self._acceptor: Acceptor | None = None  # set while the socket listens
         self._accepting = trio.CancelScope()  # cancelled to stop accepting connections
+        self._accepting_fronts = trio.CancelScope()  # the same, on a node's port for fronts
         self._stopping = False  # True once stop_accepting ran: new turns are refused
         self._socket_id: tuple[int, int] | None = None  # (device, inode) of the socket we bound
         # Invariant: _in_flight counts requests read and not yet answered; _answered wakes at 0.
@@ -627,6 +647,9 @@ class Server(Actor):
             "daemon.stop": (NoParams, self._daemon_stop),
             "history.gc": (NoParams, self._history_gc),
             "config.reload": (NoParams, self._config_reload),
+            "cluster.adopt": (ClusterAdoptParams, self._cluster_adopt),
+            "cluster.handover": (ClusterHandoverParams, self._cluster_handover),
+            "cluster.load": (NoParams, self._cluster_load),
         }
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -643,6 +666,8 @@ class Server(Actor):
             self.run_io(self._serve_socket, listener, reply=_crash_on_error, name="socket listener")
         if self._stdio:
             self.run_io(self._serve_stdio, name="stdio")
+        if self._cluster is not None:
+            self.run_io(self._serve_cluster, reply=_crash_on_error, name="cluster listener")
 
     def on_receive(self, message: Any) -> None:
         """An I/O task of the server failed: crash, to be restarted."""
@@ -673,6 +698,7 @@ class Server(Actor):
         """
         self._stopping = True
         self._accepting.cancel()
+        self._accepting_fronts.cancel()
 
     async def wait_replies_written(self) -> None:
         """Wait until every request in flight is answered and every answer is written to its client.
@@ -757,6 +783,51 @@ class Server(Actor):
         try:
             async with stream:
                 await self._serve_connection(stream, stream, peer)
+        finally:
+            acceptor.closed()
+
+    async def _serve_cluster(self) -> None:
+        """Serve fronts on the node's TCP port: each connection proves it holds the cluster's secret first."""
+        port = self._cluster
+        acceptor = Acceptor(port.sock, self._max_connections, self._publish)
+        async with trio.open_nursery() as nursery:
+            with self._accepting_fronts:
+                try:
+                    while True:
+                        sock = await acceptor.accept()
+                        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                        peer = "tcp"
+                        with contextlib.suppress(OSError):
+                            peer = "tcp {}:{}".format(*sock.getpeername()[:2])
+                        stream = trio.SocketStream(trio.socket.from_stdlib_socket(sock))
+                        nursery.start_soon(self._contain, self._serve_front, stream, peer, acceptor)
+                finally:
+                    # The socket stays open: a restarted server serves it again (the daemon closes it at its stop).
+                    acceptor.close()
+
+    async def _serve_front(self, tcp: trio.SocketStream, peer: str, acceptor: Acceptor) -> None:
+        """One front's connection: TLS if configured, the handshake, then JSON-RPC as on the socket."""
+        from weald.runtime.daemon._cluster import HANDSHAKE_TIMEOUT, HandshakeError, PrefixedStream, server_handshake
+
+        port = self._cluster
+        try:
+            stream: trio.abc.Stream = tcp
+            if port.tls is not None:
+                stream = trio.SSLStream(tcp, port.tls, server_side=True)
+            async with stream:
+                buffer = bytearray()
+                node = self.system.store.node
+                try:
+                    with trio.fail_after(HANDSHAKE_TIMEOUT):
+                        await server_handshake(
+                            stream, buffer, port.secret, node.node_id if node else "", node.epoch if node else 0
+                        )
+                except (HandshakeError, trio.TooSlowError, trio.BrokenResourceError) as exc:
+                    self._refused += 1
+                    reason = str(exc) or "the handshake took too long"
+                    self.system.events.publish("server.refused", self.path, {"peer": peer, "reason": reason})
+                    return
+                await self._serve_connection(PrefixedStream(stream, buffer), stream, peer)
         finally:
             acceptor.closed()
 
@@ -1017,7 +1088,20 @@ class Server(Actor):
 
     def _agent(self, agent_id: str) -> Any:
         ref = self.system.whereis(agent_path(agent_id))
-        if ref is None:
+        sessions = self._daemon.sessions
+        if ref is None or (sessions is not None and agent_id in sessions.leaving):
+            store = self.system.store
+            node = store.node
+            held = store.fences and node is not None and store.holds(agent_id)
+            if node is not None and (held or store.fenced_error(agent_id) is not None):
+                # A front looks its owner up again (it moved: a handover, a takeover), or asks again
+                # shortly (a session this node claimed and is still restoring).
+                where = "is being restored on" if held else "is no longer on"
+                raise RPCError(
+                    NOT_OWNER,
+                    f"agent {agent_id!r} {where} node {node.node_id!r}; its placement names its node",
+                    {"node": node.node_id},
+                )
             raise RPCError(NOT_FOUND, f"no running agent {agent_id!r}; agent.list shows the running ones")
         return ref
 
@@ -2222,6 +2306,47 @@ class Server(Actor):
         self._refuse_when_stopping("config.reload")
         report: dict[str, Any] = await self._daemon.reload()
         return report
+
+    # -- the cluster (a node's part) -------------------------------------------------------------------
+
+    def _cluster_node(self, method: str) -> Any:
+        store = self.system.store
+        if not store.fences or store.node is None:
+            raise RPCError(APP_ERROR, f"{method}: this daemon is no node of a cluster (its store is not shared)")
+        return store.node
+
+    async def _cluster_adopt(self, conn: Connection, p: ClusterAdoptParams) -> dict[str, Any]:
+        """Claim sessions for this node (orphans, or handed to it) and add them asleep; answers which were."""
+        self._refuse_when_stopping("cluster.adopt")
+        self._cluster_node("cluster.adopt")
+        adopted = await self._sessions.adopt(p.agent_ids)
+        return {"adopted": sorted(adopted), "refused": sorted(set(p.agent_ids) - set(adopted))}
+
+    async def _cluster_handover(self, conn: Connection, p: ClusterHandoverParams) -> dict[str, Any]:
+        """Hand sessions to node ``to`` (a drain): each once idle, put to sleep here and its placement handed over."""
+        self._refuse_when_stopping("cluster.handover")
+        node = self._cluster_node("cluster.handover")
+        if p.to == node.node_id:
+            raise RPCError(
+                INVALID_PARAMS, "invalid params for cluster.handover: to: that is this node", {"field": "to"}
+            )
+        report: dict[str, Any] = await self._sessions.hand_over(p.agent_ids, p.to, timeout=p.timeout)
+        return report
+
+    async def _cluster_load(self, conn: Connection, p: NoParams) -> dict[str, Any]:
+        """This node's load, as its lease renewals report it to fronts (awake and asleep sessions, CPU)."""
+        load: dict[str, Any] = dict(self._daemon.load_info())
+        return load
+
+
+@attrs.frozen
+class ClusterPort:
+    """A node's TCP port for fronts: the bound socket, the cluster's secret, TLS (or None)."""
+
+    sock: socket.socket
+    secret: bytes
+    tls: Any = None
+    address: str = ""
 
 
 @attrs.frozen

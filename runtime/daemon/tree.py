@@ -123,7 +123,7 @@ from weald.runtime.daemon._telemetry_settings import TelemetrySettings, telemetr
 from weald.runtime.daemon._tool_modules import load_tools
 from weald.runtime.daemon.config import CONFIG_ENV, Config, ConfigError, config_to_dict
 from weald.runtime.daemon.metrics import Sampler
-from weald.runtime.daemon.server import SHUTDOWN_REASON, Server, SessionMCPServer, prepare_socket
+from weald.runtime.daemon.server import SHUTDOWN_REASON, ClusterPort, Server, SessionMCPServer, prepare_socket
 from weald.runtime.llm import Image, Provider, Recorder, RecordingError, ReplayDivergence, Usage, make_provider
 from weald.supervisors import ChildExistsError, ChildSpec, DynamicSupervisor, MaxChildrenError
 from weald.tools import ToolRegistry, default_registry, remove_spill_dir, sweep_spill_dirs
@@ -505,6 +505,8 @@ class Sessions:
         self._turn_settings: dict[tuple[int, str | None, tuple[str, ...] | None, str | None], TurnSettings] = {}
         self._project_mcp: dict[int, tuple[Any, ...]] = {}  # generation -> the project's own MCP servers
         self._spill_dir = str(self.spill_root)
+        # Sessions being handed to another node (a drain): requests for them are refused as not this node's.
+        self.leaving: set[str] = set()
 
     # -- configuration -----------------------------------------------------------------
 
@@ -1335,6 +1337,85 @@ class Sessions:
             )
         return dropped
 
+    async def adopt(self, session_ids: Sequence[str]) -> list[str]:
+        """Claim sessions for this node (orphans of a dead node, or handed to it) and add them; returns those adopted.
+
+        Each is claimed in one statement (its epoch goes up: its previous
+        owner's writes are refused from now on) unless another live node owns
+        it, then restored as at a start: asleep when it was stopped cleanly
+        (it wakes at its next message), else started to finish what it was doing.
+        """
+        store = self.system.store
+        wanted = [s for s in dict.fromkeys(session_ids) if self.system.whereis(f"/sessions/{s}") is None]
+        running = [s for s in session_ids if s not in wanted and store.holds(s)]
+        if not wanted:
+            return running
+        claimed = await trio.to_thread.run_sync(store.claim, wanted)
+        if claimed:
+            self.system.events.publish("daemon.sessions_adopted", "/sessions", {"sessions": sorted(claimed)})
+            await self.restore(claimed=claimed)
+        return running + [s for s in wanted if s in claimed and self.system.whereis(f"/sessions/{s}") is not None]
+
+    async def hand_over(self, session_ids: Sequence[str], to: str, *, timeout: float = 300.0) -> dict[str, Any]:
+        """Hand sessions to node ``to`` (a drain): each, once idle, stops here and its placement goes to ``to``.
+
+        A session stops here only when idle (no turn, question, permission
+        request or write in flight); a busy one is waited for, up to ``timeout``
+        seconds, then left here (``busy``). Its writes are committed, then its
+        placement row names ``to`` with its epoch + 1, in one statement: from
+        then on this node can write nothing of it, and ``to`` restores it asleep
+        when it adopts it (``cluster.adopt``). Requests for it meanwhile are
+        refused as not this node's, so a front looks its owner up again.
+
+        Returns:
+            ``{"handed": [...], "busy": [...], "missing": [...]}``.
+        """
+        store = self.system.store
+        deadline = trio.current_time() + timeout
+        pending = list(dict.fromkeys(session_ids))
+        missing = [s for s in pending if not store.holds(s)]
+        pending = [s for s in pending if s not in missing]
+        ready: list[str] = []
+        while pending:
+            waiting = []
+            for session_id in pending:
+                ref = self.system.whereis(f"/sessions/{session_id}")
+                agent = self.system.whereis(agent_path(session_id))
+                if ref is not None and not isinstance(ref, Stub) and agent is not None:
+                    try:
+                        idle = bool(await (await agent.proxy().hibernate_now()))
+                    except ActorDeadError:
+                        idle = True
+                    if not idle:
+                        waiting.append(session_id)
+                        continue
+                self.leaving.add(session_id)
+                ready.append(session_id)
+            pending = waiting
+            if not pending or trio.current_time() >= deadline:
+                break
+            await trio.sleep(0.1)
+        handed: list[str] = []
+        try:
+            for session_id in ready:
+                self.gate.cancel_waiting_nowait(session_id, f"the session moved to node {to!r}; send it again")
+                self.roots.set_nowait(session_id, None)
+                with contextlib.suppress(Exception):  # gone meanwhile
+                    await self._proxy.stop_child(session_id)
+                held = self._session_dirs.pop(session_id, None)
+                if held is not None:
+                    self.projects.release_nowait(held)
+                self.index.remove(session_id)
+            if ready:
+                await store.flush()
+                handed = await trio.to_thread.run_sync(store.hand_over, ready, to)
+        finally:
+            self.leaving.difference_update(ready)
+        if handed:
+            self.system.events.publish("daemon.sessions_handed_over", "/sessions", {"sessions": handed, "to": to})
+        lost = [s for s in ready if s not in handed]
+        return {"handed": handed, "busy": pending, "missing": missing + lost}
+
     def sweep_spill(self) -> list[Path]:
         """Remove the spill directories of sessions that are not active, once ``spill.retention`` has passed.
 
@@ -1773,6 +1854,8 @@ class Daemon:
             ring_size=config.server.event_history,
         )
         self.node: NodeLease | None = None
+        self.cluster_port: ClusterPort | None = None  # the port fronts connect to (``[cluster] listen``)
+        self._load: dict[str, Any] = {}  # what lease renewals tell fronts of this node's load
         self.roots = Roots(self.system)
         self.state_dir = self.system.store_path.parent
         self.sandbox: SandboxReport | None = None
@@ -1822,6 +1905,8 @@ class Daemon:
             stop_leftovers(self.system, self.state_dir)
             if self.faults is not None:
                 self.faults.install(self.system)
+            if self.config.cluster.listen:
+                self.cluster_port = self._open_cluster_port()
             self._join_store()
             root.start_child(self._mcp_spec()).get(timeout=60)
             sessions = root.start_child(
@@ -1863,17 +1948,13 @@ class Daemon:
             root.start_child(ChildSpec("metrics", Sampler, shutdown=5)).get(timeout=30)
             if self.system.store.fences:
                 self.system.loop.spawn_nowait(self._adopt_orphans)
+                self.system.loop.spawn_nowait(self._measure_load)
             # Looks at the projects' files every CONFIG_POLL seconds: a changed one applies at its sessions' next turn.
             root.start_child(ChildSpec("config", ConfigWatcher, kwargs={"daemon": self}, shutdown=5)).get(timeout=30)
-            if self.socket_path is not None or self.stdio or self.http:
-                root.start_child(
-                    ChildSpec(
-                        "server",
-                        Server,
-                        kwargs={"daemon": self, "socket_path": self.socket_path, "stdio": self.stdio},
-                        shutdown=10,
-                    )
-                ).get(timeout=30)
+            if self.socket_path is not None or self.stdio or self.http or self.cluster_port is not None:
+                server: dict[str, Any] = {"daemon": self, "socket_path": self.socket_path, "stdio": self.stdio}
+                server["cluster"] = self.cluster_port
+                root.start_child(ChildSpec("server", Server, kwargs=server, shutdown=10)).get(timeout=30)
             if self.http:
                 from weald.runtime.daemon.http import Observer
 
@@ -1882,6 +1963,8 @@ class Daemon:
                 observer["remote"] = self.config.server.http_remote
                 root.start_child(ChildSpec("http", Observer, kwargs=observer, shutdown=10)).get(timeout=30)
         except BaseException:
+            if self.cluster_port is not None:
+                self.cluster_port.sock.close()
             self.system.shutdown()
             self._restore_collector()
             restore_environ()
@@ -1889,6 +1972,78 @@ class Daemon:
             self._unlock()
             raise
         return self
+
+    def _open_cluster_port(self) -> ClusterPort:
+        """Bind the TCP port fronts connect to (before joining the store, whose node row names its address).
+
+        Raises:
+            DaemonError: the store is not shared, the secret or TLS is not usable, or the address cannot be bound.
+        """
+        from weald.runtime.daemon._cluster import (
+            ClusterError,
+            advertised_address,
+            cluster_secret,
+            split_host_port,
+            tls_server_context,
+        )
+
+        cluster = self.config.cluster
+        if not self.system.store.fences:
+            msg = (
+                f"--listen {cluster.listen}: a node serves fronts only on a shared store; "
+                "give it --store postgresql://... (or [store] url)"
+            )
+            raise DaemonError(msg)
+        try:
+            secret = cluster_secret(cluster)
+            tls = tls_server_context(cluster)
+        except ClusterError as exc:
+            raise DaemonError(str(exc)) from exc
+        host, port = split_host_port(str(cluster.listen))
+        try:
+            infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+            family, kind, proto, _, where = infos[0]
+            sock = socket.socket(family, kind, proto)
+        except OSError as exc:
+            msg = f"cannot listen on {cluster.listen} ([cluster] listen): {exc.strerror or exc}"
+            raise DaemonError(msg) from exc
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(where)
+            sock.listen(512)
+            sock.setblocking(False)
+        except OSError as exc:
+            sock.close()
+            msg = f"cannot listen on {cluster.listen} ([cluster] listen): {exc.strerror or exc}"
+            raise DaemonError(msg) from exc
+        bound = sock.getsockname()
+        return ClusterPort(sock=sock, secret=secret, tls=tls, address=advertised_address(cluster, bound))
+
+    def load_info(self) -> dict[str, Any]:
+        """This node's load as fronts see it (awake and asleep sessions, CPU, last commit); any thread, no I/O."""
+        info = dict(self._load)
+        info["last_commit"] = self.system.store.last_commit if self.system.running else None
+        return info
+
+    async def _measure_load(self) -> None:
+        """Every third of the lease, the figures each lease renewal writes into this node's row (a loop task)."""
+        period = self.config.store.lease / 3
+        before = time.monotonic()
+        used = _cpu_seconds()
+        while True:
+            sessions = self.system.whereis("/sessions")
+            if sessions is not None:
+                with contextlib.suppress(Exception):  # stopping: the last figures stay
+                    stats = await sessions.proxy().statistics()
+                    now, cpu = time.monotonic(), _cpu_seconds()
+                    self._load = {
+                        "awake": stats.children - stats.asleep,
+                        "asleep": stats.asleep,
+                        "cpu": round((cpu - used) / max(now - before, 1e-3), 3),
+                        "turns": self.sessions.gate.statistics().running if self.sessions is not None else 0,
+                    }
+                    before, used = now, cpu
+            await trio.sleep(period)
 
     @property
     def previous_run(self) -> PreviousRun | None:
@@ -1937,7 +2092,12 @@ class Daemon:
         store.on_fenced = self._on_fenced
         store.on_lease_back = self._on_lease_back
         node_id = self.config.store.node_id or default_node_id(self.state_dir)
-        info = {"host": socket.gethostname(), "pid": os.getpid(), "state_dir": str(self.state_dir)}
+        info: dict[str, Any] = {"host": socket.gethostname(), "pid": os.getpid(), "state_dir": str(self.state_dir)}
+        if self.cluster_port is not None:
+            info["address"] = self.cluster_port.address
+            info["tls"] = self.cluster_port.tls is not None
+        info["labels"] = dict(self.config.cluster.labels)
+        store.lease_info = self.load_info
         self.node = store.join(node_id, lease=self.config.store.lease, info=info)
 
     def _on_fenced(self, session_ids: tuple[str, ...], error: BaseException) -> None:
@@ -1965,7 +2125,10 @@ class Daemon:
                 continue
             if claimed:
                 self.system.events.publish("daemon.orphans_claimed", "/sessions", {"sessions": sorted(claimed)})
-                await sessions.restore(claimed=claimed)
+                try:
+                    await sessions.restore(claimed=claimed)
+                except ActorDeadError:  # the daemon is stopping: the next start restores them
+                    return
 
     def _on_lease_back(self) -> None:
         # On the store's lease thread: the node restores what it can claim again.
@@ -2129,6 +2292,8 @@ class Daemon:
             self.system.shutdown(timeout=timeout)
         finally:
             self._restore_collector()
+            if self.cluster_port is not None:
+                self.cluster_port.sock.close()
             self._close_log()  # a clean stop: the run's marker goes
             self._unlock()  # last: the store is closed
             if self.telemetry is not None:
@@ -2162,6 +2327,12 @@ class Daemon:
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
+
+
+def _cpu_seconds() -> float:
+    """CPU seconds this process used so far (user and system)."""
+    times = os.times()
+    return times.user + times.system
 
 
 def default_node_id(state_dir: Path) -> str:

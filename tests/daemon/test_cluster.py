@@ -1,0 +1,512 @@
+"""A cluster on one machine: three nodes (real `weald serve --listen` processes) on one PostgreSQL database, behind a front.
+
+Started once for the module, with 1,000 sessions asleep on each node. The
+tests kill, freeze, drain and restart nodes and the front under load, and
+check what a client sees (every session answers, every acknowledged turn is
+in its history once) and what the database and each node hold (never two
+owners). Each test leaves the three nodes running.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import random
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cluster_harness import Cluster, weald
+from weald.runtime import Store
+from weald.runtime.daemon.client import Client, DaemonUnavailableError, RPCCallError
+from weald.runtime.testing import wait_until
+
+NODES = ("n1", "n2", "n3")
+PER_NODE = 1000
+LEASE = 5.0
+TURNS = 40  # scripted answers each session has
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory, pg_cluster: Any) -> Iterator[Cluster]:
+    root = tmp_path_factory.mktemp("cluster")
+    url = pg_cluster.url(pg_cluster.create_database())
+    cluster = Cluster(root, url, lease=LEASE)
+    script = root / "answers.json"
+    script.write_text(json.dumps({"turns": [{"text": f"answer {i}"} for i in range(TURNS)]}))
+    cluster.model = f"scripted:{script}"  # type: ignore[attr-defined]
+    cluster.project = root / "project"  # type: ignore[attr-defined]
+    cluster.project.mkdir()  # type: ignore[attr-defined]
+    try:
+        cluster.start_nodes(*NODES)
+        cluster.start_front()
+        with cluster.client() as client:
+            for batch in range(len(NODES) * PER_NODE // 1000):
+                starts = [
+                    {"working_dir": str(cluster.project), "model": cluster.model, "agent_id": f"s{batch}-{i:04d}"}  # type: ignore[attr-defined]
+                    for i in range(1000)
+                ]
+                results = client.call("agents.start", {"agents": starts}, timeout=300)["results"]
+                assert all("result" in r for r in results), [r for r in results if "error" in r][:3]
+        yield cluster
+    finally:
+        cluster.close()
+
+
+def sessions_of(cluster: Cluster) -> dict[str, list[str]]:
+    by_node: dict[str, list[str]] = {}
+    for agent_id, owner in cluster.placement().items():
+        if agent_id.startswith("s"):  # the module's sessions (a test's own have other names)
+            by_node.setdefault(str(owner), []).append(agent_id)
+    return by_node
+
+
+def running_on(cluster: Cluster, name: str) -> set[str]:
+    """The sessions node ``name`` runs (awake or asleep), asked directly on its own socket."""
+    with cluster.nodes[name].client() as client:
+        rows = client.call("agent.list", timeout=120)
+    return {r["agent_id"] for r in rows if r["state"] not in ("not running", "stopped")}
+
+
+def ensure_up(cluster: Cluster) -> None:
+    """Every node running (a node a test stopped or killed is started again, same id: a new epoch)."""
+    down = [name for name, proc in cluster.nodes.items() if proc.proc is None or proc.proc.poll() is not None]
+    for name in down:
+        cluster.nodes[name].proc = None
+    if down:
+        cluster.start_nodes(*down)
+    cluster.wait_live(*NODES)
+
+
+class Load:
+    """Client threads prompting random sessions through the front, each prompt with its own text and key.
+
+    A thread whose connection breaks (the front restarted) connects again and goes on.
+    """
+
+    def __init__(self, cluster: Cluster, agent_ids: list[str], threads: int = 4) -> None:
+        self.cluster = cluster
+        self.agent_ids = agent_ids
+        self.acked: list[dict[str, Any]] = []  # {"agent_id", "text", "turn_id", "at"}
+        self.errors: list[str] = []
+        self.reconnects = 0
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._threads = [threading.Thread(target=self._run, args=(seed,), daemon=True) for seed in range(threads)]
+
+    def __enter__(self) -> Load:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(120)
+
+    def _run(self, seed: int) -> None:
+        rng = random.Random(seed)
+        client: Client | None = None
+        while not self._stop.is_set():
+            if client is None or client.broken:
+                if client is not None:
+                    client.close()
+                try:
+                    client = self.cluster.client()
+                except (DaemonUnavailableError, OSError):
+                    self.reconnects += 1
+                    time.sleep(0.2)
+                    continue
+            agent_id = rng.choice(self.agent_ids)
+            text = f"load-{uuid.uuid4().hex}"
+            try:
+                reply = client.call(
+                    "agent.prompt", {"agent_id": agent_id, "text": text, "idempotency_key": text}, timeout=120
+                )
+            except (DaemonUnavailableError, OSError):
+                client.close()
+                client = None
+                continue
+            except RPCCallError as exc:
+                if client.broken:  # the front went away mid-call: the prompt may have run; not acknowledged
+                    client.close()
+                    client = None
+                    continue
+                with self._lock:
+                    self.errors.append(f"{agent_id}: {exc}")
+                continue
+            with self._lock:
+                if reply.get("ok"):
+                    self.acked.append(
+                        {"agent_id": agent_id, "text": text, "turn_id": reply["turn_id"], "at": time.time()}
+                    )
+                else:
+                    self.errors.append(f"{agent_id}: {reply.get('error')}")
+        if client is not None:
+            client.close()
+
+    def wait_for(self, count: int, timeout: float = 120) -> None:
+        start = len(self.acked)
+        wait_until(lambda: len(self.acked) >= start + count, timeout=timeout, message=lambda: f"{count} more acks")
+
+
+def check_exactly_once(cluster: Cluster, acked: list[dict[str, Any]]) -> None:
+    """Each acknowledged prompt: its user message once in its session's history, its turn once and done."""
+    store = Store(url=cluster.url)
+    try:
+        by_agent: dict[str, list[dict[str, Any]]] = {}
+        for ack in acked:
+            by_agent.setdefault(ack["agent_id"], []).append(ack)
+        for agent_id, acks in by_agent.items():
+            texts = [
+                entry["message"]["content"]
+                for _, entry in store.items("history", f"{agent_id}/")
+                if isinstance(entry, dict) and entry.get("message", {}).get("role") == "user"
+            ]
+            turns = {key.rpartition("/")[2]: turn for key, turn in store.items("turns", f"{agent_id}/")}
+            done_prompts = [t for t in turns.values() if t.get("status") == "done"]
+            for ack in acks:
+                assert ack["turn_id"] in turns, ack
+                assert turns[ack["turn_id"]]["status"] == "done", ack
+                ran = texts.count(ack["text"])
+                interrupted = sum(1 for t in turns.values() if t.get("status") == "interrupted")
+                # Once, or once more in a turn its node's death interrupted (the retry then ran it, once).
+                assert 1 <= ran <= 1 + interrupted, (ack, ran)
+            assert len(done_prompts) >= len(acks)
+    finally:
+        store.close()
+
+
+def check_one_owner_each(cluster: Cluster, nodes: tuple[str, ...], expected: int) -> None:
+    """Each session has one owner, a live node, and is run by that node alone."""
+    placement = cluster.placement()
+    assert len(placement) == expected
+    assert set(placement.values()) <= set(nodes), set(placement.values())
+    seen: dict[str, str] = {}
+    for name in nodes:
+        for agent_id in running_on(cluster, name):
+            assert agent_id not in seen, f"{agent_id} runs on {seen[agent_id]} and {name}"
+            seen[agent_id] = name
+    assert seen == placement
+
+
+# -- the tests ----------------------------------------------------------------------------------------
+
+
+def test_sessions_are_spread_over_the_nodes_and_each_is_served_by_its_own(cluster: Cluster) -> None:
+    ensure_up(cluster)
+    by_node = sessions_of(cluster)
+    assert sorted(by_node) == list(NODES)
+    assert all(abs(len(ids) - PER_NODE) <= 10 for ids in by_node.values()), {n: len(i) for n, i in by_node.items()}
+    with cluster.client() as client:
+        for _name, ids in by_node.items():
+            for agent_id in ids[:5]:
+                reply = client.call("agent.prompt", {"agent_id": agent_id, "text": "hello"}, timeout=60)
+                assert reply["ok"], reply
+                assert "node" not in reply  # the reply a daemon gives, unchanged
+        listed = client.call("agent.list", timeout=120)
+    placement = cluster.placement()
+    assert len(listed) == len(placement)
+    assert all(row["node"] == placement[row["agent_id"]] for row in listed)
+    tree = weald("tree", "--path", f"/sessions/{by_node['n2'][0]}", env=cluster.front.env(), cwd=cluster.root)  # type: ignore[union-attr]
+    assert tree.returncode == 0, tree.stderr
+
+
+def test_a_killed_node_s_sessions_answer_from_the_survivors_within_seconds_and_nothing_acknowledged_is_lost(
+    cluster: Cluster,
+) -> None:
+    ensure_up(cluster)
+    by_node = sessions_of(cluster)
+    victims = by_node["n1"]
+    everyone = [s for ids in by_node.values() for s in ids]
+    with Load(cluster, everyone, threads=4) as load:
+        load.wait_for(20)
+        acked_before = list(load.acked)
+        killed = time.monotonic()
+        cluster.kill("n1")
+
+        def moved() -> bool:
+            placement = cluster.placement()
+            return all(placement.get(s) in ("n2", "n3") for s in victims)
+
+        wait_until(moved, timeout=60, message="n1's sessions to be adopted by n2 and n3")
+        adopted_after = time.monotonic() - killed
+        # Every one of n1's sessions answers a prompt, from a survivor.
+        answered: dict[str, float] = {}
+        failures: list[str] = []
+        lock = threading.Lock()
+
+        def prompt_all(share: list[str]) -> None:
+            with cluster.client() as client:
+                for agent_id in share:
+                    sent = time.monotonic()
+                    try:
+                        reply = client.call(
+                            "agent.prompt", {"agent_id": agent_id, "text": "are you there?"}, timeout=120
+                        )
+                    except RPCCallError as exc:
+                        with lock:
+                            failures.append(f"{agent_id}: {exc}")
+                        continue
+                    with lock:
+                        if reply.get("ok"):
+                            answered[agent_id] = time.monotonic() - sent
+                        else:
+                            failures.append(f"{agent_id}: {reply}")
+
+        shares = [victims[i::16] for i in range(16)]
+        threads = [threading.Thread(target=prompt_all, args=(share,)) for share in shares]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(600)
+        all_answered = time.monotonic() - killed
+        load.wait_for(10)
+    print(
+        f"failover of {len(victims)} sessions: adopted {adopted_after:.1f} s after the kill, all answered "
+        f"{all_answered:.1f} s after; slowest prompt {max(answered.values()):.2f} s; load: {len(load.acked)} acked, "
+        f"{len(load.errors)} errors"
+    )
+    assert not failures, failures[:5]
+    assert len(answered) == len(victims)
+    assert adopted_after <= LEASE + 5, adopted_after
+    assert max(answered.values()) <= 10, max(answered.values())
+    assert not load.errors, load.errors[:5]
+    assert len(acked_before) >= 20
+    check_exactly_once(cluster, load.acked)
+    check_one_owner_each(cluster, ("n2", "n3"), len(everyone))
+
+
+def test_a_prompt_in_flight_on_a_node_that_dies_is_retried_by_the_front_and_runs_once(cluster: Cluster) -> None:
+    ensure_up(cluster)
+    script = cluster.root / "inflight.json"
+    script.write_text(json.dumps({"turns": [{"text": "never seen", "delay": 60}, {"text": "ran again"}]}))
+    with cluster.nodes["n3"].client() as direct:  # placed on n3: started there
+        direct.call(
+            "agent.start", {"working_dir": str(cluster.project), "model": f"scripted:{script}", "agent_id": "inflight"}
+        )  # type: ignore[attr-defined]
+    outcome: dict[str, Any] = {}
+
+    def prompt() -> None:
+        with cluster.client() as client:
+            outcome["reply"] = client.call("agent.prompt", {"agent_id": "inflight", "text": "do it once"}, timeout=180)
+
+    thread = threading.Thread(target=prompt)
+    thread.start()
+
+    def model_called() -> bool:
+        with cluster.client() as client:
+            events = client.call("debug_state", {"agent_id": "inflight", "events": 50})["recent_events"]
+        return any(e["topic"] == "agent.message_start" for e in events)
+
+    wait_until(model_called, timeout=60, message="the turn to call its model on n3")
+    cluster.kill("n3")
+    thread.join(180)
+    reply = outcome["reply"]
+    assert reply["ok"], reply
+    assert reply["text"] == "ran again"
+    store = Store(url=cluster.url)
+    try:
+        statuses = sorted(t["status"] for _, t in store.items("turns", "inflight/"))
+        users = [
+            e["message"]["content"] for _, e in store.items("history", "inflight/") if e["message"]["role"] == "user"
+        ]
+    finally:
+        store.close()
+    assert statuses == ["done", "interrupted"]
+    assert users.count("do it once") <= 2
+    assert cluster.placement()["inflight"] in ("n1", "n2")
+
+
+def test_a_frozen_node_loses_its_sessions_and_commits_nothing_once_it_thaws(cluster: Cluster) -> None:
+    ensure_up(cluster)
+    by_node = sessions_of(cluster)
+    frozen = by_node.get("n2", [])
+    assert frozen
+    everyone = [s for ids in by_node.values() for s in ids]
+    with Load(cluster, everyone, threads=3) as load:
+        load.wait_for(10)
+        cluster.stop_signal("n2", signal.SIGSTOP)
+        try:
+
+            def moved() -> bool:
+                placement = cluster.placement()
+                return all(placement.get(s) != "n2" for s in frozen)
+
+            wait_until(
+                moved,
+                timeout=60,
+                message="n2's sessions to move while it is frozen",
+            )
+            time.sleep(1.0)
+        finally:
+            cluster.stop_signal("n2", signal.SIGCONT)
+        load.wait_for(10)
+    assert not load.errors, load.errors[:5]
+
+    def emptied() -> bool:
+        return not running_on(cluster, "n2")
+
+    wait_until(emptied, timeout=60, message="the thawed node to show no sessions")
+    with cluster.nodes["n2"].client() as direct:
+        commits = direct.call("debug_state")["system"]["store"]["commits"]
+        assert direct.call("daemon.status")["node"]["sessions"] == 0
+    time.sleep(2 * LEASE / 3 + 0.5)  # a renewal or two later
+    with cluster.nodes["n2"].client() as direct:
+        assert direct.call("debug_state")["system"]["store"]["commits"] == commits
+    assert not running_on(cluster, "n2")
+    check_exactly_once(cluster, load.acked)
+
+
+def test_the_front_killed_and_restarted_under_load_loses_nothing_acknowledged(cluster: Cluster) -> None:
+    ensure_up(cluster)
+    everyone = [s for ids in sessions_of(cluster).values() for s in ids]
+    front = cluster.front
+    assert front is not None
+    with Load(cluster, everyone, threads=4) as load:
+        load.wait_for(10)
+        front.kill9()
+        restarted = len(load.acked)
+        cluster.start_front()
+        load.wait_for(20)
+    assert load.reconnects >= 1 or len(load.acked) > restarted
+    assert not load.errors, load.errors[:5]
+    check_exactly_once(cluster, load.acked)
+
+
+def test_a_drained_node_hands_every_session_over_and_stops(cluster: Cluster) -> None:
+    ensure_up(cluster)
+    by_node = sessions_of(cluster)
+    leaving = by_node["n3"]
+    total = len(cluster.placement())
+    done = weald("cluster", "drain", "n3", "--json", env=cluster.front.env(), cwd=cluster.root, timeout=600)  # type: ignore[union-attr]
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["moved"] == len(leaving)
+    assert report["stopped"] is True
+    cluster.nodes["n3"].proc.wait(60)  # type: ignore[union-attr]
+    cluster.nodes["n3"].proc = None
+    placement = cluster.placement()
+    assert len(placement) == total
+    assert all(placement[s] in ("n1", "n2") for s in leaving)
+    with cluster.client() as client:
+        for agent_id in random.Random(7).sample(leaving, min(30, len(leaving))):
+            assert client.call("agent.prompt", {"agent_id": agent_id, "text": "moved?"}, timeout=60)["ok"]
+    check_one_owner_each(cluster, ("n1", "n2"), total)
+    # Back with a label pinning a project to it: that project's new sessions go there, others do not.
+    pinned = cluster.root / "pinned"
+    pinned.mkdir(exist_ok=True)
+    cluster.nodes.pop("n3")
+    cluster.start_nodes("n3", labels={"n3": {"project": str(pinned)}})
+    cluster.wait_live(*NODES)
+    with cluster.client() as client:
+        time.sleep(1.0)  # the front rereads the nodes' rows
+        client.call("agent.start", {"working_dir": str(pinned), "model": cluster.model, "agent_id": "pinned-1"})  # type: ignore[attr-defined]
+        client.call("agent.start", {"working_dir": str(cluster.project), "model": cluster.model, "agent_id": "free-1"})  # type: ignore[attr-defined]
+    placement = cluster.placement()
+    assert placement["pinned-1"] == "n3"
+    assert placement["free-1"] != "n3"
+
+
+def test_cluster_status_json_is_what_the_nodes_and_placement_tables_hold(tmp_path: Path, pg_cluster: Any) -> None:
+    url = pg_cluster.url(pg_cluster.create_database())
+    small = Cluster(tmp_path, url, lease=LEASE)
+    try:
+        small.start_nodes("a", "b")
+        with small.nodes["a"].client() as client:
+            for i in range(3):
+                client.call("agent.start", {"working_dir": str(tmp_path), "agent_id": f"st{i}"})
+        small.wait_live("a", "b")
+        time.sleep(2 * LEASE / 3 + 1.0)  # a measure, then a renewal, has written each node's figures
+        for name in ("a", "b"):
+            small.stop_signal(name, signal.SIGSTOP)  # nothing changes the tables now
+        try:
+            env = small.nodes["a"].env()
+            done = weald("cluster", "status", "--json", "--store", url, env=env, cwd=tmp_path)
+            assert done.returncode == 0, done.stderr
+            status = json.loads(done.stdout)
+            import psycopg
+
+            with psycopg.connect(url) as conn:
+                nodes = conn.execute(
+                    "SELECT node_id, epoch, extract(epoch FROM lease_until)::float8, "
+                    "extract(epoch FROM started)::float8, info FROM weald_nodes ORDER BY node_id"
+                ).fetchall()
+                owners = dict(conn.execute("SELECT owner, count(*) FROM weald_placement GROUP BY owner").fetchall())
+                placed = conn.execute("SELECT count(*) FROM weald_placement").fetchone()[0]
+        finally:
+            for name in ("a", "b"):
+                small.stop_signal(name, signal.SIGCONT)
+        assert "***" in status["store"]
+        assert small.url.split(":")[2].split("@")[0] not in status["store"]
+        assert status["sessions"] == placed == 3
+        as_of = status["as_of"]
+        expected = [
+            {
+                "node_id": node_id,
+                "epoch": epoch,
+                "live": lease_until > as_of,
+                "lease_until": lease_until,
+                "lease_left": round(max(0.0, lease_until - as_of), 3),
+                "started": started,
+                "address": info.get("address"),
+                "labels": info.get("labels") or {},
+                "draining": bool(info.get("draining")),
+                "host": info.get("host"),
+                "pid": info.get("pid"),
+                "sessions": owners.get(node_id, 0),
+                "awake": info.get("awake"),
+                "asleep": info.get("asleep"),
+                "cpu": info.get("cpu"),
+                "last_commit": info.get("last_commit"),
+            }
+            for node_id, epoch, lease_until, started, info in nodes
+        ]
+        assert status["nodes"] == expected
+        assert [n["sessions"] for n in status["nodes"]] == [3, 0]
+        assert status["nodes"][0]["asleep"] == 3
+        orphaned = [] if all(n["live"] for n in expected) else [f"st{i}" for i in range(3)]
+        assert status["orphaned"] == {"count": len(orphaned), "sessions": orphaned}
+        shown = weald("cluster", "status", "--store", url, env=env, cwd=tmp_path)
+        assert shown.returncode == 0
+        assert "st0" not in shown.stdout
+        assert "a " in shown.stdout
+    finally:
+        small.close()
+
+
+def test_a_node_without_the_secret_is_refused_and_a_bad_setup_is_one_line(tmp_path: Path, pg_cluster: Any) -> None:
+    url = pg_cluster.url(pg_cluster.create_database())
+    small = Cluster(tmp_path / "good", url, lease=LEASE)
+    other = Cluster(tmp_path / "bad", url, lease=LEASE)  # another secret
+    try:
+        small.start_nodes("g1")
+        other.start_front()
+        with other.client() as client, pytest.raises(RPCCallError, match=r"no node of the cluster|cannot be reached"):
+            client.call("agent.start", {"working_dir": str(tmp_path)}, timeout=60)
+        log = small.nodes["g1"].log.read_text()
+        assert other.secret not in log
+        assert small.secret not in log
+        with contextlib.suppress(Exception), small.nodes["g1"].client() as direct:
+            events = direct.call("events.query", {"topic": "server.refused"})["events"]
+            assert any("another [cluster] secret" in e["data"].get("reason", "") for e in events)
+        # No secret: a node with --listen, and a front, each stop with one line (exit 2).
+        bare = tmp_path / "bare"
+        bare.mkdir()
+        (bare / "weald.toml").write_text(
+            f'[store]\npath = "{bare / "s.db"}"\nurl = "{url}"\n[server]\nsocket = "{bare / "s.sock"}"\n'
+        )
+        env = {**small.nodes["g1"].env(), "WEALD_CONFIG": str(bare / "weald.toml")}
+        for args in (("serve", "--listen", "127.0.0.1:0"), ("serve", "--front")):
+            done = weald(*args, env=env, cwd=bare, timeout=120)
+            assert done.returncode == 2, (args, done.stderr)
+            assert "needs a shared secret" in done.stderr
+            assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    finally:
+        other.close()
+        small.close()
