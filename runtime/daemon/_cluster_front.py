@@ -705,7 +705,15 @@ class FrontServer(Server):
         params = _raw(p)
         if p.idempotency_key is None:
             params["idempotency_key"] = f"front-{uuid.uuid4().hex}"
-        return await self._outcome(self._to_owner(conn, "agent.prompt", p.agent_id, params, retries=1))
+        outcome = await self._to_owner(conn, "agent.prompt", p.agent_id, params, retries=1)
+        result = outcome.get("result")
+        if isinstance(result, dict) and not result.get("ok") and "StoreFencedError" in str(result.get("error")):
+            # Its node lost the session mid-turn (frozen past its lease): nothing of the turn was committed
+            # there. The new owner runs it, once (the same key).
+            self._owners.pop(p.agent_id, None)
+            self.retried_prompts += 1
+            outcome = await self._to_owner(conn, "agent.prompt", p.agent_id, params, retries=1)
+        return await self._outcome(_ready(outcome))
 
     async def _f_agent_stop(self, conn: Connection, p: AgentParams) -> Any:
         outcome = await self._to_owner(conn, "agent.stop", p.agent_id, _raw(p), retries=-1)
