@@ -32,6 +32,7 @@ import attrs
 import msgspec
 import trio
 from weald.runtime import ActorSystem, StoreError
+from weald.runtime._codec import msgspec_decoder
 from weald.runtime.agents.agent import AgentRecord
 
 __all__ = ["BATCH", "GcReport", "HistoryKeeper", "RetentionJob", "collect_blocking"]
@@ -106,7 +107,7 @@ class _Head(msgspec.Struct):
     compaction: dict[str, Any] | None = None
 
 
-_HEAD: Final = msgspec.json.Decoder(_Head)
+_HEAD: Final = msgspec_decoder(_Head)
 
 
 def collect_blocking(
