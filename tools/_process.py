@@ -82,6 +82,7 @@ __all__ = [
     "group_alive",
     "leftover_processes",
     "open_group_process",
+    "procfs_readable",
     "pump",
     "sandbox_members",
     "signal_group",
@@ -187,13 +188,44 @@ def group_alive(pgid: int, *, session: bool = False) -> bool:
 def leftover_processes(pgid: int, *, session: bool = False, mark: str | None = None) -> list[int]:
     """Live processes of group ``pgid`` (and its session, if asked) and those carrying ``mark``.
 
+    A process SIGKILLed a moment ago (by a timeout, a fault, the group's
+    stop) is not left running, though it may not have been scheduled to die
+    yet: it is left out.
     Reap the group's leader before asking, or it counts. Without /proc this
     is empty even when something is left.
     """
     found = set(_proc_members(pgid, session=session) or ())
     if mark is not None:
         found.update(marked_processes(mark) or ())
-    return sorted(found)
+    return sorted(pid for pid in found if not _dying(pid))
+
+
+def procfs_readable() -> bool:
+    """Return True where processes can be listed from /proc (Linux)."""
+    return os.access("/proc/self/stat", os.R_OK)
+
+
+# /proc/<pid>/stat's flags: the task is exiting (the kernel's PF_EXITING).
+_PF_EXITING = 0x4
+# SIGKILL's bit in /proc/<pid>/status's pending-signal masks.
+_SIGKILL_BIT = 1 << (signal.SIGKILL - 1)
+
+
+def _dying(pid: int) -> bool:
+    """Return True if ``pid`` is gone, exiting, or has a SIGKILL pending (it cannot survive it)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rpartition(b")")[2].split()
+        with open(f"/proc/{pid}/status", "rb") as f:
+            status = f.read()
+    except OSError:
+        return True
+    if len(fields) < 7 or fields[0] in (b"Z", b"X") or int(fields[6]) & _PF_EXITING:
+        return True
+    for line in status.splitlines():
+        if line.startswith((b"SigPnd:", b"ShdPnd:")) and int(line.split()[1], 16) & _SIGKILL_BIT:
+            return True
+    return False
 
 
 def signal_group(pgid: int, sig: int, *, session: bool = False) -> None:

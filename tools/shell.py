@@ -80,6 +80,7 @@ from weald.tools._process import (
     capture_until_exit,
     leftover_processes,
     open_group_process,
+    procfs_readable,
 )
 from weald.tools._protected import Placeholders
 from weald.tools._sandbox import pinned_directory
@@ -99,6 +100,9 @@ _DEFAULT_INPUT_WAIT = 1.0
 # Output is still read this long after the command exited, in case a
 # process it left in the background holds the pipes open.
 _DRAIN_AFTER_EXIT = 0.25
+# In the sandbox, the pipes close once bwrap's namespace is gone, which it is
+# when bwrap exits: a longer wait that ends at once, unless the loop lags.
+_SANDBOX_DRAIN_AFTER_EXIT = 2.0
 
 # Room in the output limits for the lines this tool adds around the output.
 _RESERVED_BYTES = 1024
@@ -625,10 +629,14 @@ async def _run_launched(
             # The whole timeout: the runner's own deadline for the call is later
             # (`RunnerConfig.grace`), so this answer, with the output, comes first.
             with trio.move_on_after(timeout) as deadline:
-                held_open = await capture_until_exit(process, capture, drain=_DRAIN_AFTER_EXIT)
-                # In the sandbox nothing outlives the command: its namespace is gone when bwrap is.
-                left_running = held_open or (
-                    not launch.sandboxed and bool(leftover_processes(process.pid, session=True, mark=mark))
+                # In the sandbox nothing outlives the command: its namespace is
+                # gone when bwrap is, so the pipes close, however busy the loop.
+                drain = _SANDBOX_DRAIN_AFTER_EXIT if launch.sandboxed else _DRAIN_AFTER_EXIT
+                held_open = await capture_until_exit(process, capture, drain=drain)
+                left_running = (
+                    _left_in_sandbox(process.returncode, held_open)
+                    if launch.sandboxed
+                    else _left_running(process.pid, mark, held_open)
                 )
             timed_out = deadline.cancelled_caught
         # Leaving the block stopped whatever was still running: all of it
@@ -657,6 +665,29 @@ async def _run_launched(
         limits=limits,
         launch=launch,
     )
+
+
+def _left_running(pid: int, mark: str, held_open: bool) -> bool:
+    """Whether a command (run outside the sandbox) left processes running once it ended.
+
+    Asked of /proc (a live process of its session, or carrying its mark),
+    not of the pipes: their holder may have been SIGKILLed with the group a
+    moment before (by a fault, or the user) and be dying. Without /proc, a
+    pipe still held open is the sign.
+    """
+    if procfs_readable():
+        return bool(leftover_processes(pid, session=True, mark=mark))
+    return held_open
+
+
+def _left_in_sandbox(returncode: int | None, held_open: bool) -> bool:
+    """Whether a sandboxed command left processes running once it ended.
+
+    A pipe still held open is the sign, unless bwrap itself was killed by a
+    signal (a fault, the user): then its namespace is being torn down with
+    it (it dies with its parent), and what holds the pipes is dying.
+    """
+    return held_open and not (returncode is not None and returncode < 0)
 
 
 def _foreground_result(

@@ -25,7 +25,10 @@ sys.path.append(str(Path(__file__).resolve().parents[1] / "runtime"))
 from fake_openai import FakeOpenAI
 
 PROMPT = "how many lines has notes.txt?"
-COMMAND = "sleep 1; wc -l < notes.txt"
+# The sleep is the time a kill_subprocess fault has to find the command's
+# process group and kill it: the kill ends it early, so it costs the run
+# nothing, and a busy machine (a whole suite at once) still finds it in time.
+COMMAND = "sleep 4; wc -l < notes.txt"
 CONFIG = """
 [tools.permissions]
 shell = "allow"
