@@ -9,7 +9,8 @@ nodes and then stop it. ``weald cluster secret`` prints a new secret for
 ``[cluster] secret``.
 
 ``weald serve --front`` runs a front (`_cluster_front.Front`) on the socket
-instead of a daemon.
+instead of a daemon; ``weald serve --ray`` runs one too, with a node on every
+machine of a Ray cluster (`_ray`).
 """
 
 from __future__ import annotations
@@ -22,11 +23,12 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from rich.table import Table
 
-__all__ = ["add_cluster_commands", "serve_front"]
+__all__ = ["add_cluster_commands", "serve_front", "serve_ray"]
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -175,7 +177,7 @@ def _drain(args: argparse.Namespace, print_json: Callable[[Any], None]) -> int:
 
 def serve_front(args: argparse.Namespace, config: Any, path: Any) -> int:
     """``weald serve --front``: serve the cluster's front on the socket until SIGTERM, SIGINT or ``daemon.stop``."""
-    from weald.runtime.daemon._cli_common import console, describe_failure, print_error
+    from weald.runtime.daemon._cli_common import console, print_error
     from weald.runtime.daemon._cluster import ClusterError
     from weald.runtime.daemon._cluster_front import Front, check_front_config
 
@@ -186,6 +188,28 @@ def serve_front(args: argparse.Namespace, config: Any, path: Any) -> int:
     except ClusterError as exc:
         print_error(err, f"weald serve --front: {exc}")
         return EXIT_USAGE
+    return _run_front(args, config, path, front, "weald serve --front")
+
+
+def _run_front(
+    args: argparse.Namespace,
+    config: Any,
+    path: Any,
+    front: Any,
+    command: str,
+    *,
+    more: dict[str, Any] | None = None,
+    tick: Callable[[], None] | None = None,
+    period: float = 0.2,
+) -> int:
+    """Start ``front``, print where it serves, serve until a signal or ``daemon.stop``, stop it.
+
+    ``more``: what the ``--json`` line holds besides; ``tick``: called every ``period`` seconds meanwhile.
+    """
+    from weald.runtime import mask_url
+    from weald.runtime.daemon._cli_common import console, describe_failure, print_error
+
+    err = console(stderr=True)
     stop = threading.Event()
 
     def on_signal(_signum: int, _frame: object) -> None:
@@ -196,13 +220,12 @@ def serve_front(args: argparse.Namespace, config: Any, path: Any) -> int:
     try:
         front.start()
     except Exception as exc:
-        print_error(err, f"weald serve --front: {describe_failure(exc)}")
+        print_error(err, f"{command}: {describe_failure(exc)}")
         return EXIT_FAILED
-    from weald.runtime import mask_url
-
     line: dict[str, Any] = {"socket": str(path), "pid": os.getpid(), "store": mask_url(config.store.url), "front": True}
     if front.observer_port is not None:
         line["http"] = f"{front.http.rpartition(':')[0]}:{front.observer_port}"
+    line.update(more or {})
     if args.json:
         sys.stdout.write(json.dumps(line) + "\n")
         sys.stdout.flush()
@@ -212,11 +235,113 @@ def serve_front(args: argparse.Namespace, config: Any, path: Any) -> int:
         )
         if "http" in line:
             err.print(f"observer on http://{line['http']}/ (weald observe opens it)", markup=False)
-    while not stop.wait(0.2):
+    while not stop.wait(period):
         if front.stop_requested:
             break
+        if tick is not None:
+            tick()
     started = time.monotonic()
     front.shutdown()
     if not args.json:
         err.print(f"weald front stopped ({time.monotonic() - started:.1f} s)", markup=False)
     return EXIT_OK
+
+
+def serve_ray(args: argparse.Namespace, config: Any, path: Any) -> int:
+    """``weald serve --ray``: a node on every machine of a Ray cluster (Ray actors), and the front here.
+
+    See `weald.runtime.daemon._ray`. Stops the nodes too on SIGTERM, SIGINT or
+    ``daemon.stop`` (``--keep-nodes`` leaves them running, for the next launcher).
+    """
+    from rich.progress import BarColumn, Progress, TextColumn
+    from weald.runtime.daemon._cli_common import console, print_error
+    from weald.runtime.daemon._cluster import ClusterError
+    from weald.runtime.daemon._cluster_front import Front, check_front_config
+
+    err = console(stderr=True)
+    command = "weald serve --ray"
+    for given, option in ((args.front, "--front"), (args.listen, "--listen"), (args.stdio, "--stdio")):
+        if given:
+            print_error(
+                err, f"{command}: {option} does not go with --ray (the launcher runs the front; Ray, the nodes)"
+            )
+            return EXIT_USAGE
+    if args.node_id:
+        print_error(err, f"{command}: --node-id does not go with --ray (each node is named after its Ray node)")
+        return EXIT_USAGE
+    try:
+        check_front_config(config)
+        front = Front(config, socket_path=path, http=args.http)
+    except ClusterError as exc:
+        print_error(err, f"{command}: {exc}")
+        return EXIT_USAGE
+    if args.node_config is not None and not Path(args.node_config).expanduser().is_absolute():
+        print_error(err, f"{command}: --node-config {args.node_config}: give an absolute path (one on every machine)")
+        return EXIT_USAGE
+    try:
+        import ray  # noqa: F401 - only to say clearly that it is missing
+    except ImportError:
+        print_error(err, f"{command}: Ray is not installed: pip install 'weald[ray]' (here and on every machine)")
+        return EXIT_USAGE
+    from weald.runtime.daemon._ray import NodeSpec, RayLauncher, RayLaunchError
+
+    spec = NodeSpec(node_id="-", state_root=args.node_state, port=args.node_port, config=args.node_config)
+
+    def report(text: str) -> None:
+        err.print(f"{command}: {text}", markup=False, soft_wrap=True)
+
+    launcher = RayLauncher(args.ray, spec, report)
+    try:
+        launcher.connect()
+    except RayLaunchError as exc:
+        print_error(err, f"{command}: {exc}")
+        return EXIT_FAILED
+    try:
+        with Progress(
+            TextColumn("starting weald nodes"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total}"),
+            console=err,
+            transient=True,
+            disable=not err.is_terminal,
+        ) as progress:
+            task = progress.add_task("nodes", total=None)
+            launcher.start_missing()
+            failures = launcher.wait_started(
+                spec.start_timeout + 60, lambda done, total: progress.update(task, completed=done, total=total)
+            )
+        if failures:
+            for node_id, why in sorted(failures.items()):
+                print_error(err, f"{command}: node {node_id}: {why}")
+            if not launcher.nodes:
+                return EXIT_FAILED
+        nodes = [
+            {key: info[key] for key in ("node_id", "address", "ray_node", "pid")} for info in launcher.nodes.values()
+        ]
+        if not args.json:
+            for info in sorted(nodes, key=lambda n: n["node_id"]):
+                report(f"node {info['node_id']} serves fronts on {info['address']} (Ray node {info['ray_node'][:8]})")
+        last = [time.monotonic()]
+
+        def tick() -> None:
+            if time.monotonic() - last[0] >= WATCH_PERIOD:
+                last[0] = time.monotonic()
+                try:
+                    launcher.watch()
+                except Exception as exc:  # broad: Ray may be unreachable for a while; the nodes serve on
+                    report(f"cannot look at the Ray cluster: {' '.join(str(exc).split())[:300]}")
+
+        from weald.runtime.daemon._ray import WATCH_PERIOD
+
+        return _run_front(args, config, path, front, command, more={"ray": True, "nodes": nodes}, tick=tick)
+    finally:
+        if args.keep_nodes:
+            report("leaving the nodes running (--keep-nodes)")
+        else:
+            codes = launcher.stop_all()
+            if not args.json:
+                stopped = ", ".join(
+                    f"{n} ({'exit ' + str(c) if c is not None else 'killed'})" for n, c in codes.items()
+                )
+                report(f"nodes stopped: {stopped or 'none'}")
+        launcher.disconnect()

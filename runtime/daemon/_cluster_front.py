@@ -16,7 +16,7 @@ no state of its own; several may run. What it does with each request:
 - **to a node it chooses** (``agent.start``, ``agents.start``): the policy
   hook (``[cluster] placement``), else the nodes a ``project`` label pins the
   session's project to, else the least loaded live node that is not draining
-  (fewest awake sessions, then least CPU, then fewest sessions). ``agents.start``
+  (fewest awake sessions, then fewest sessions, then least CPU). ``agents.start``
   sends one request per node.
 - **to every node, merged** (``agent.list``, ``sessions.page``, ``tree``,
   ``actors.list``, ``events.subscribe`` without an agent, ``events.query``,
@@ -616,12 +616,14 @@ class FrontServer(Server):
         place = str(start.get("project") or start.get("working_dir") or "")
         pinned = [n for n in live if _pins(n.labels.get("project"), place)]
         live = pinned or [n for n in live if not n.labels.get("project")] or live
+        # CPU only breaks ties: it is a moment's reading, the same for a whole batch, and a node busy
+        # for a second when its row was written would otherwise get none of a batch of 1,000.
         best = min(
             live,
             key=lambda n: (
                 n.awake,
-                round(n.cpu, 1),
                 n.sessions + placed.get(n.node_id, 0),
+                round(n.cpu, 1),
                 n.node_id,
             ),
         )

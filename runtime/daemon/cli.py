@@ -99,6 +99,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
             print_error(err, f"weald serve: --http: {exc}")
             return EXIT_USAGE
     path = None if args.stdio and not args.socket else socket_path(args, config)
+    if args.ray is not None:
+        from weald.runtime.daemon._cli_cluster import serve_ray
+
+        return serve_ray(args, config, path)
     if args.front:
         from weald.runtime.daemon._cli_cluster import serve_front
 
@@ -716,6 +720,13 @@ def _nonnegative(text: str) -> int:
     return value
 
 
+def _port(text: str) -> int:
+    value = _nonnegative(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"expected a port, 0 to 65535, got {value}")
+    return value
+
+
 def _positive_seconds(text: str) -> float:
     try:
         value = float(text)
@@ -854,6 +865,34 @@ def build_parser() -> argparse.ArgumentParser:
         "--listen", metavar="HOST:PORT", help="serve a cluster's fronts here (a node; [cluster] listen, secret)"
     )
     p.add_argument("--front", action="store_true", help="run a cluster's front on the socket instead of a daemon")
+    p.add_argument(
+        "--ray",
+        nargs="?",
+        const="auto",
+        metavar="ADDRESS",
+        help="a node on every machine of a Ray cluster (auto: the one here), and the front on the socket",
+    )
+    p.add_argument(
+        "--node-config",
+        metavar="FILE",
+        help="with --ray: the configuration file every node reads, an absolute path (default: each machine's own)",
+    )
+    p.add_argument(
+        "--node-state",
+        metavar="DIR",
+        default="~/.weald/ray",
+        help="with --ray: where each machine keeps its node's directory (default: ~/.weald/ray)",
+    )
+    p.add_argument(
+        "--node-port",
+        type=_port,
+        default=7400,
+        metavar="PORT",
+        help="with --ray: the port each node serves fronts on, on its Ray address (default: 7400; 0: any free one)",
+    )
+    p.add_argument(
+        "--keep-nodes", action="store_true", help="with --ray: leave the nodes running when the launcher stops"
+    )
     p.add_argument(
         "--http", metavar="HOST:PORT", help="serve the observer, a live web view, here (loopback; port 0: any free)"
     )

@@ -4,6 +4,11 @@ Every node and front is a real `weald serve` in a subprocess with its own
 state directory and configuration; they share one PostgreSQL database (the
 ``pg_cluster`` fixture's) and one secret. Nodes listen on free loopback
 ports; the front finds them through the database.
+
+`Load`, `check_exactly_once` and `check_one_owner_each` take any cluster
+with ``url``, ``client()`` (the front), ``placement()`` and ``nodes`` (each
+with ``client()``, on the node's own socket): this module's `Cluster` and the
+one ``weald serve --ray`` launches (tests/daemon/test_cluster_ray.py).
 """
 
 from __future__ import annotations
@@ -11,16 +16,20 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import secrets
 import signal
 import subprocess
 import sys
 import threading
+import time
+import uuid
 from pathlib import Path
 from typing import Any
 
 from daemon_harness import DaemonProcess
-from weald.runtime.daemon.client import Client
+from weald.runtime import Store
+from weald.runtime.daemon.client import Client, DaemonUnavailableError, RPCCallError
 from weald.runtime.testing import wait_until
 
 
@@ -148,6 +157,133 @@ class Cluster:
                 proc.proc = None
         for proc in procs:
             proc.close()
+
+
+def sessions_of(cluster: Any) -> dict[str, list[str]]:
+    by_node: dict[str, list[str]] = {}
+    for agent_id, owner in cluster.placement().items():
+        if agent_id.startswith("s"):  # the module's sessions (a test's own have other names)
+            by_node.setdefault(str(owner), []).append(agent_id)
+    return by_node
+
+
+def running_on(cluster: Any, name: str) -> set[str]:
+    """The sessions node ``name`` runs (awake or asleep), asked directly on its own socket."""
+    with cluster.nodes[name].client() as client:
+        rows = client.call("agent.list", timeout=120)
+    return {r["agent_id"] for r in rows if r["state"] not in ("not running", "stopped")}
+
+
+class Load:
+    """Client threads prompting random sessions through the front, each prompt with its own text and key.
+
+    A thread whose connection breaks (the front restarted) connects again and goes on.
+    """
+
+    def __init__(self, cluster: Any, agent_ids: list[str], threads: int = 4) -> None:
+        self.cluster = cluster
+        self.agent_ids = agent_ids
+        self.acked: list[dict[str, Any]] = []  # {"agent_id", "text", "turn_id", "at"}
+        self.errors: list[str] = []
+        self.reconnects = 0
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._threads = [threading.Thread(target=self._run, args=(seed,), daemon=True) for seed in range(threads)]
+
+    def __enter__(self) -> Load:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(120)
+
+    def _run(self, seed: int) -> None:
+        rng = random.Random(seed)
+        client: Client | None = None
+        while not self._stop.is_set():
+            if client is None or client.broken:
+                if client is not None:
+                    client.close()
+                try:
+                    client = self.cluster.client()
+                except (DaemonUnavailableError, OSError):
+                    self.reconnects += 1
+                    time.sleep(0.2)
+                    continue
+            agent_id = rng.choice(self.agent_ids)
+            text = f"load-{uuid.uuid4().hex}"
+            try:
+                reply = client.call(
+                    "agent.prompt", {"agent_id": agent_id, "text": text, "idempotency_key": text}, timeout=120
+                )
+            except (DaemonUnavailableError, OSError):
+                client.close()
+                client = None
+                continue
+            except RPCCallError as exc:
+                if client.broken:  # the front went away mid-call: the prompt may have run; not acknowledged
+                    client.close()
+                    client = None
+                    continue
+                with self._lock:
+                    self.errors.append(f"{agent_id}: {exc}")
+                continue
+            with self._lock:
+                if reply.get("ok"):
+                    self.acked.append(
+                        {"agent_id": agent_id, "text": text, "turn_id": reply["turn_id"], "at": time.time()}
+                    )
+                else:
+                    self.errors.append(f"{agent_id}: {reply.get('error')}")
+        if client is not None:
+            client.close()
+
+    def wait_for(self, count: int, timeout: float = 120) -> None:
+        start = len(self.acked)
+        wait_until(lambda: len(self.acked) >= start + count, timeout=timeout, message=lambda: f"{count} more acks")
+
+
+def check_exactly_once(cluster: Any, acked: list[dict[str, Any]]) -> None:
+    """Each acknowledged prompt: its user message once in its session's history, its turn once and done."""
+    store = Store(url=cluster.url)
+    try:
+        by_agent: dict[str, list[dict[str, Any]]] = {}
+        for ack in acked:
+            by_agent.setdefault(ack["agent_id"], []).append(ack)
+        for agent_id, acks in by_agent.items():
+            texts = [
+                entry["message"]["content"]
+                for _, entry in store.items("history", f"{agent_id}/")
+                if isinstance(entry, dict) and entry.get("message", {}).get("role") == "user"
+            ]
+            turns = {key.rpartition("/")[2]: turn for key, turn in store.items("turns", f"{agent_id}/")}
+            done_prompts = [t for t in turns.values() if t.get("status") == "done"]
+            for ack in acks:
+                assert ack["turn_id"] in turns, ack
+                assert turns[ack["turn_id"]]["status"] == "done", ack
+                ran = texts.count(ack["text"])
+                interrupted = sum(1 for t in turns.values() if t.get("status") == "interrupted")
+                # Once, or once more in a turn its node's death interrupted (the retry then ran it, once).
+                assert 1 <= ran <= 1 + interrupted, (ack, ran)
+            assert len(done_prompts) >= len(acks)
+    finally:
+        store.close()
+
+
+def check_one_owner_each(cluster: Any, nodes: tuple[str, ...], expected: int) -> None:
+    """Each session has one owner, a live node, and is run by that node alone."""
+    placement = cluster.placement()
+    assert len(placement) == expected
+    assert set(placement.values()) <= set(nodes), set(placement.values())
+    seen: dict[str, str] = {}
+    for name in nodes:
+        for agent_id in running_on(cluster, name):
+            assert agent_id not in seen, f"{agent_id} runs on {seen[agent_id]} and {name}"
+            seen[agent_id] = name
+    assert seen == placement
 
 
 def weald(*args: str, env: dict[str, str], cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:

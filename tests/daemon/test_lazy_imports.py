@@ -1,5 +1,5 @@
 """A daemon imports the MCP SDK only for a configured MCP server, the observer's web stack only with --http,
-and OpenTelemetry only when telemetry is on.
+and OpenTelemetry only when telemetry is on; Ray never (only `weald serve --ray` does).
 
 Each daemon runs under ``import_probe.py``, which writes every module the
 process imported over its life (a turn, an agent list and the shutdown
@@ -35,6 +35,7 @@ def imported_by_a_daemon(tmp_path: Path, *args: str, extra_config: str = "") -> 
         proc.close()
     modules = json.loads(out.read_text())
     assert "weald.runtime.agents.agent" in modules  # the probe saw the daemon's own imports
+    assert "ray" not in modules  # only `weald serve --ray` imports it
     return {name for name in HEAVY if name in modules}
 
 
