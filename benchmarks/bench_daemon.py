@@ -23,6 +23,10 @@ For N = 100, 1,000 and 10,000 agents (``--sizes`` to change), against a real
   restored asleep (they are never woken on the way), and the first prompt of
   100 of them, each waking one restored session.
 
+With ``--starts batch --restart``, the batch-started daemon is then stopped
+cleanly and started again on its store (hibernation on): the time until all N
+are restored asleep, the RSS then, and 100 of the sample prompted.
+
 With ``--starts`` (``--starts awake,asleep,batch``), only the start path, one
 fresh daemon per way, side by side in one run: N ``agent.start`` pipelined
 over 8 connections with ``"asleep": false`` (every session's actors built),
@@ -43,6 +47,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import shutil
 import statistics
 import subprocess
@@ -59,9 +64,10 @@ from rich.table import Table
 from weald.runtime.daemon.client import Client
 
 
-def rss_kib(pid: int) -> int:
+def rss_kib(pid: int, field: str = "VmRSS") -> int:
+    """The process's resident set (``VmHWM``: its peak so far), in KiB."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1])
     return 0
 
@@ -74,7 +80,7 @@ class DaemonRun:
         (self.project / "note.txt").write_text("a note\n")
         self.socket = root / "s.sock"
         config = root / "weald.toml"
-        limits = "[limits]\nmax_agents = 200000\n"
+        limits = "[limits]\nmax_agents = 2000000\n"
         if hibernate_after is not None:
             limits += f"hibernate_after = {hibernate_after}\n"
         config.write_text(f'[store]\npath = "{root / "store.db"}"\n{limits}')
@@ -257,10 +263,15 @@ def measure(
         shutil.rmtree(root, ignore_errors=True)
 
 
-def measure_starts(n: int, way: str, work: Path, samples: int) -> dict[str, float]:
-    """Start ``n`` agents one way (awake, asleep, batch), then prompt a sample of them once."""
+def measure_starts(n: int, way: str, work: Path, samples: int, restart: bool = False) -> dict[str, float]:
+    """Start ``n`` agents one way (awake, asleep, batch), then prompt a sample of them once.
+
+    With ``restart`` (batch only), the daemon is then stopped cleanly and
+    started again on its store, hibernation on: the time until every session
+    is restored asleep, RSS then, and 100 of them prompted (each a wake).
+    """
     root = Path(tempfile.mkdtemp(dir=work))
-    run = DaemonRun(root, None)
+    run = DaemonRun(root, 600.0 if restart else None)
     model = script(root, "once", [{"text": "ok"}], repeat=True)
     run.start()
     try:
@@ -269,16 +280,27 @@ def measure_starts(n: int, way: str, work: Path, samples: int) -> dict[str, floa
         load = os.getloadavg()[0]
         t0 = time.perf_counter()
         if way == "batch":
-            starts = [
-                {"working_dir": str(run.project), "model": model, "agent_id": f"a{i}", "asleep": True} for i in range(n)
-            ]
             size = min(1000, -(-n // len(clients)))  # at most 1,000 a request, spread over the connections
-            futures = [
-                clients[k % len(clients)].request("agents.start", {"agents": starts[first : first + size]})
-                for k, first in enumerate(range(0, n, size))
-            ]
-            results = [entry for f in futures for entry in f.get(timeout=1800)["results"]]
-            assert all("result" in entry for entry in results), [e for e in results if "error" in e][:3]
+            project = str(run.project)
+
+            def batch(first: int) -> list[dict[str, object]]:
+                return [
+                    {"working_dir": project, "model": model, "agent_id": f"a{i}", "asleep": True}
+                    for i in range(first, min(n, first + size))
+                ]
+
+            # At most 64 requests unanswered (a million starts are not all encoded at once by this client).
+            futures: list = []
+            refused: list = []
+            answered = 0
+            for k, first in enumerate(range(0, n, size)):
+                futures.append(clients[k % len(clients)].request("agents.start", {"agents": batch(first)}))
+                while len(futures) - answered >= 64:
+                    refused += [e for e in futures[answered].get(timeout=1800)["results"] if "error" in e]
+                    answered += 1
+            for future in futures[answered:]:
+                refused += [e for e in future.get(timeout=1800)["results"] if "error" in e]
+            assert not refused, refused[:3]
         else:
             asleep = way == "asleep"
             spread(
@@ -290,26 +312,46 @@ def measure_starts(n: int, way: str, work: Path, samples: int) -> dict[str, floa
         start_s = time.perf_counter() - t0
         cpu_s = proc_cpu_s(run.proc.pid) - cpu0
         after = rss_kib(run.proc.pid)
+        peak = rss_kib(run.proc.pid, "VmHWM")
         status = clients[0].call("daemon.status")
-        # A sample, every k-th agent: each one's first prompt alone (a wake for an asleep one), then pipelined.
-        step = max(1, n // samples)
+        # A random sample: half prompted one by one (for an asleep one, the wake and the turn), half pipelined.
+        chosen = random.Random(29).sample(range(n), min(n, samples))
         first = []
-        for i in range(0, n, step * 2):
+        for i in chosen[::2]:
             t = time.perf_counter()
             assert clients[0].call("agent.prompt", {"agent_id": f"a{i}", "text": "go"})["ok"]
             first.append(time.perf_counter() - t)
-        ids = list(range(step, n, step * 2))
+        ids = chosen[1::2]
         t0 = time.perf_counter()
         results = spread(clients, len(ids), "agent.prompt", lambda i: {"agent_id": f"a{ids[i]}", "text": "go"})
         turns_s = len(ids) / (time.perf_counter() - t0)
         assert all(r["ok"] for r in results)
         for c in clients:
             c.close()
+        restored: dict[str, float] = {}
+        if restart:
+            run.stop()
+            t0 = time.perf_counter()
+            run.start()
+            with Client.connect(run.socket) as client:
+                while client.call("daemon.status", timeout=60)["hibernated"] < n:
+                    time.sleep(0.1)
+                restored["restore_s"] = time.perf_counter() - t0
+                restored["restored_rss_mib"] = rss_kib(run.proc.pid) / 1024
+                restored["restored_peak_mib"] = rss_kib(run.proc.pid, "VmHWM") / 1024
+                woken = []
+                for i in chosen[:100]:
+                    t = time.perf_counter()
+                    assert client.call("agent.prompt", {"agent_id": f"a{i}", "text": "again"}, timeout=120)["ok"]
+                    woken.append(time.perf_counter() - t)
+                restored["restored_p50_ms"] = statistics.median(woken) * 1e3
         return {
+            **restored,
             "start_s": start_s,
             "cpu_s": cpu_s,
             "rss_base_mib": base / 1024,
             "rss_after_mib": after / 1024,
+            "rss_peak_mib": peak / 1024,
             "hibernated": status["hibernated"],
             "first_p50_ms": statistics.median(first) * 1e3,
             "first_n": len(first),
@@ -327,7 +369,7 @@ def proc_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def compare_starts(sizes: list[int], ways: list[str], samples: int, console: Console) -> None:
+def compare_starts(sizes: list[int], ways: list[str], samples: int, console: Console, restart: bool = False) -> None:
     """The start ways side by side (``--starts``), one fresh daemon each, ratios to the first way."""
     work = Path(tempfile.mkdtemp(prefix="weald-bench-"))
     try:
@@ -339,6 +381,7 @@ def compare_starts(sizes: list[int], ways: list[str], samples: int, console: Con
             "vs first",
             "daemon CPU (s)",
             "RSS base→after (MiB)",
+            "peak (MiB)",
             "asleep",
             "first prompt p50 (ms)",
             "turns/s (sample)",
@@ -347,7 +390,7 @@ def compare_starts(sizes: list[int], ways: list[str], samples: int, console: Con
         for n in sizes:
             first = None
             for way in ways:
-                r = measure_starts(n, way, work, samples)
+                r = measure_starts(n, way, work, samples, restart and way == "batch")
                 first = first or r["start_s"]
                 table.add_row(
                     f"{n:,}",
@@ -357,12 +400,19 @@ def compare_starts(sizes: list[int], ways: list[str], samples: int, console: Con
                     f"{first / r['start_s']:.2f}x",
                     f"{r['cpu_s']:.1f}",
                     f"{r['rss_base_mib']:.0f}→{r['rss_after_mib']:.0f}",
+                    f"{r['rss_peak_mib']:.0f}",
                     f"{r['hibernated']:,}",
                     f"{r['first_p50_ms']:.2f} ({r['first_n']})",
                     f"{r['turns_per_s']:.0f}",
                     f"{r['load']:.1f}",
                 )
                 console.print(f"done N={n} {way}: {r['start_s']:.2f} s (load {os.getloadavg()[0]:.1f})")
+                if "restore_s" in r:
+                    console.print(
+                        f"  after a clean restart: {n:,} restored asleep in {r['restore_s']:.1f} s, RSS "
+                        f"{r['restored_rss_mib']:.0f} MiB (peak {r['restored_peak_mib']:.0f}), a restored agent's "
+                        f"first prompt p50 {r['restored_p50_ms']:.2f} ms"
+                    )
         console.print(table)
         console.print("target: 10,000 agents started in < 5 s through the socket")
     finally:
@@ -428,7 +478,7 @@ def main() -> None:
         "--restart",
         action="store_true",
         help="then stop the daemon cleanly, start a new one on the store (its sessions restored asleep; "
-        "needs --hibernate-after) and measure it, 100 of them prompted",
+        "needs --hibernate-after, or --starts batch) and measure it, 100 of them prompted",
     )
     parser.add_argument(
         "--starts",
@@ -446,7 +496,7 @@ def main() -> None:
     sizes = [int(s) for s in args.sizes.split(",")]
     console = Console(width=180)
     if args.starts:
-        compare_starts(sizes, args.starts.split(","), min(args.samples, 1000), console)
+        compare_starts(sizes, args.starts.split(","), min(args.samples, 1000), console, args.restart)
         return
     work = Path(tempfile.mkdtemp(prefix="weald-bench-"))
     try:

@@ -483,6 +483,38 @@ class Store:
                 that order); with ``limit``, the last page of the range.
             type: decode values into this type.
         """
+        rows = self._range_rows(namespace, prefix, start, stop, limit, newest_first=newest_first)
+        if type is not None and len(rows) > 1:
+            values = self._decode_page([raw for _, raw in rows], type)
+            if values is not None:
+                return [(key, value) for (key, _), value in zip(rows, values, strict=True)]
+        return [(key, self._decode(namespace, key, raw, type)) for key, raw in rows]
+
+    def scan_range(
+        self, namespace: str, prefix: str = "", *, start: str | None = None, limit: int | None = None, type: Any = None
+    ) -> tuple[list[tuple[str, Any]], list[tuple[str, StoreCodecError]]]:
+        """`scan` one page at a time: keys from ``prefix + start`` on, in key order, at most ``limit`` (`items_range`).
+
+        For a pass over a namespace of a million values (a daemon's sessions
+        at its start): only a page of raw values is held at once, and a
+        value that cannot be decoded is set aside, not fatal. The next page
+        starts after the last key of this one (the greater of the last good
+        and the last bad key).
+        """
+        rows = self._range_rows(namespace, prefix, start, None, limit, newest_first=False)
+        good: list[tuple[str, Any]] = []
+        bad: list[tuple[str, StoreCodecError]] = []
+        for key, raw in rows:
+            try:
+                good.append((key, self._decode(namespace, key, raw, type)))
+            except StoreCodecError as exc:
+                bad.append((key, exc))
+        return good, bad
+
+    def _range_rows(
+        self, namespace: str, prefix: str, start: str | None, stop: str | None, limit: int | None, *, newest_first: bool
+    ) -> list[tuple[str, Any]]:
+        """The raw rows of `items_range` (unsettled writes merged in), counted as reads."""
         low = prefix + (start or "")
         high = prefix + stop if stop is not None else prefix + "\U0010ffff"
         self._check_open()
@@ -496,11 +528,7 @@ class Store:
             ordered = sorted(merged.items(), reverse=newest_first)
             rows = ordered if limit is None else ordered[: max(0, limit)]
         self.reads += len(rows)
-        if type is not None and len(rows) > 1:
-            values = self._decode_page([raw for _, raw in rows], type)
-            if values is not None:
-                return [(key, value) for (key, _), value in zip(rows, values, strict=True)]
-        return [(key, self._decode(namespace, key, raw, type)) for key, raw in rows]
+        return rows
 
     @staticmethod
     def _decode_page(raws: list[Any], type_: Any) -> list[Any] | None:

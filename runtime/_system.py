@@ -44,6 +44,7 @@ __all__ = [
     "EventsActor",
     "FaultHook",
     "IOActor",
+    "SleepingChild",
     "StoreActor",
     "StoreSnapshot",
     "SystemStatistics",
@@ -52,6 +53,9 @@ __all__ = [
 logger = logging.getLogger("weald.runtime")
 
 A = TypeVar("A", bound=Actor)
+
+SleepingChild = tuple[type[Actor], StubState, Callable[[], None], Mapping[str, type[Actor]]]
+"""A sleeping child as a supervisor's table describes it: its class, state, wake-up and subtree shape."""
 
 
 class FaultHook(Protocol):
@@ -196,6 +200,9 @@ class ActorSystem:
         # The actors themselves, without the stubs (100,000 asleep sessions are 100,000 stubs): `actors`.
         self._live: dict[str, Ref[Any]] = {}
         self._registry_lock = threading.Lock()
+        # Supervisors' tables of sleeping children whose stubs are not made yet, by the supervisor's path
+        # (without its final '/'): a million asleep sessions are a million table rows, not a million stubs.
+        self._sleeping: dict[str, Callable[[str], SleepingChild | None]] = {}
         self._toplevel: OrderedDict[str, Ref[Any]] = OrderedDict()
         self._orphan_exits: deque[Down] = deque(maxlen=256)
         self._orphan_count = 0
@@ -373,9 +380,13 @@ class ActorSystem:
             return self._stub_below(path)
         return ref
 
-    def _stub_below(self, path: str) -> Stub | None:
-        # A miss: is an ancestor a stub whose sleeping subtree had this path?
+    def _stub_below(self, path: str) -> Ref[Any] | None:
+        # A miss: is it a sleeping child whose stub is not made yet, or is an
+        # ancestor a stub whose sleeping subtree had this path?
         registry = self._registry
+        made = self._stub_asleep(path)
+        if made is not None:
+            return made
         parent = path
         while True:
             cut = parent.rfind("/")
@@ -384,17 +395,82 @@ class ActorSystem:
             parent = parent[:cut]
             above = registry.get(parent)
             if above is None:
-                continue
+                above = self._stub_asleep(parent)
+                if above is None:
+                    continue
             if above.__class__ is not Stub:
                 return None
             with self._registry_lock:
                 again = registry.get(path)
                 if again is not None:
-                    return again  # type: ignore[return-value]
+                    return again
                 stub = above._below(path)
                 if stub is not None:
                     registry[path] = stub
                 return stub
+
+    def _stub_asleep(self, path: str) -> Ref[Any] | None:
+        """The stub of a sleeping child at ``path``, made now from its supervisor's table (else None)."""
+        parent, _, name = path.rpartition("/")
+        table = self._sleeping.get(parent)
+        if table is None:
+            return None
+        with self._registry_lock:
+            again = self._registry.get(path)
+            if again is not None:
+                return again  # registered meanwhile (its stub, or the child itself once woken)
+            child = table(name)
+            if child is None:
+                return None
+            actor_class, state, wake, shape = child
+            stub = Stub(path, actor_class, state, _Group(wake, shape, path))
+            self._registry[path] = stub
+        return stub
+
+    def set_sleeping(self, parent: str, table: Callable[[str], SleepingChild | None] | None) -> None:
+        """Where the stubs of ``parent``'s sleeping children come from (for supervisors; None: nowhere).
+
+        A supervisor with many children asleep keeps them as rows of its
+        own, not as stubs: ``table(child_id)`` answers for a child asleep
+        whose stub is not made (its class, state, wake-up and subtree
+        shape, as `install_stub` takes them), else None. It is called
+        with the registry's lock held, from any thread, when a path at or
+        below ``<parent>/<child_id>`` is looked up and nothing holds it;
+        the stub it describes is then made and registered, and from then
+        on is the child's stub like any other (`stub_at`).
+        """
+        with self._registry_lock:
+            if table is None:
+                self._sleeping.pop(parent, None)
+            else:
+                self._sleeping[parent] = table
+
+    def asleep(self, path: str) -> StubState | None:
+        """Whether the actor at ``path`` sleeps (its state: dormant or hibernated), without making its stub.
+
+        None when it runs, or nothing is there. For questions about many
+        (``agent.list`` of a million sessions asleep), where `whereis` would
+        make a stub for each.
+        """
+        ref = self._registry.get(path)
+        if ref is None:
+            parent, _, name = path.rpartition("/")
+            table = self._sleeping.get(parent)
+            if table is None:
+                return None
+            with self._registry_lock:
+                ref = self._registry.get(path)
+                if ref is None:
+                    child = table(name)
+                    return None if child is None else child[1]
+        if ref.__class__ is Stub and ref.successor is None and ref.is_alive():
+            return ref.state
+        return None
+
+    def stub_at(self, path: str) -> Stub | None:
+        """The stub registered at ``path``, if one is (none is made): for the supervisor that owns the path."""
+        ref = self._registry.get(path)
+        return ref if ref.__class__ is Stub else None
 
     def actors(self) -> list[Ref[Any]]:
         """The actors started and not yet ended, stubs left out, in no particular order.

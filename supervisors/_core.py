@@ -17,7 +17,7 @@ from typing import Any
 
 import attrs
 import trio
-from weald.runtime import Actor, ActorDeadError, Down, Ref, StartError, Stub, StubState
+from weald.runtime import Actor, ActorDeadError, Down, Ref, SleepingChild, StartError, Stub, StubState
 from weald.supervisors._errors import (
     ChildExistsError,
     ChildNotFoundError,
@@ -72,17 +72,22 @@ class SupervisorStatistics:
 class _Child:
     """A supervisor's record of one child (mutable; only the supervisor touches it).
 
-    Invariant: ``stub`` is set exactly while ``status`` is ``dormant`` or
-    ``hibernated``, and then ``ref`` is None. While it is, a spec with a
-    ``rebuild`` is let go (``_spec`` is None, ``_rebuild`` set) and `spec`
-    makes it again when asked; ``id``, ``actor`` and ``restart`` are always
-    there, for the questions asked of a sleeping child.
+    Invariant: ``asleep`` is True exactly while ``status`` is ``dormant`` or
+    ``hibernated``, and then ``ref`` is None; its stub, when one is made, is
+    the one registered at its path (`ActorSystem.stub_at`): a child asleep
+    has no stub until its path is looked up (the supervisor's table,
+    `ActorSystem.set_sleeping`). While it sleeps, a spec with a ``rebuild``
+    is let go (``_spec`` is None, ``_rebuild`` set) and `spec` makes it
+    again when asked; ``id``, ``actor`` and ``restart`` are always there,
+    for the questions asked of a sleeping child, and ``shape`` is the
+    subtree its stub answers for.
     """
 
     __slots__ = (
         "_rebuild",
         "_spec",
         "actor",
+        "asleep",
         "attempt",
         "escalations",
         "generation",
@@ -90,9 +95,9 @@ class _Child:
         "ref",
         "restart",
         "restarts",
+        "shape",
         "started_at",
         "status",
-        "stub",
     )
 
     def __init__(self, spec: ChildSpec) -> None:
@@ -102,7 +107,8 @@ class _Child:
         self.actor = spec.actor
         self.restart: Restart = spec.restart
         self.ref: Ref[Any] | None = None
-        self.stub: Stub | None = None
+        self.asleep = False
+        self.shape: Mapping[str, type[Actor]] | None = None
         self.status: ChildStatus = "stopped"
         self.restarts = 0
         self.escalations = 0
@@ -134,10 +140,10 @@ class _Child:
         if spec is not None and spec.rebuild is not None:
             self._spec, self._rebuild = None, spec.rebuild
 
-    def info(self, base: str) -> ChildInfo:
+    def info(self, base: str, stub: Stub | None) -> ChildInfo:
         return ChildInfo(
             id=self.id,
-            ref=self.ref if self.stub is None else self.stub,
+            ref=self.ref if stub is None else stub,
             status=self.status,
             restarts=self.restarts,
             path=f"{base}/{self.id}",
@@ -187,11 +193,12 @@ class SupervisorBase(Actor):
         # Made by the first restart: most supervisors never restart anything.
         self._restart_times: deque[float] | None = None
         self._total_restarts = 0
-        # Invariant: _asleep counts the children whose ``stub`` is set (they leave _kids only once it is not).
+        # Invariant: _asleep counts the children ``asleep`` (they leave _kids only once they are not).
         self._asleep = 0
         # The children without a stub, in the order they came up (started, or woken: moved to the end); an id
         # whose child left _kids stays until `awake_children` prunes it, so no removal has to touch it.
         self._awake: dict[str, None] = {}
+        self._table_set = False  # the system knows `_sleeping_child` (set at the first child asleep)
 
     # -- events -------------------------------------------------------------------------
 
@@ -205,54 +212,76 @@ class SupervisorBase(Actor):
     # -- starting -----------------------------------------------------------------------
 
     async def _start(self, child: _Child) -> Ref[Any]:
-        stub = child.stub
-        if stub is None:
+        if not child.asleep:
             return await self._confirm_start(child, self._launch_child(child))
         # Dormant or hibernated: the new actors take the stubs' paths (and messages).
-        child.stub = None
-        self._asleep -= 1
-        self._awake[child.id] = None
-        self._by_ref.pop(stub, None)
+        path = f"{self._base}/{child.id}"
+        stub = self.system.stub_at(path)
         try:
-            return await self._confirm_start(child, self._launch_child(child))
+            try:
+                ref = self._launch_child(child)  # registered at its path (or failed): no longer asleep
+            finally:
+                child.asleep = False
+                self._asleep -= 1
+                self._awake[child.id] = None
+            return await self._confirm_start(child, ref)
         finally:
-            self.system.discard_stubs(stub, "it did not come back when its subtree was started", only_unused=True)
+            reason = "it did not come back when its subtree was started"
+            for left in {stub, self.system.stub_at(path)}:  # one made while it started, if it failed
+                if left is not None:
+                    self.system.discard_stubs(left, reason, only_unused=True)
 
-    def _sleep(self, child: _Child, state: StubState, like: Ref[Any] | None = None) -> Stub:
-        """Leave a stub at the child's path; its first message starts the child (`_Wake`)."""
-        return self._keep_stub(child, self._install_stub(child, state, like))
+    def _sleep(self, child: _Child, state: StubState) -> Stub:
+        """Put the child to sleep and return its stub; its first message starts the child (`_Wake`)."""
+        self._keep_stub(child, state)
+        stub = self.system.whereis(f"{self._base}/{child.id}")
+        assert isinstance(stub, Stub)  # made from the table (`_sleeping_child`)
+        return stub
 
-    def _install_stub(
-        self, child: _Child, state: StubState, like: Ref[Any] | None, shape: Mapping[str, type[Actor]] | None = None
-    ) -> Stub:
+    def _wake_for(self, child_id: str) -> Callable[[], None]:
+        """What a stub of the child calls at its first message: a `_Wake` to this supervisor."""
         ref = self.actor_ref
-        wake_message = _Wake(child.id)
+        wake_message = _Wake(child_id)
 
         def wake() -> None:
             with contextlib.suppress(ActorDeadError):  # the supervisor ended: so did its stubs
                 ref.tell(wake_message)
 
-        path = f"{self._base}/{child.id}"
-        return self.system.install_stub(path, child.actor, state=state, wake=wake, like=like, shape=shape)
+        return wake
 
-    def _keep_stub(self, child: _Child, stub: Stub) -> Stub:
-        if child.stub is None:
+    def _install_stub(self, child: _Child, state: StubState, like: Ref[Any]) -> Stub:
+        path = f"{self._base}/{child.id}"
+        return self.system.install_stub(path, child.actor, state=state, wake=self._wake_for(child.id), like=like)
+
+    def _sleeping_child(self, child_id: str) -> SleepingChild | None:
+        """The table of sleeping children (`ActorSystem.set_sleeping`): any thread, the registry's lock held."""
+        child = self._kids.get(child_id)
+        if child is None or not child.asleep:
+            return None
+        state: StubState = "dormant" if child.status == "dormant" else "hibernated"
+        return (child.actor, state, self._wake_for(child_id), child.shape or _NO_SHAPE)
+
+    def _keep_stub(self, child: _Child, state: StubState, shape: Mapping[str, type[Actor]] | None = None) -> None:
+        """The child sleeps from now on: its stub is the one at its path, or made when its path is looked up."""
+        if not child.asleep:
             self._asleep += 1
+            if self._asleep == 1 and not self._table_set:
+                self._table_set = True
+                self.system.set_sleeping(self._base, self._sleeping_child)
         self._awake.pop(child.id, None)
-        child.stub = stub
-        child.status = stub.state
-        self._by_ref[stub] = child.id
+        child.asleep = True
+        child.status = state
+        child.shape = shape
         child.let_go()
-        return stub
 
     def _forget_stub(self, child: _Child, reason: str) -> None:
-        stub = child.stub
-        if stub is not None:
-            child.stub = None
+        if child.asleep:
+            child.asleep = False
             self._asleep -= 1
             self._awake[child.id] = None
-            self._by_ref.pop(stub, None)
-            self.system.discard_stubs(stub, reason)
+            stub = self.system.stub_at(f"{self._base}/{child.id}")
+            if stub is not None:
+                self.system.discard_stubs(stub, reason)
 
     def _launch_child(self, child: _Child) -> Ref[Any]:
         """Spawn the child's actor; its ``on_start`` runs in its own task, next."""
@@ -340,8 +369,11 @@ class SupervisorBase(Actor):
 
     async def _terminate_all(self) -> None:
         for child in reversed(list(self._kids.values())):
-            if child.ref is not None or child.stub is not None:
+            if child.ref is not None or child.asleep:
                 await self._terminate(child)
+        if self._table_set:
+            self._table_set = False
+            self.system.set_sleeping(self._base, None)
 
     def on_stop(self) -> Any:
         """Stop every child, last started first (awaited on the supervisor's task)."""
@@ -375,8 +407,11 @@ class SupervisorBase(Actor):
 
     async def _on_wake(self, wake: _Wake) -> None:
         child = self._kids.get(wake.child_id)
-        if child is None or child.stub is None or not child.stub.waking:
+        if child is None or not child.asleep:
             return  # stopped, deleted or started meanwhile
+        stub = self.system.stub_at(f"{self._base}/{child.id}")
+        if stub is None or not stub.waking:
+            return
         state = child.status
         try:
             ref = await self._start(child)
@@ -413,7 +448,7 @@ class SupervisorBase(Actor):
         if self._kids.get(child_id) is not child:
             self.system.discard_stubs(stub, f"{self.path} removed it")
             return False
-        self._keep_stub(child, stub)
+        self._keep_stub(child, "hibernated")
         self._publish("child_hibernated", id=child_id, path=ref.path)
         return True
 
@@ -484,7 +519,7 @@ class SupervisorBase(Actor):
                 await self._terminate(other)
         # Temporary children stopped for a group restart are not restarted (OTP).
         # Dormant and hibernated ones are left as they are: nothing of them ran.
-        asleep = {i for i in full if self._kids[i].stub is not None}
+        asleep = {i for i in full if self._kids[i].asleep}
         group = [i for i in full if i == child_id or (i not in asleep and self._kids[i].restart != "temporary")]
         for i in full:
             if i not in group and i not in asleep:
@@ -529,7 +564,7 @@ class SupervisorBase(Actor):
     async def _start_group(self, group: list[str]) -> None:
         for child_id in group:
             child = self._kids.get(child_id)
-            if child is None or child.ref is not None or child.stub is not None:
+            if child is None or child.ref is not None or child.asleep:
                 continue
             while True:
                 try:
@@ -563,10 +598,14 @@ class SupervisorBase(Actor):
                 question about a few children of a supervisor of 100,000.
         """
         base = self._base
-        if only is not None:
-            kids = self._kids
-            return [kids[child_id].info(base) for child_id in dict.fromkeys(only) if child_id in kids]
-        return [child.info(base) for child in self._kids.values()]
+        kids = self._kids
+        chosen = kids.values() if only is None else [kids[i] for i in dict.fromkeys(only) if i in kids]
+        return [child.info(base, self._stub_of(child) if child.asleep else None) for child in chosen]
+
+    def _stub_of(self, child: _Child) -> Stub | None:
+        """A sleeping child's stub, made now if it was not: what `which_children` gives as its ref."""
+        stub = self.system.whereis(f"{self._base}/{child.id}")
+        return stub if isinstance(stub, Stub) else None
 
     def count_children(self) -> dict[str, int]:
         """Counts: ``specs``, ``active`` (running), ``supervisors``, ``workers``, ``dormant``, ``hibernated``.
@@ -592,7 +631,7 @@ class SupervisorBase(Actor):
         question "which of 100,000 sessions run" (``sessions.page``).
         """
         kids = self._kids
-        gone = [child_id for child_id in self._awake if (child := kids.get(child_id)) is None or child.stub is not None]
+        gone = [child_id for child_id in self._awake if (child := kids.get(child_id)) is None or child.asleep]
         for child_id in gone:
             del self._awake[child_id]
         return list(self._awake)
@@ -618,6 +657,9 @@ class SupervisorBase(Actor):
         if child.ref is not None or child.status == "restarting":
             msg = f"cannot {action} child {child.id!r} of {self.path}: it is {child.status}"
             raise ChildRunningError(msg)
+
+
+_NO_SHAPE: Mapping[str, type[Actor]] = {}
 
 
 def _constant(message: Any) -> Callable[[object], Any]:

@@ -91,14 +91,40 @@ class DynamicSupervisor(SupervisorBase):
             For each spec, in order: its stub, or why it was not added
             (`MaxChildrenError`, `ChildExistsError`).
         """
+        base = self._base
+        whereis = self.system.whereis
         out: list[Stub | SupervisorError] = []
+        for outcome in self.add_asleep(specs, shape):
+            if isinstance(outcome, SupervisorError):
+                out.append(outcome)
+                continue
+            stub = whereis(f"{base}/{outcome}")  # made from the table
+            assert isinstance(stub, Stub)
+            out.append(stub)
+        return out
+
+    def add_asleep(self, specs: Sequence[ChildSpec], shape: Mapping[str, type[Actor]]) -> list[str | SupervisorError]:
+        """`add_hibernated` without making the stubs: each is made when its path is first looked up.
+
+        For many children (a daemon's million sessions asleep): a child
+        added so is a row of this supervisor's (its record), nothing in the
+        registry, until ``system.whereis`` of its path (or of a path of
+        ``shape`` below it) makes its stub, which then wakes it as any
+        hibernated child's does.
+
+        Returns:
+            For each spec, in order: its id, or why it was not added
+            (`MaxChildrenError`, `ChildExistsError`).
+        """
+        out: list[str | SupervisorError] = []
         for spec in specs:
             try:
                 child = self._admit(spec)
             except SupervisorError as exc:
                 out.append(exc)
                 continue
-            out.append(self._keep_stub(child, self._install_stub(child, "hibernated", None, shape)))
+            self._keep_stub(child, "hibernated", shape or None)
+            out.append(child.id)
         return out
 
     def _admit(self, spec: ChildSpec) -> _Child:
@@ -175,6 +201,12 @@ class DynamicSupervisor(SupervisorBase):
             ChildNotFoundError: ``ref`` is not a child of this supervisor.
         """
         child_id = self._by_ref.get(ref)
+        if child_id is None and isinstance(ref, Stub) and ref.successor is None:
+            # A sleeping child's stub: the one registered at its path.
+            child_id = ref.path.rpartition("/")[2]
+            child = self._kids.get(child_id)
+            if child is None or not child.asleep or self.system.stub_at(ref.path) is not ref:
+                child_id = None
         if child_id is None:
             msg = f"{ref} is not a running child of {self.path}"
             raise ChildNotFoundError(msg)

@@ -41,7 +41,7 @@ from weald.runtime import Actor, ActorSystem, Event, Future, Ref, Store, Stub, r
 from weald.runtime.agents.agent import Agent, AgentConfig, AskUser, TurnResult, TurnSettings
 from weald.runtime.agents.tool_runner import RunnerConfig, ToolRunner
 from weald.runtime.llm import Provider, Recorder, ReplayDivergence, ScriptedProvider, make_provider
-from weald.supervisors import ChildSpec, DynamicSupervisor, Supervisor
+from weald.supervisors import ChildSpec, DynamicSupervisor, Restart, Supervisor
 from weald.tools import Tool, ToolRegistry, default_registry
 from weald.tools.skills import default_skill_dirs, describe_skills
 
@@ -50,6 +50,7 @@ __all__ = [
     "SessionConfig",
     "SessionRuntime",
     "agent_path",
+    "asleep_session_spec",
     "session_dir",
     "session_shape",
     "session_spec",
@@ -267,6 +268,10 @@ class SessionRuntime(RuntimeView):
         runner has anything running or listed (a call, a permission prompt,
         a background job). Runs on the loop, in the agent's I/O task.
         """
+        if self._system.asleep(self.session_path) is not None:
+            # Asleep already (an idle deadline of the last turn, late under load): no lookup below
+            # it, which would make and register a stub for its tool runner that nobody asked for.
+            return False
         runner = self._system.whereis(f"{self.session_path}/tool_runner")
         sessions = self._system.whereis(self.session_path.rpartition("/")[0] or "/")
         if runner is None or sessions is None or runner.__class__ is Stub:
@@ -575,10 +580,27 @@ def session_spec(
         config.session_id,
         Supervisor,
         kwargs={"children": children, "strategy": "rest_for_one", "max_restarts": 5, "max_seconds": 30.0},
-        restart="transient",
-        shutdown=30.0,
+        restart=_SESSION_RESTART,
+        shutdown=_SESSION_SHUTDOWN,
         rebuild=rebuild,
     )
+
+
+_SESSION_RESTART: Restart = "transient"
+_SESSION_SHUTDOWN = 30.0
+
+
+def asleep_session_spec(session_id: str, rebuild: Callable[[], ChildSpec]) -> ChildSpec:
+    """The spec of a session added asleep: only what `session_spec` makes is known of it before its wake.
+
+    Its id, class, restart type and shutdown, as `session_spec`'s; its
+    children and configuration are made by ``rebuild`` (which must return
+    `session_spec`'s) when its first message wakes it. For
+    ``DynamicSupervisor.add_asleep``, which keeps ``rebuild`` and lets the
+    spec go at once: building the whole spec (four specs, the session's
+    configuration and runtime) only to drop it was most of an asleep start.
+    """
+    return ChildSpec(session_id, Supervisor, restart=_SESSION_RESTART, shutdown=_SESSION_SHUTDOWN, rebuild=rebuild)
 
 
 def session_shape() -> Mapping[str, type[Actor]]:

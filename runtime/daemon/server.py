@@ -1650,6 +1650,11 @@ class Server(Actor):
         limiter = trio.CapacityLimiter(64)
 
         async def one(record: Any, row: dict[str, Any]) -> None:
+            state = self.system.asleep(f"/sessions/{record.session_id}")  # no stub made for it
+            if state is not None:
+                row["state"] = state  # asking it would wake it: its stored record answers
+                asleep[record.session_id] = row
+                return
             ref = self.system.whereis(agent_path(record.session_id))
             if ref is None:
                 row["state"] = "stopped" if record.status == "stopped" else "not running"
@@ -1808,6 +1813,24 @@ class Server(Actor):
             raise RPCError(NOT_FOUND, f"no live actor at {base}")
         nodes: dict[str, dict[str, Any]] = {}
         sleeping_agents: list[str] = []
+
+        def draw_sleeping(stub: Stub, path: str) -> None:
+            # Its sleeping subtree is drawn too, from the shape it had (asking would wake it).
+            for below, actor_class in stub.below().items():
+                if below not in nodes and below not in registry and _under(below, base):
+                    nodes[below] = {
+                        "path": below,
+                        "kind": actor_class.__name__,
+                        "status": stub.state,
+                        "restarts": 0,
+                        "mailbox": 0,
+                        "children": [],
+                    }
+                    if issubclass(actor_class, Agent):
+                        sleeping_agents.append(below)
+            if issubclass(stub.actor_class, Agent):
+                sleeping_agents.append(path)
+
         for path in paths:
             ref = registry.get(path)
             if ref is None:
@@ -1815,21 +1838,7 @@ class Server(Actor):
             status: str
             if isinstance(ref, Stub) and ref.successor is None:
                 status = ref.state  # dormant or hibernated
-                # Its sleeping subtree is drawn too, from the shape it had (asking would wake it).
-                for below, actor_class in ref.below().items():
-                    if below not in nodes and below not in registry and _under(below, base):
-                        nodes[below] = {
-                            "path": below,
-                            "kind": actor_class.__name__,
-                            "status": status,
-                            "restarts": 0,
-                            "mailbox": 0,
-                            "children": [],
-                        }
-                        if issubclass(actor_class, Agent):
-                            sleeping_agents.append(below)
-                if issubclass(ref.actor_class, Agent):
-                    sleeping_agents.append(path)
+                draw_sleeping(ref, path)
             else:
                 status = "running" if ref.is_alive() else "stopping"
             nodes[path] = {
@@ -1859,6 +1868,9 @@ class Server(Actor):
                         "mailbox": 0,
                         "children": [],
                     }
+                    # A child asleep that nothing had looked up: its stub was made by the question.
+                    if isinstance(info.ref, Stub) and info.ref.successor is None and _under(info.path, base):
+                        draw_sleeping(info.ref, info.path)
                 node["restarts"] = info.restarts
                 node["restart"] = info.restart
                 node["order"] = order

@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from weald.runtime import Stub
+from weald.runtime import Store, Stub
 from weald.runtime.agents.agent import AgentConfig, TurnResult
 from weald.runtime.agents.session import SessionConfig, SessionRuntime, agent_path
+from weald.runtime.daemon import tree as tree_module
 from weald.runtime.daemon.config import parse_config
 from weald.runtime.daemon.tree import Daemon
 from weald.runtime.testing import WaitTimeout, wait_until
@@ -127,3 +128,88 @@ def test_a_sleeping_session_keeps_its_record_not_its_spec_and_configuration(daem
 
     history = daemon.system.loop.run(snapshot)
     assert [m.content for m in history.messages if m.role == "user"] == ["hello", "again"]
+
+
+def test_sessions_started_asleep_hold_no_stub_until_a_path_of_theirs_is_looked_up(
+    daemon: Daemon, tmp_path: Path
+) -> None:
+    # A session added asleep is its record and a row of /sessions' (no Stub, stub group, signals,
+    # wake-up closure or registry entry): a million of them fit in a daemon (benchmarks/README.md).
+    sessions = daemon.sessions
+    assert sessions is not None
+    system = daemon.system
+    project = tmp_path / "project"
+    project.mkdir()
+    ids = [f"z{i}" for i in range(SESSIONS)]
+
+    async def start() -> list[Any]:
+        return await sessions.start_all([{"working_dir": str(project), "agent_id": i, "asleep": True} for i in ids])
+
+    assert system.loop.run(start) == ids
+    assert live(Stub) == 0
+    assert system.registered("/sessions/") == []
+    # Whether each sleeps is answered without making its stub (agent.list asks so).
+    assert {system.asleep(f"/sessions/{i}") for i in ids} == {"hibernated"}
+    assert live(Stub) == 0
+    # Its agent's path makes the session's stub and the agent's, which a message wakes.
+    agent = system.whereis(agent_path("z3"))
+    assert isinstance(agent, Stub)
+    assert system.registered("/sessions/") == ["/sessions/z3", "/sessions/z3/agent"]
+
+    async def prompt() -> TurnResult:
+        return await sessions.prompt_nowait("z3", "hello")
+
+    assert system.loop.run(prompt).ok
+    assert system.asleep("/sessions/z3") is None
+    assert [path for path in system.registered("/sessions/") if not path.startswith("/sessions/z3")] == []
+
+
+def test_a_restart_reads_the_sessions_a_page_at_a_time_and_restores_them_asleep_in_start_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A million sessions are read a page of rows at a time (three here), not all at once; one
+    # record that does not decode is reported and skipped; the others come back asleep, in the
+    # order they were started (not their keys').
+    monkeypatch.setattr(tree_module, "_RECORD_PAGE", 3)
+    pages: list[tuple[str, int]] = []
+    scan_range = Store.scan_range
+
+    def counted(self: Store, namespace: str, *args: Any, **kwargs: Any) -> Any:
+        good, bad = scan_range(self, namespace, *args, **kwargs)
+        pages.append((namespace, len(good) + len(bad)))
+        return good, bad
+
+    monkeypatch.setattr(Store, "scan_range", counted)
+    config = parse_config(f'[store]\npath = "{tmp_path / "store.db"}"\n[limits]\nhibernate_after = 0.2\n')
+    project = tmp_path / "project"
+    project.mkdir()
+    ids = ["p5", "p3", "p9", "p1", "p7", "p2", "p8"]
+    with Daemon(config) as first:
+        sessions = first.sessions
+        assert sessions is not None
+
+        async def start() -> None:
+            for agent_id in ids:
+                await sessions.start(str(project), agent_id=agent_id, asleep=True)
+
+        first.system.loop.run(start)
+        first.system.store.put("sessions", "p4", {"session_id": "p4"})  # not a record: no working_dir
+    pages.clear()
+    with Daemon(config) as second:
+        supervisor = second.system.whereis("/sessions")
+        assert supervisor is not None
+        infos = supervisor.proxy().which_children().get(timeout=10)
+        assert [(info.id, info.status) for info in infos] == [(agent_id, "hibernated") for agent_id in ids]
+        bad = second.system.events.recent(10, topic="daemon.bad_session_record")
+        assert {event.data["session_id"] for event in bad} == {"p4"}  # (the spill sweep at the start reads them too)
+        # The sessions' 8 records and the agents' 7, three at a time.
+        assert [n for namespace, n in pages if namespace == "sessions"] == [3, 3, 2]
+        assert [n for namespace, n in pages if namespace == "agents"] == [3, 3, 1]
+        restored = second.sessions
+        assert restored is not None
+        assert all(isinstance(info.ref, Stub) for info in infos)
+
+        async def prompt() -> TurnResult:
+            return await restored.prompt_nowait("p7", "hello")
+
+        assert second.system.loop.run(prompt).ok

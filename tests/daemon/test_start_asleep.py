@@ -209,3 +209,37 @@ def test_a_prompt_that_wakes_a_session_which_cannot_start_is_told_why(proc: Daem
         assert caught.value.message.startswith("agent 'g1' could not be started to take the prompt: ")
         assert "cannot read script" in caught.value.message
         assert "agent.stop, then agent.start" in caught.value.message
+
+
+def test_the_whole_tree_and_agent_list_draw_sessions_started_asleep_whose_stubs_nobody_made(
+    proc: DaemonProcess,
+) -> None:
+    # A session added asleep is a row of /sessions until its path is looked up: the uncollapsed
+    # tree draws it (and its children) from the supervisor's answer, agent.list from its record.
+    model = proc.script("talk", [{"text": "answer"}])
+    with proc.client() as client:
+        starts = [
+            {"working_dir": str(proc.project), "model": model, "agent_id": f"t{n}", "asleep": True} for n in range(3)
+        ]
+        results = client.call("agents.start", {"agents": starts})["results"]
+        assert [entry["result"]["agent_id"] for entry in results] == ["t0", "t1", "t2"]
+        assert {agent_id: row["state"] for agent_id, row in rows(client).items()} == {
+            "t0": "hibernated",
+            "t1": "hibernated",
+            "t2": "hibernated",
+        }
+        tree = client.call("tree", {"path": "/sessions"})
+        drawn = {node["path"]: node for node in tree["children"]}
+        assert sorted(drawn) == ["/sessions/t0", "/sessions/t1", "/sessions/t2"]
+        for agent_id in ("t0", "t1", "t2"):
+            node = drawn[f"/sessions/{agent_id}"]
+            assert (node["kind"], node["status"]) == ("Supervisor", "hibernated")
+            children = {child["path"]: (child["kind"], child["status"]) for child in node["children"]}
+            assert children == {
+                f"/sessions/{agent_id}/tool_runner": ("ToolRunner", "hibernated"),
+                f"/sessions/{agent_id}/agent": ("Agent", "hibernated"),
+            }
+        assert client.call("agent.prompt", {"agent_id": "t1", "text": "one"})["text"] == "answer"
+        assert rows(client)["t1"]["state"] == "idle"
+        status = client.call("daemon.status")
+        assert (status["agents"], status["hibernated"]) == (3, 2)

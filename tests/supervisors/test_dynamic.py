@@ -9,9 +9,10 @@ import pykka
 import pytest
 import trio
 from sup_workers import JOURNAL, ThreadWorker, Worker
-from weald.runtime import Actor, ActorSystem, StartError
+from weald.runtime import Actor, ActorSystem, StartError, Stub
 from weald.runtime.testing import wait_for_event, wait_until
 from weald.supervisors import (
+    ChildExistsError,
     ChildNotFoundError,
     ChildSpec,
     DynamicSupervisor,
@@ -318,3 +319,45 @@ def test_which_children_answers_for_the_children_asked_about_and_statistics_coun
     system.whereis(f"{sup.path}/w0").tell("crash")
     wait_until(lambda: sup.proxy().statistics().get(timeout=5).restarts == 1, timeout=10)
     sup.stop()
+
+
+def test_children_added_asleep_have_no_stub_until_their_path_is_looked_up(system: ActorSystem) -> None:
+    # A million sessions asleep are rows of their supervisor's, not a million stubs in the registry.
+    sup = DynamicSupervisor.start()
+    base = sup.path.rstrip("/")
+    specs = [ChildSpec(f"w{n}", Worker) for n in range(3)]
+    assert sup.proxy().add_asleep(specs, {}).get(timeout=5) == ["w0", "w1", "w2"]
+    (again,) = sup.proxy().add_asleep([ChildSpec("w0", Worker)], {}).get(timeout=5)
+    assert isinstance(again, ChildExistsError)
+    assert system.registered(f"{base}/") == []
+    assert sup.proxy().statistics().get(timeout=5).asleep == 3
+    # Asked whether it sleeps, without making its stub.
+    assert system.asleep(f"{base}/w1") == "hibernated"
+    assert system.asleep(f"{base}/nobody") is None
+    assert system.registered(f"{base}/") == []
+    # Looked up: its stub is made, registered, and wakes it at its first message.
+    stub = system.whereis(f"{base}/w1")
+    assert isinstance(stub, Stub)
+    assert (stub.state, stub.path) == ("hibernated", f"{base}/w1")
+    assert system.whereis(f"{base}/w1") is stub
+    assert system.registered(f"{base}/") == [f"{base}/w1"]
+    assert JOURNAL.of("start") == []
+    assert stub.ask("hello", timeout=5) == "hello"
+    assert JOURNAL.of("start") == [f"{base}/w1"]
+    wait_until(lambda: sup.proxy().statistics().get(timeout=5).asleep == 2, timeout=10)
+    assert system.asleep(f"{base}/w1") is None
+    # One never looked up is stopped by id; another by the stub its which_children gives.
+    assert sup.proxy().stop_child("w2").get(timeout=5) is True
+    assert system.whereis(f"{base}/w2") is None
+    (info,) = sup.proxy().which_children(["w0"]).get(timeout=5)
+    assert isinstance(info.ref, Stub)
+    assert info.status == "hibernated"
+    sup.proxy().terminate_child(info.ref).get(timeout=5)
+    assert not info.ref.is_alive()
+    assert system.whereis(f"{base}/w0") is None
+    assert [i.id for i in sup.proxy().which_children().get(timeout=5)] == ["w1"]
+    sup.proxy().add_asleep([ChildSpec("w3", Worker)], {}).get(timeout=5)
+    sup.stop()
+    # The supervisor's table went with it: nothing answers for its children's paths.
+    assert system.whereis(f"{base}/w3") is None
+    assert system.asleep(f"{base}/w3") is None
