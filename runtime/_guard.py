@@ -25,6 +25,7 @@ caught so far.
 from __future__ import annotations
 
 import ipaddress
+import linecache
 import os
 import sys
 import threading
@@ -64,6 +65,7 @@ _QUIET = ("/proc", "/sys", "/dev/null")
 _LOOKUP_ONLY = getattr(os, "O_PATH", 0) | os.O_DIRECTORY
 _MAX_KEPT = 200
 _STDLIB = os.path.dirname(os.__file__)
+_LINECACHE = linecache.__file__
 # weald's source root (runtime/, tools/, supervisors/ and tests/ sit in it):
 # the report names the line there that asked for the call.
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -140,6 +142,8 @@ def _report(event: str, args: tuple[Any, ...]) -> None:
     frames.reverse()  # oldest first
     if any(f.filename.startswith("<frozen importlib") for f in frames):
         return  # an import reading its module
+    if any(f.filename == _LINECACHE for f in frames):
+        return  # a traceback's source lines, for an error being logged (which is the news, not its cost)
     site = next(
         (f for f in reversed(frames) if f.filename.startswith(_ROOT)),
         next((f for f in reversed(frames) if not f.filename.startswith((_STDLIB, "<"))), frames[-1]),

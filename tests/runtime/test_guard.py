@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import linecache
 import os
 import socket
+import traceback
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -31,6 +34,12 @@ def test_a_file_read_on_the_loop_thread_is_caught_with_the_line_that_asked(syste
 
 
 def test_what_cannot_block_is_not_caught(system: ActorSystem, tmp_path: Path) -> None:
+    source = tmp_path / "failing_module.py"
+    source.write_text("def fail():\n    raise ValueError('logged')\n")
+    namespace: dict[str, Any] = {}
+    exec(compile(source.read_text(), str(source), "exec"), namespace)
+    linecache.checkcache(str(source))
+
     async def harmless() -> None:
         await trio.to_thread.run_sync((tmp_path / "f").write_text, "in a worker thread")
         os.close(os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY))  # a path lookup
@@ -46,6 +55,13 @@ def test_what_cannot_block_is_not_caught(system: ActorSystem, tmp_path: Path) ->
         finally:
             sock.close()
         socket.getaddrinfo("127.0.0.1", 80)  # an address: nothing to look up
+        # An error logged with its traceback: the source lines it shows are read
+        # (once) from a module not read before; the error is the news, not that read.
+        try:
+            namespace["fail"]()
+        except ValueError:
+            text = "".join(traceback.format_exc())
+        assert "raise ValueError('logged')" in text
 
     system.loop.run(harmless)
     assert take_loop_guard_violations() == []
