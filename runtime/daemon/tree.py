@@ -1848,9 +1848,10 @@ def _created(record: SessionRecord) -> float:
 
 
 def _share_strings(record: SessionRecord) -> None:
-    """Make a restored record's directories and model the strings every other session of them holds."""
+    """Make a restored record's directories, model and status the strings every other session of them holds."""
     record.working_dir = sys.intern(record.working_dir)
     record.model = sys.intern(record.model)
+    record.status = sys.intern(record.status)  # "active": decoded, one string a session
     if record.project is not None:
         record.project = sys.intern(record.project)
 
