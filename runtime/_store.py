@@ -1157,19 +1157,34 @@ class Store:
         """This process's node identity (None until `join`)."""
         return self._node
 
-    def join(self, node_id: str, *, lease: float = DEFAULT_LEASE, info: Mapping[str, Any] | None = None) -> NodeLease:
+    def join(
+        self,
+        node_id: str,
+        *,
+        lease: float = DEFAULT_LEASE,
+        info: Mapping[str, Any] | None = None,
+        commit_log: bool = False,
+    ) -> NodeLease:
         """Join the store as node ``node_id``: this start's epoch is the previous one + 1.
 
         On a database several nodes share, a thread of the store renews the
         node's lease every third of ``lease`` from now on (see the module
-        docstring). Blocking.
+        docstring). With ``commit_log``, on such a database, each fenced
+        commit is also logged (``[store] commit_log``). Blocking.
 
         Raises:
-            StoreError: the database could not register the node.
+            StoreError: the database could not register the node, or
+                ``commit_log`` was asked of a store that does not fence.
         """
         self._check_open()
+        if commit_log and not self._backend.fences:
+            msg = "[store] commit_log logs the commits of nodes sharing a PostgreSQL store: set [store] url too"
+            raise StoreError(msg)
         started = time.monotonic()
         node = self._backend.join(node_id, lease, info or {})
+        if commit_log:
+            self._backend.open_commit_log()
+            node = attrs.evolve(node, commit_log=True)
         self._node = node
         if self._backend.fences:
             self._lease_deadline = started + lease

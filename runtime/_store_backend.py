@@ -213,11 +213,14 @@ class NodeLease:
         epoch: how many times a node of this name has started on this store,
             this start included: a write of an older epoch is refused.
         lease: seconds the node's lease lasts; it is renewed every third of it.
+        commit_log: each fenced commit is also logged (node, epoch, sessions
+            and their epochs), where the backend keeps such a log.
     """
 
     node_id: str
     epoch: int
     lease: float
+    commit_log: bool = False
 
 
 # -- the contract ----------------------------------------------------------------------------------
@@ -358,6 +361,11 @@ class StoreBackend(ABC):
 
         ``info`` (host, pid, ...) is kept in the node's row for those who list nodes.
         """
+
+    def open_commit_log(self) -> None:
+        """Make ready the log of fenced commits (`NodeLease.commit_log`); a backend that fences keeps one."""
+        msg = f"{type(self).__name__} keeps no commit log"
+        raise NotImplementedError(msg)
 
     @abstractmethod
     def renew(self, node: NodeLease, info: Mapping[str, Any] | None = None) -> bool:

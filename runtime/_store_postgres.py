@@ -16,6 +16,9 @@ Tables (all named ``weald_*``, so the database may hold others):
 - ``weald_memory_index``: the notes of ``memory`` with a weighted
   ``tsvector`` (key A, tags B, text C) under a GIN index, written in the
   note's transaction.
+- ``weald_commit_log (seq, node_id, node_epoch, agent_ids, epochs, at)``:
+  only with ``[store] commit_log`` (made when a node joins with it): a row
+  per fenced commit, written after the fence in the commit's transaction.
 - ``weald_meta``: the schema version. A database with another version is
   refused at open (`StoreSchemaError`), never altered.
 
@@ -169,6 +172,18 @@ _INDEX_NOTE: Final = (
     "FROM unnest(%(k)s::text[], %(s)s::text[], %(n)s::text[], %(t)s::text[], %(b)s::text[]) AS u(k, s, n, t, b) "
     "ON CONFLICT (store_key) DO UPDATE SET scope = EXCLUDED.scope, key = EXCLUDED.key, tags = EXCLUDED.tags, "
     "body = EXCLUDED.body, doc = EXCLUDED.doc"
+)
+
+
+# [store] commit_log: a row per fenced commit, in its transaction, after the fence (so in the order
+# the placement rows' locks allow: a takeover waits for the commits that share-locked them).
+_COMMIT_LOG_TABLE: Final = (
+    "CREATE TABLE IF NOT EXISTS weald_commit_log (seq bigserial PRIMARY KEY, node_id text NOT NULL, "
+    "node_epoch bigint NOT NULL, agent_ids text[] NOT NULL, epochs bigint[] NOT NULL, "
+    "at timestamptz NOT NULL DEFAULT clock_timestamp())"
+)
+_LOG_COMMIT: Final = (
+    "INSERT INTO weald_commit_log (node_id, node_epoch, agent_ids, epochs) VALUES (%s, %s, %s::text[], %s::bigint[])"
 )
 
 
@@ -505,6 +520,8 @@ class PostgresBackend(StoreBackend):
                         "SELECT weald_fence(%s, %s::text[], %s::bigint[])",
                         (node.node_id, list(fence), list(fence.values())),
                     )
+                    if node.commit_log:
+                        conn.execute(_LOG_COMMIT, (node.node_id, node.epoch, list(fence), list(fence.values())))
                 for namespace, values in group.items():
                     self.apply(conn, namespace, values, [])
                 conn.execute("COMMIT")
@@ -581,6 +598,16 @@ class PostgresBackend(StoreBackend):
         epoch, version = rows[0]
         self._seen_version = int(version)
         return NodeLease(node_id=node_id, epoch=int(epoch), lease=lease)
+
+    def open_commit_log(self) -> None:
+        # Nodes starting together: one creates the table, the others wait and find it.
+        self._node_call(
+            "the commit log",
+            "DO $$ BEGIN PERFORM pg_advisory_xact_lock(hashtext('weald_commit_log')); "
+            + _COMMIT_LOG_TABLE
+            + "; END $$",
+            None,
+        )
 
     def renew(self, node: NodeLease, info: Mapping[str, Any] | None = None) -> bool:
         rows = self._node_call(

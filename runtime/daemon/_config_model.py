@@ -586,6 +586,11 @@ class StoreConfig:
             the state directory.
         lease: Seconds a node's lease lasts; it is renewed every third of
             it, and a node that cannot renew it stops writing its sessions.
+        commit_log: PostgreSQL: each fenced commit is also logged in the
+            ``weald_commit_log`` table (the node, its epoch, the sessions and
+            the epochs it wrote them under), in the same transaction, to
+            audit that no session ever had two owners. It grows by a row a
+            commit: for tests and audits, not for every day.
     """
 
     path: Path = Path("~/.weald/store.db")
@@ -595,6 +600,7 @@ class StoreConfig:
     url: str | None = checked(None, optional(check_store_url))
     node_id: str | None = checked(None, optional(check_node_id))
     lease: float = checked(5.0, check_seconds)
+    commit_log: bool = False
 
 
 _RETENTION = re.compile(r"^\s*(?:(all)|(\d+)\s*(days?|d|turns?))\s*$")

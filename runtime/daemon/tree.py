@@ -2231,7 +2231,9 @@ class Daemon:
             info["tls"] = self.cluster_port.tls is not None
         info["labels"] = dict(self.config.cluster.labels)
         store.lease_info = self.load_info
-        self.node = store.join(node_id, lease=self.config.store.lease, info=info)
+        self.node = store.join(
+            node_id, lease=self.config.store.lease, info=info, commit_log=self.config.store.commit_log
+        )
 
     def _on_fenced(self, session_ids: tuple[str, ...], error: BaseException) -> None:
         # On the store's committer or lease thread: the sessions are stopped on the loop.

@@ -41,12 +41,16 @@ class Cluster:
         url: the database.
         lease: the nodes' lease, seconds.
         node_config: more TOML for each node's configuration (tools, limits).
+        commit_log: the nodes log each fenced commit (``[store] commit_log``).
     """
 
-    def __init__(self, root: Path, url: str, *, lease: float = 5.0, node_config: str = "") -> None:
+    def __init__(
+        self, root: Path, url: str, *, lease: float = 5.0, node_config: str = "", commit_log: bool = False
+    ) -> None:
         self.root = root
         self.url = url
         self.lease = lease
+        self.commit_log = commit_log
         self.secret = "test-" + secrets.token_hex(16)
         self.node_config = node_config
         self.nodes: dict[str, DaemonProcess] = {}
@@ -64,6 +68,8 @@ class Cluster:
             root = self.root / name
             root.mkdir(parents=True, exist_ok=True)
             store = f"url = {json.dumps(self.url)}\nnode_id = {json.dumps(name)}\nlease = {self.lease}"
+            if self.commit_log:
+                store += "\ncommit_log = true"
             self.nodes[name] = DaemonProcess(
                 root, store=store, extra_config=self.node_config + "\n" + self._cluster_toml(labels)
             )
@@ -137,6 +143,33 @@ class Cluster:
         finally:
             backend.close()
         return dict(conn_rows)
+
+    def commit_log_owners(self) -> tuple[int, dict[str, set[str]]]:
+        """Check the nodes' commit log: no session ever had two owners. Returns the rows read and each session's writers.
+
+        In the log's order (a takeover's epoch + 1 waits for the commits that
+        share-locked the placement row before it), a session's commits never go
+        back to an older epoch, and all those of one epoch are one node's.
+        """
+        import psycopg
+
+        with psycopg.connect(self.url) as conn:
+            rows = conn.execute("SELECT node_id, agent_ids, epochs FROM weald_commit_log ORDER BY seq").fetchall()
+        last: dict[str, tuple[int, str]] = {}  # session -> (epoch, node) of its latest commit so far
+        writers: dict[str, set[str]] = {}
+        for node, ids, epochs in rows:
+            for session, epoch in zip(ids, epochs, strict=True):
+                seen = last.get(session)
+                if seen is not None:
+                    assert epoch >= seen[0], (
+                        f"{session}: {node} wrote under epoch {epoch} after {seen[1]} under {seen[0]}"
+                    )
+                    assert epoch > seen[0] or node == seen[1], (
+                        f"{session}: epoch {epoch} written by {seen[1]} and {node}"
+                    )
+                last[session] = (epoch, node)
+                writers.setdefault(session, set()).add(node)
+        return len(rows), writers
 
     def close(self) -> None:
         procs = [*self.nodes.values(), *([self.front] if self.front else [])]

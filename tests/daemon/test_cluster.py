@@ -35,7 +35,7 @@ TURNS = 40  # scripted answers each session has
 def cluster(tmp_path_factory: pytest.TempPathFactory, pg_cluster: Any) -> Iterator[Cluster]:
     root = tmp_path_factory.mktemp("cluster")
     url = pg_cluster.url(pg_cluster.create_database())
-    cluster = Cluster(root, url, lease=LEASE)
+    cluster = Cluster(root, url, lease=LEASE, commit_log=True)
     script = root / "answers.json"
     script.write_text(json.dumps({"turns": [{"text": f"answer {i}"} for i in range(TURNS)]}))
     cluster.model = f"scripted:{script}"  # type: ignore[attr-defined]
@@ -157,6 +157,12 @@ def test_a_killed_node_s_sessions_answer_from_the_survivors_within_seconds_and_n
     assert len(acked_before) >= 20
     check_exactly_once(cluster, load.acked)
     check_one_owner_each(cluster, ("n2", "n3"), len(everyone))
+    # Never two owners, from the nodes' own commits: n1's sessions it wrote before its
+    # death were written by a survivor after it, under a newer epoch, never in between.
+    _, writers = cluster.commit_log_owners()
+    written_by_n1 = {a["agent_id"] for a in acked_before} & set(victims)
+    assert written_by_n1
+    assert all("n1" in writers[s] and writers[s] & {"n2", "n3"} for s in written_by_n1), written_by_n1
 
 
 def test_a_prompt_in_flight_on_a_node_that_dies_is_retried_by_the_front_and_runs_once(cluster: Cluster) -> None:
@@ -238,6 +244,7 @@ def test_a_frozen_node_loses_its_sessions_and_commits_nothing_once_it_thaws(clus
         assert direct.call("debug_state")["system"]["store"]["commits"] == commits
     assert not running_on(cluster, "n2")
     check_exactly_once(cluster, load.acked)
+    cluster.commit_log_owners()  # the frozen node's sessions: a new owner, a newer epoch, never two at once
 
 
 def test_the_front_killed_and_restarted_under_load_loses_nothing_acknowledged(cluster: Cluster) -> None:
@@ -281,6 +288,7 @@ def test_a_drained_node_hands_every_session_over_and_stops(cluster: Cluster) -> 
         for agent_id in random.Random(7).sample(leaving, min(30, len(leaving))):
             assert client.call("agent.prompt", {"agent_id": agent_id, "text": "moved?"}, timeout=60)["ok"]
     check_one_owner_each(cluster, others, total)
+    cluster.commit_log_owners()  # handed over with epoch + 1: the drained node wrote nothing after
     # Back with a label pinning a project to it: that project's new sessions go there, others do not.
     pinned = cluster.root / "pinned"
     pinned.mkdir(exist_ok=True)

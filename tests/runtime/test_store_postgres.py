@@ -409,3 +409,40 @@ def test_statistics_name_the_node_and_its_lease(stores: Callable[..., Store]) ->
     assert stats["sessions"] == 1
     assert 0 < stats["lease_left"] <= 3
     wait_until(lambda: s.lease_renewals >= 1, timeout=10, message="a renewal")
+
+
+def test_a_node_with_a_commit_log_logs_each_fenced_commit_and_not_a_refused_one(
+    stores: Callable[..., Store], pg_cluster: Any, url: str, tmp_path: Path
+) -> None:
+    import psycopg
+
+    a = stores()
+    node = a.join("log-a", lease=5, commit_log=True)
+    assert node.commit_log
+    assert a.claim(["l1", "l2"]) == {"l1": 1, "l2": 1}
+    a.enqueue_nowait("agents", "l1", {"v": 1}, session="l1")
+    a.enqueue_nowait("agents", "l2", {"v": 1}, session="l2")
+    a.flush().get(timeout=20)
+    database = url.rsplit("/", 1)[1]
+    pg_cluster.psql("UPDATE weald_placement SET owner = 'log-b', epoch = epoch + 1 WHERE agent_id = 'l1'", database)
+    a.enqueue_nowait("agents", "l1", {"v": 2}, session="l1")
+    with pytest.raises(StoreFencedError):
+        a.flush("l1").get(timeout=20)
+    with psycopg.connect(url) as conn:
+        rows = conn.execute(
+            "SELECT node_id, node_epoch, agent_ids, epochs FROM weald_commit_log WHERE node_id = 'log-a' ORDER BY seq"
+        ).fetchall()
+    # Each session's commit once (in one group or two), under this start's epoch; the
+    # refused one left no row (its transaction rolled back).
+    assert {(n, e) for n, e, _, _ in rows} == {("log-a", node.epoch)}
+    assert sorted(pair for _, _, ids, epochs in rows for pair in zip(ids, epochs, strict=True)) == [
+        ("l1", 1),
+        ("l2", 1),
+    ]
+    # Without a database that fences, there is nothing to log: said at once.
+    local = Store(tmp_path / "store.db")
+    try:
+        with pytest.raises(StoreError, match=r"commit_log .* PostgreSQL"):
+            local.join("n", commit_log=True)
+    finally:
+        local.close()
