@@ -446,14 +446,7 @@ class Store:
         """
         rows = self._select(namespace, "key, value", prefix)
         self.reads += len(rows)
-        good: list[tuple[str, Any]] = []
-        bad: list[tuple[str, StoreCodecError]] = []
-        for key, raw in rows:
-            try:
-                good.append((key, self._decode(namespace, key, raw, type)))
-            except StoreCodecError as exc:
-                bad.append((key, exc))
-        return good, bad
+        return self._decode_apart(namespace, rows, type)
 
     def items_range(
         self,
@@ -502,6 +495,12 @@ class Store:
         and the last bad key).
         """
         rows = self._range_rows(namespace, prefix, start, None, limit, newest_first=False)
+        return self._decode_apart(namespace, rows, type)
+
+    def _decode_apart(
+        self, namespace: str, rows: list[tuple[str, Any]], type: Any
+    ) -> tuple[list[tuple[str, Any]], list[tuple[str, StoreCodecError]]]:
+        """``rows`` decoded: the ``(key, value)`` pairs that decoded, and the ``(key, error)`` pairs that did not."""
         good: list[tuple[str, Any]] = []
         bad: list[tuple[str, StoreCodecError]] = []
         for key, raw in rows:

@@ -376,6 +376,33 @@ def network_allowed(setting: object, command: str) -> bool:
     return any(fnmatch.fnmatchcase(text, str(pattern)) for pattern in setting)
 
 
+async def _sandbox_bwrap(mode: str) -> str | None:
+    """The ``bwrap`` a command of ``[tools.shell] sandbox = mode`` runs under; None: it runs outside the sandbox.
+
+    Raises:
+        ToolError: ``mode`` is ``"required"`` and the sandbox does not work here.
+    """
+    if mode == "off":
+        return None
+    status = cached_sandbox_status()
+    if status is None:
+        status = await trio.to_thread.run_sync(sandbox_status)
+    if status.available and status.bwrap is not None:
+        return status.bwrap
+    if mode == "required":
+        raise ToolError(
+            f'commands may only run in weald\'s OS sandbox here ([tools.shell] sandbox = "required"), '
+            f"and it does not work on this machine: {status.reason}. Nothing was run. Ask the user to "
+            f"{SANDBOX_ENABLE_HINT}.",
+        )
+    return None
+
+
+def _unsandboxed(mode: str) -> str:
+    """A `_Launch`'s mode for a command run outside the sandbox: ``off`` as asked, or ``unavailable``."""
+    return "off" if mode == "off" else "unavailable"
+
+
 async def _launch(ctx: ToolContext, command: str, workdir: Path, fd: int) -> _Launch:
     """The command line for ``command``: in the OS sandbox when it is on and works here.
 
@@ -385,19 +412,9 @@ async def _launch(ctx: ToolContext, command: str, workdir: Path, fd: int) -> _La
     env = _environment(ctx, workdir)
     mode = str(ctx.config.option("shell", "sandbox", "auto"))
     network = network_allowed(ctx.config.option("shell", "network", False), command)
-    if mode == "off":
-        return _Launch(_argv(command), env, mode="off", network=True, pass_fds=(fd,))
-    status = cached_sandbox_status()
-    if status is None:
-        status = await trio.to_thread.run_sync(sandbox_status)
-    if not status.available or status.bwrap is None:
-        if mode == "required":
-            raise ToolError(
-                f'commands may only run in weald\'s OS sandbox here ([tools.shell] sandbox = "required"), '
-                f"and it does not work on this machine: {status.reason}. Nothing was run. Ask the user to "
-                f"{SANDBOX_ENABLE_HINT}.",
-            )
-        return _Launch(_argv(command), env, mode="unavailable", network=True, pass_fds=(fd,))
+    bwrap = await _sandbox_bwrap(mode)
+    if bwrap is None:
+        return _Launch(_argv(command), env, mode=_unsandboxed(mode), network=True, pass_fds=(fd,))
     search_path = env.get("PATH", "")
     env["TMPDIR"] = "/tmp"  # noqa: S108 - the sandbox's own /tmp
     placeholders = Placeholders()
@@ -411,7 +428,7 @@ async def _launch(ctx: ToolContext, command: str, workdir: Path, fd: int) -> _La
         with trio.CancelScope(shield=True):
             await trio.to_thread.run_sync(placeholders.release)
         raise
-    argv = [status.bwrap, "--args", str(options_fd), "--", *_argv(command)]
+    argv = [bwrap, "--args", str(options_fd), "--", *_argv(command)]
     # No directory's descriptor goes in: one opened out here would lead back
     # out of the sandbox's mounts (openat(fd, "..")). bwrap starts in the
     # pinned directory and enters it again by its name, inside. The options
@@ -823,19 +840,9 @@ async def _editor_launch(ctx: ToolContext, command: str, workdir: Path, mark: st
     mode = str(ctx.config.option("shell", "sandbox", "auto"))
     network = network_allowed(ctx.config.option("shell", "network", False), command)
     spec: dict[str, Any] = {"argv": _argv(command), "env": env, "cwd": str(workdir), "bwrap": None, "options": None}
-    if mode == "off":
-        return _Launch(_argv(command), env, mode="off", network=True, pass_fds=()), spec
-    status = cached_sandbox_status()
-    if status is None:
-        status = await trio.to_thread.run_sync(sandbox_status)
-    if not status.available or status.bwrap is None:
-        if mode == "required":
-            raise ToolError(
-                f'commands may only run in weald\'s OS sandbox here ([tools.shell] sandbox = "required"), '
-                f"and it does not work on this machine: {status.reason}. Nothing was run. Ask the user to "
-                f"{SANDBOX_ENABLE_HINT}.",
-            )
-        return _Launch(_argv(command), env, mode="unavailable", network=True, pass_fds=()), spec
+    bwrap = await _sandbox_bwrap(mode)
+    if bwrap is None:
+        return _Launch(_argv(command), env, mode=_unsandboxed(mode), network=True, pass_fds=()), spec
     search_path = env.get("PATH", "")
     env["TMPDIR"] = "/tmp"  # noqa: S108 - the sandbox's own /tmp
     placeholders = Placeholders()
@@ -849,7 +856,7 @@ async def _editor_launch(ctx: ToolContext, command: str, workdir: Path, mark: st
         with trio.CancelScope(shield=True):
             await trio.to_thread.run_sync(placeholders.release)
         raise
-    spec["bwrap"] = status.bwrap
+    spec["bwrap"] = bwrap
     launch = _Launch(_argv(command), env, mode="bwrap", network=network, pass_fds=(), placeholders=placeholders)
     return launch, spec
 

@@ -51,7 +51,6 @@ import attrs
 import msgspec
 import trio
 from weald.runtime import ActorSystem, StoreError, mask_url, register_secret, restore_environ
-from weald.runtime._codec import msgspec_convert
 from weald.runtime._version import VERSION
 from weald.runtime.daemon._cluster import (
     ClusterError,
@@ -95,8 +94,8 @@ from weald.runtime.daemon.server import (
     SessionsPageParams,
     TasksListParams,
     TreeParams,
+    _check_batch_starts,
     _crash_on_error,
-    _describe,
     _failure,
     _Params,
     prepare_socket,
@@ -659,31 +658,11 @@ class FrontServer(Server):
     async def _f_agents_start(self, conn: Connection, p: AgentsStartParams) -> Any:
         """``agents.start``: each entry placed, one request per node; each answered in its place."""
         self._refuse_when_stopping("agents.start")
-        count = len(p.agents)
-        from weald.runtime.daemon.server import MAX_BATCH_STARTS
-
-        if not 1 <= count <= MAX_BATCH_STARTS:
-            msg = (
-                f"agents: give 1 to {MAX_BATCH_STARTS:,} starts per agents.start request, got {count:,}; "
-                "split them into several requests"
-            )
-            raise RPCError(INVALID_PARAMS, f"invalid params for agents.start: {msg}", {"field": "agents"})
-        results: list[dict[str, Any]] = [{} for _ in range(count)]
+        results, valid = _check_batch_starts(p.agents)
         groups: dict[str, list[tuple[int, Any]]] = {}
         placed: dict[str, int] = {}  # the batch's own count: the nodes' rows do not show it yet
         await self.nodes(fresh=True)
-        for index, raw in enumerate(p.agents):
-            where = f"agents[{index}]"
-            if not isinstance(raw, dict):
-                message = f"invalid params for agents.start ({where}): expected an object of agent.start params"
-                results[index] = _failure(INVALID_PARAMS, message, {"field": where})
-                continue
-            try:
-                checked = msgspec_convert(raw, AgentStartParams)
-            except msgspec.ValidationError as exc:
-                message = f"invalid params for agents.start ({where}): {_describe(exc)}"
-                results[index] = _failure(INVALID_PARAMS, message, {"field": where})
-                continue
+        for index, raw, checked in valid:
             node_id = await self._choose(_raw(checked), placed)
             groups.setdefault(node_id, []).append((index, raw))
 

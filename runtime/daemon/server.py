@@ -1136,28 +1136,10 @@ class Server(Actor):
         ``agent.start`` would carry; one entry's failure leaves the others be.
         """
         self._refuse_when_stopping("agents.start")
-        count = len(p.agents)
-        if not 1 <= count <= MAX_BATCH_STARTS:
-            msg = (
-                f"agents: give 1 to {MAX_BATCH_STARTS:,} starts per agents.start request, got {count:,}; "
-                "split them into several requests"
-            )
-            raise RPCError(INVALID_PARAMS, f"invalid params for agents.start: {msg}", {"field": "agents"})
-        results: list[dict[str, Any]] = [{} for _ in range(count)]
+        results, valid = _check_batch_starts(p.agents)
         starts: list[dict[str, Any]] = []
         places: list[int] = []
-        for index, raw in enumerate(p.agents):
-            where = f"agents[{index}]"
-            if not isinstance(raw, dict):
-                message = f"invalid params for agents.start ({where}): expected an object of agent.start params"
-                results[index] = _failure(INVALID_PARAMS, message, {"field": where})
-                continue
-            try:
-                params = msgspec_convert(raw, AgentStartParams)
-            except msgspec.ValidationError as exc:
-                message = f"invalid params for agents.start ({where}): {_describe(exc)}"
-                results[index] = _failure(INVALID_PARAMS, message, {"field": where})
-                continue
+        for index, _, params in valid:
             options = msgspec.structs.asdict(params)
             options["asleep"] = self._sessions.start_asleep if params.asleep is None else params.asleep
             starts.append(options)
@@ -2473,6 +2455,43 @@ def _failure(code: int, message: str, data: Any = None) -> dict[str, Any]:
     if data is not None:
         error["data"] = data
     return {"error": error}
+
+
+def _check_batch_starts(
+    agents: list[Any],
+) -> tuple[list[dict[str, Any]], list[tuple[int, dict[str, Any], AgentStartParams]]]:
+    """An ``agents.start`` batch checked: a result slot for each entry, and the entries that are valid.
+
+    An entry that is not an object of ``agent.start`` params has its slot
+    filled with the error naming it (``agents[i]``); the others are
+    returned with their index, as given and as checked.
+
+    Raises:
+        RPCError: the batch is empty or larger than `MAX_BATCH_STARTS`.
+    """
+    count = len(agents)
+    if not 1 <= count <= MAX_BATCH_STARTS:
+        msg = (
+            f"agents: give 1 to {MAX_BATCH_STARTS:,} starts per agents.start request, got {count:,}; "
+            "split them into several requests"
+        )
+        raise RPCError(INVALID_PARAMS, f"invalid params for agents.start: {msg}", {"field": "agents"})
+    results: list[dict[str, Any]] = [{} for _ in range(count)]
+    valid: list[tuple[int, dict[str, Any], AgentStartParams]] = []
+    for index, raw in enumerate(agents):
+        where = f"agents[{index}]"
+        if not isinstance(raw, dict):
+            message = f"invalid params for agents.start ({where}): expected an object of agent.start params"
+            results[index] = _failure(INVALID_PARAMS, message, {"field": where})
+            continue
+        try:
+            params = msgspec_convert(raw, AgentStartParams)
+        except msgspec.ValidationError as exc:
+            message = f"invalid params for agents.start ({where}): {_describe(exc)}"
+            results[index] = _failure(INVALID_PARAMS, message, {"field": where})
+            continue
+        valid.append((index, raw, params))
+    return results, valid
 
 
 def _error(request_id: Any, code: int, message: str, data: Any = None) -> dict[str, Any]:

@@ -279,6 +279,38 @@ class Load:
         wait_until(lambda: len(self.acked) >= start + count, timeout=timeout, message=lambda: f"{count} more acks")
 
 
+def prompt_all(cluster: Any, agent_ids: list[str], threads: int = 8, text: str = "still there?") -> dict[str, float]:
+    """Prompt each session once through the front, from ``threads`` clients; each one's seconds (fails on any error)."""
+    answered: dict[str, float] = {}
+    failures: list[str] = []
+    lock = threading.Lock()
+
+    def run(share: list[str]) -> None:
+        with cluster.client() as client:
+            for agent_id in share:
+                sent = time.monotonic()
+                try:
+                    reply = client.call("agent.prompt", {"agent_id": agent_id, "text": text}, timeout=120)
+                except RPCCallError as exc:
+                    with lock:
+                        failures.append(f"{agent_id}: {exc}")
+                    continue
+                with lock:
+                    if reply.get("ok"):
+                        answered[agent_id] = time.monotonic() - sent
+                    else:
+                        failures.append(f"{agent_id}: {reply}")
+
+    workers = [threading.Thread(target=run, args=(agent_ids[i::threads],)) for i in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(600)
+    assert not failures, failures[:5]
+    assert len(answered) == len(agent_ids)
+    return answered
+
+
 def check_exactly_once(cluster: Any, acked: list[dict[str, Any]]) -> None:
     """Each acknowledged prompt: its user message once in its session's history, its turn once and done."""
     store = Store(url=cluster.url)

@@ -20,7 +20,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cluster_harness import Cluster, Load, check_exactly_once, check_one_owner_each, running_on, sessions_of, weald
+from cluster_harness import (
+    Cluster,
+    Load,
+    check_exactly_once,
+    check_one_owner_each,
+    prompt_all,
+    running_on,
+    sessions_of,
+    weald,
+)
 from weald.runtime import Store
 from weald.runtime.daemon.client import RPCCallError
 from weald.runtime.testing import wait_until
@@ -114,34 +123,7 @@ def test_a_killed_node_s_sessions_answer_from_the_survivors_within_seconds_and_n
         wait_until(moved, timeout=60, message="n1's sessions to be adopted by n2 and n3")
         adopted_after = time.monotonic() - killed
         # Every one of n1's sessions answers a prompt, from a survivor.
-        answered: dict[str, float] = {}
-        failures: list[str] = []
-        lock = threading.Lock()
-
-        def prompt_all(share: list[str]) -> None:
-            with cluster.client() as client:
-                for agent_id in share:
-                    sent = time.monotonic()
-                    try:
-                        reply = client.call(
-                            "agent.prompt", {"agent_id": agent_id, "text": "are you there?"}, timeout=120
-                        )
-                    except RPCCallError as exc:
-                        with lock:
-                            failures.append(f"{agent_id}: {exc}")
-                        continue
-                    with lock:
-                        if reply.get("ok"):
-                            answered[agent_id] = time.monotonic() - sent
-                        else:
-                            failures.append(f"{agent_id}: {reply}")
-
-        shares = [victims[i::16] for i in range(16)]
-        threads = [threading.Thread(target=prompt_all, args=(share,)) for share in shares]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(600)
+        answered = prompt_all(cluster, victims, threads=16, text="are you there?")
         all_answered = time.monotonic() - killed
         load.wait_for(10)
     print(
@@ -149,8 +131,6 @@ def test_a_killed_node_s_sessions_answer_from_the_survivors_within_seconds_and_n
         f"{all_answered:.1f} s after; slowest prompt {max(answered.values()):.2f} s; load: {len(load.acked)} acked, "
         f"{len(load.errors)} errors"
     )
-    assert not failures, failures[:5]
-    assert len(answered) == len(victims)
     assert adopted_after <= LEASE + 5, adopted_after
     assert max(answered.values()) <= 10, max(answered.values())
     assert not load.errors, load.errors[:5]

@@ -20,16 +20,15 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from cluster_harness import Load, check_exactly_once, check_one_owner_each, sessions_of
+from cluster_harness import Load, check_exactly_once, check_one_owner_each, prompt_all, sessions_of
 from weald.runtime import scan_proc
-from weald.runtime.daemon.client import Client, RPCCallError
+from weald.runtime.daemon.client import Client
 from weald.runtime.testing import process_alive, wait_until
 
 NODES = ("m1", "m2", "m3")
@@ -198,38 +197,6 @@ def wait_back(ray: RayWeald, name: str, old: dict[str, Any], killed: float) -> f
 
     wait_until(back, timeout=60, interval=0.05, message=lambda: f"node {name} to come back; rows: {ray.rows()}")
     return time.monotonic() - killed
-
-
-def prompt_all(ray: RayWeald, agent_ids: list[str], threads: int = 8) -> dict[str, float]:
-    """Prompt each session once through the front; each one's seconds (fails on any error)."""
-    answered: dict[str, float] = {}
-    failures: list[str] = []
-    lock = threading.Lock()
-
-    def run(share: list[str]) -> None:
-        with ray.client() as client:
-            for agent_id in share:
-                sent = time.monotonic()
-                try:
-                    reply = client.call("agent.prompt", {"agent_id": agent_id, "text": "still there?"}, timeout=120)
-                except RPCCallError as exc:
-                    with lock:
-                        failures.append(f"{agent_id}: {exc}")
-                    continue
-                with lock:
-                    if reply.get("ok"):
-                        answered[agent_id] = time.monotonic() - sent
-                    else:
-                        failures.append(f"{agent_id}: {reply}")
-
-    workers = [threading.Thread(target=run, args=(agent_ids[i::threads],)) for i in range(threads)]
-    for worker in workers:
-        worker.start()
-    for worker in workers:
-        worker.join(600)
-    assert not failures, failures[:5]
-    assert len(answered) == len(agent_ids)
-    return answered
 
 
 # -- the module's Ray cluster, database and launcher ---------------------------------------------------------
