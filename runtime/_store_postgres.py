@@ -45,6 +45,7 @@ every call here is sync, on a worker thread or the store's own threads.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import threading
 import time
@@ -161,8 +162,23 @@ INSERT INTO weald_meta VALUES ('schema', '@VERSION@');
 _CLAIMABLE: Final = """(p.owner IS NULL OR p.owner = %(me)s OR (p.lease < now() AND NOT EXISTS (
     SELECT 1 FROM weald_nodes n WHERE n.node_id = p.owner AND n.lease_until > now())))"""
 
+# Parameters go in binary (%b): a value is sent as its bytes, not hex-escaped (15 rows: 650 -> 490 us).
 _UPSERT: Final = (
-    "INSERT INTO weald_kv (ns, key, value) SELECT %s, unnest(%s::text[]), unnest(%s::bytea[]) "
+    "INSERT INTO weald_kv (ns, key, value) SELECT %b, unnest(%b::text[]), unnest(%b::bytea[]) "
+    "ON CONFLICT (ns, key) DO UPDATE SET value = EXCLUDED.value, seq = EXCLUDED.seq"
+)
+# A whole group in one statement, so in one implicit transaction (the connection is autocommit): no
+# BEGIN, no COMMIT, one parse and execute for every namespace at once. The fenced form joins the
+# writes to the fence's one row, so the fence runs (and may abort the statement) before a row is made.
+_UPSERT_GROUP: Final = (
+    "INSERT INTO weald_kv (ns, key, value) SELECT u.ns, u.key, u.value "
+    "FROM unnest(%b::text[], %b::text[], %b::bytea[]) AS u(ns, key, value) "
+    "ON CONFLICT (ns, key) DO UPDATE SET value = EXCLUDED.value, seq = EXCLUDED.seq"
+)
+_UPSERT_GROUP_FENCED: Final = (
+    "WITH fence AS (SELECT weald_fence(%b, %b::text[], %b::bigint[])) "
+    "INSERT INTO weald_kv (ns, key, value) SELECT u.ns, u.key, u.value "
+    "FROM fence, unnest(%b::text[], %b::text[], %b::bytea[]) AS u(ns, key, value) "
     "ON CONFLICT (ns, key) DO UPDATE SET value = EXCLUDED.value, seq = EXCLUDED.seq"
 )
 _INDEX_NOTE: Final = (
@@ -185,6 +201,13 @@ _COMMIT_LOG_TABLE: Final = (
 _LOG_COMMIT: Final = (
     "INSERT INTO weald_commit_log (node_id, node_epoch, agent_ids, epochs) VALUES (%s, %s, %s::text[], %s::bigint[])"
 )
+
+
+def _raise_if_fenced(exc: BaseException) -> None:
+    """Raise `FencedSessions` (naming them) if ``exc`` is the fence's refusal."""
+    if getattr(exc, "sqlstate", None) == _FENCE_STATE:
+        detail = getattr(exc, "diag").message_detail or "[]"  # noqa: B009 - psycopg's Error, typed as any error here
+        raise FencedSessions(msgspec_decoder(list[str]).decode(detail.encode())) from exc
 
 
 def _first_line(exc: BaseException) -> str:
@@ -510,6 +533,9 @@ class PostgresBackend(StoreBackend):
         self, group: Mapping[str, Mapping[str, bytes]], fence: Mapping[str, int], node: NodeLease | None
     ) -> None:
         conn = self._committer.get()
+        if self._namespaces.issuperset(group) and TEXT_NAMESPACE not in group and not (node and node.commit_log):
+            self._write_one_statement(conn, group, fence, node)
+            return
         try:
             # One explicit transaction pipelined whole: BEGIN, the fence, the writes, COMMIT, then one
             # sync. An error skips what follows it up to the sync, and leaves the transaction aborted.
@@ -530,11 +556,34 @@ class PostgresBackend(StoreBackend):
             if not conn.broken and not conn.closed:
                 with contextlib.suppress(self._psycopg.Error):
                     conn.execute("ROLLBACK")
-            if getattr(exc, "sqlstate", None) == _FENCE_STATE:
-                detail = exc.diag.message_detail or "[]"
-                raise FencedSessions(msgspec_decoder(list[str]).decode(detail.encode())) from exc
+            _raise_if_fenced(exc)
             raise
         self._namespaces.update(group)
+
+    def _write_one_statement(
+        self,
+        conn: psycopg.Connection[Any],
+        group: Mapping[str, Mapping[str, bytes]],
+        fence: Mapping[str, int],
+        node: NodeLease | None,
+    ) -> None:
+        """The common group (known namespaces, no note to index, no commit log) as one statement."""
+        namespaces: list[str] = []
+        keys: list[str] = []
+        values: list[bytes] = []
+        for namespace, puts in group.items():
+            namespaces.extend(itertools.repeat(namespace, len(puts)))
+            keys.extend(puts)
+            values.extend(puts.values())
+        try:
+            if fence and node is not None:
+                args = (node.node_id, list(fence), list(fence.values()), namespaces, keys, values)
+                conn.execute(_UPSERT_GROUP_FENCED, args)
+            else:
+                conn.execute(_UPSERT_GROUP, (namespaces, keys, values))
+        except self._psycopg.Error as exc:
+            _raise_if_fenced(exc)
+            raise
 
     def close_committer(self) -> None:
         self._committer.close()
