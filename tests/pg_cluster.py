@@ -45,6 +45,9 @@ while True:
     time.sleep(0.5)
 subprocess.run(["runuser", "-u", "nobody", "--", pg_ctl, "-D", where + "/data", "-m", "immediate", "-w", "stop"],
                capture_output=True, timeout=60, check=False)
+for line in open("/proc/mounts").read().splitlines():  # a tablespace's tmpfs (small_tablespace)
+    if line.split()[1].startswith(where + "/"):
+        subprocess.run(["umount", "--lazy", line.split()[1]], capture_output=True, check=False)
 shutil.rmtree(where, ignore_errors=True)
 """
 
@@ -120,6 +123,7 @@ class PgCluster:
         self.fsync = fsync
         self._running = False
         self._reaper: subprocess.Popen[bytes] | None = None
+        self._mounts: list[Path] = []
         os.chown(self.dir, self._uid, self._gid)
 
     # -- as the server's user ---------------------------------------------------------------
@@ -197,11 +201,76 @@ class PgCluster:
 
     def remove(self) -> None:
         self.stop("immediate")
+        for where in self._mounts:
+            subprocess.run(["umount", "--lazy", str(where)], capture_output=True, check=False)
+        self._mounts.clear()
         shutil.rmtree(self.dir, ignore_errors=True)
         reaper, self._reaper = self._reaper, None
         if reaper is not None:
             reaper.kill()
             reaper.wait(10)
+
+    def standby(self) -> PgCluster:
+        """A streaming-replication standby of this (running) cluster, started: it serves reads and refuses writes.
+
+        Made as a real one is: ``pg_basebackup -R`` over the Unix socket
+        (replication logins there are trusted), then its own port and socket.
+        Remove it with `remove` before this one.
+        """
+        other = PgCluster(fsync=self.fsync)
+        other.password = self.password  # the primary's roles, copied with its data
+        done = other._run(
+            str(self.bin / "pg_basebackup"),
+            "-h",
+            str(self.dir),
+            "-p",
+            str(self.port),
+            "-U",
+            "weald",
+            "-D",
+            str(other.data),
+            "-R",
+            "-X",
+            "stream",
+            "-c",
+            "fast",
+        )
+        if done.returncode != 0:
+            msg = f"pg_basebackup failed (exit {done.returncode}): {done.stderr.strip()[-2000:]}"
+            raise PgUnavailable(msg)
+        with (other.data / "postgresql.conf").open("a") as conf:
+            conf.write(f"port = {other.port}\nunix_socket_directories = '{other.dir}'\n")
+        return other.start()
+
+    def small_tablespace(self, size: str) -> str:
+        """A tablespace on a real tmpfs of ``size`` (mounted in this cluster's directory); returns its name.
+
+        The test fills it to make the server's disk full. Mounting needs
+        root; unmounted by `remove`.
+        """
+        name = "small_" + secrets.token_hex(4)
+        where = self.dir / name
+        where.mkdir()
+        done = subprocess.run(
+            [
+                "mount",
+                "-t",
+                "tmpfs",
+                "-o",
+                f"size={size},mode=0700,uid={self._uid},gid={self._gid}",
+                "tmpfs",
+                str(where),
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if done.returncode != 0:
+            msg = f"a tablespace on a tmpfs needs root (mount failed: {done.stderr.strip()})"
+            raise PgUnavailable(msg)
+        self._mounts.append(where)
+        self.psql(f"CREATE TABLESPACE {name} LOCATION '{where}'")
+        return name
 
     # -- databases ----------------------------------------------------------------------------------
 
@@ -218,10 +287,10 @@ class PgCluster:
             raise RuntimeError(msg)
         return done.stdout
 
-    def create_database(self, name: str | None = None) -> str:
-        """A fresh empty database; returns its name."""
+    def create_database(self, name: str | None = None, *, tablespace: str | None = None) -> str:
+        """A fresh empty database (its tables in ``tablespace`` if given); returns its name."""
         name = name or "t_" + secrets.token_hex(6)
-        self.psql(f'CREATE DATABASE "{name}"')
+        self.psql(f'CREATE DATABASE "{name}"' + (f" TABLESPACE {tablespace}" if tablespace else ""))
         return name
 
     def url(self, database: str, *, tcp: bool = True, password: str | None = None) -> str:

@@ -134,7 +134,7 @@ def _serve_fails(daemon: DaemonProcess, target: str) -> tuple[int, str]:
     return done.returncode, done.stderr
 
 
-@pytest.mark.parametrize("case", ["bad-url", "wrong-password", "missing-database", "old-schema"])
+@pytest.mark.parametrize("case", ["bad-url", "wrong-password", "missing-database", "old-schema", "standby"])
 def test_a_store_that_cannot_be_opened_stops_serve_with_one_line_exit_2_and_the_password_masked(
     tmp_path: Path, pg_cluster: Any, database: str, case: str
 ) -> None:
@@ -148,12 +148,21 @@ def test_a_store_that_cannot_be_opened_stops_serve_with_one_line_exit_2_and_the_
         secret = "wrong-pw-123"
     elif case == "missing-database":
         target, expected = pg_cluster.url("no_such_db"), 'database "no_such_db" does not exist'
-    else:
+    elif case == "old-schema":
         target = pg_cluster.url(database)
         Store(url=target).close()
         pg_cluster.psql("UPDATE weald_meta SET value = '0' WHERE key = 'schema'", database)
         expected = "schema version 0"
-    code, stderr = _serve_fails(daemon, target)
+    else:  # a real read-only standby of a weald database (pg_basebackup -R)
+        Store(url=pg_cluster.url(database)).close()
+        standby = pg_cluster.standby()
+        try:
+            code, stderr = _serve_fails(daemon, standby.url(database))
+        finally:
+            standby.remove()
+        target, expected = "", "read-only (a standby?)"
+    if target:
+        code, stderr = _serve_fails(daemon, target)
     lines = [line for line in stderr.splitlines() if line.startswith("weald serve: ") and "warning" not in line]
     assert code == 2, stderr
     assert len(lines) == 1, stderr
