@@ -48,11 +48,24 @@ from weald.tools._ledger import ReadLedger
 from weald.tools._limits import limit_output, within_limits
 from weald.tools._process import find_executable
 from weald.tools._session import SessionServices
-from weald.tools._spill import SpillBudget, SpillLimits, remove_spill_dir, sweep_spill_dirs
+from weald.tools._spill import (
+    SPILL_NAMESPACE,
+    SpillBudget,
+    SpillLedger,
+    SpillLimits,
+    SpillRow,
+    forget_spill,
+    remove_spill_dir,
+    session_spill,
+    spill_key,
+    spill_rows,
+    sweep_spill_dirs,
+)
 
 __all__ = [
     "EDITOR_METHODS",
     "SANDBOX_ENABLE_HINT",
+    "SPILL_NAMESPACE",
     "AbortSignal",
     "EditorBridge",
     "EditorError",
@@ -66,7 +79,9 @@ __all__ = [
     "SandboxStatus",
     "SessionServices",
     "SpillBudget",
+    "SpillLedger",
     "SpillLimits",
+    "SpillRow",
     "Tool",
     "ToolConfig",
     "ToolContext",
@@ -77,11 +92,15 @@ __all__ = [
     "default_registry",
     "describe_exception",
     "find_executable",
+    "forget_spill",
     "invoke",
     "limit_output",
     "nursery_spawner",
     "remove_spill_dir",
     "sandbox_status",
+    "session_spill",
+    "spill_key",
+    "spill_rows",
     "sweep_spill_dirs",
     "tool",
     "validate_arguments",

@@ -138,7 +138,7 @@ def _save(save_dir: Path, call_id: str, text: str, spill: SpillBudget) -> _Saved
         with os.fdopen(fd, "wb") as file:
             file.write(data[:granted])
     except OSError as exc:
-        spill.give_back(granted)
+        spill.give_back(granted, file=True)
         return _Saved(None, 0, f"writing {path} failed ({exc.strerror or exc})")
     return _Saved(path, granted, why)
 

@@ -624,7 +624,7 @@ class OutputCapture:
             self._spooled += granted
         except OSError as exc:
             # The command goes on; its result says the full output was lost.
-            self._spill.give_back(granted)
+            self._spill.give_back(granted, file=self._spool_file is None)
             self._spool_error = f"{type(exc).__name__}: {exc}"
 
     def _queue_event(self, stream: str, data: bytes | bytearray) -> None:

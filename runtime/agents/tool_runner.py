@@ -26,6 +26,7 @@ import contextlib
 import fnmatch
 import functools
 import itertools
+import logging
 import math
 import re
 import shutil
@@ -40,7 +41,7 @@ import attrs
 import trio
 from outcome import Outcome
 from pykka.messages import ProxyCall, _ActorStop
-from weald.runtime import Actor, ActorDeadError, Exit, Future, Ref, redact
+from weald.runtime import Actor, ActorDeadError, Exit, Future, Ref, StoreError, redact
 from weald.runtime._actor import NORMAL, _envelope
 from weald.supervisors import ChildSpec, DynamicSupervisor
 from weald.tools import (
@@ -51,7 +52,9 @@ from weald.tools import (
     ReadLedger,
     SessionServices,
     SpillBudget,
+    SpillLedger,
     SpillLimits,
+    SpillRow,
     Tool,
     ToolConfig,
     ToolContext,
@@ -75,6 +78,8 @@ __all__ = [
     "ToolRunner",
     "decide_permission",
 ]
+
+logger = logging.getLogger("weald.runtime")
 
 PermissionRule = Permission | Mapping[str, Permission]
 Decision = Literal["allow", "deny", "allow_always"]
@@ -526,7 +531,7 @@ class ToolRunner(Actor):
         self._registry = registry if registry is not None else default_registry
         out = Path(output_dir) if output_dir else self.system.store_path.parent / "weald-outputs" / session_id
         self._output_dir = out
-        self._spill = SpillBudget(out, self._config.spill)
+        self._spill = SpillBudget(out, self._config.spill, ledger=self._spill_ledger(session_id))
         # Saved full outputs must stay readable by read_file: they are in the sandbox.
         self._allowed_dirs = (*(_resolved(d) for d in allowed_dirs), _resolved(out))
         self._permission_scope = PermissionScope(self._working_dir, self._allowed_dirs)
@@ -582,6 +587,38 @@ class ToolRunner(Actor):
         """After a crash, kill background jobs at once (no grace)."""
         if self._services is not None and self._services.jobs is not None:
             self._services.jobs.close_nowait()
+
+    def _spill_ledger(self, session_id: str) -> SpillLedger | None:
+        """The session's spill bookkeeping in the store, for a store this process joined as a node (a daemon's).
+
+        A runner outside a daemon (no node) counts its directory instead.
+        """
+        system = self.system
+        try:
+            node = system.store.node
+        except StoreError:
+            return None
+        if node is None:
+            return None
+        return SpillLedger(lambda: system.store, session_id, node.node_id, record=self._record_spill)
+
+    def _record_spill(self, row: SpillRow) -> None:
+        # From the worker thread that spilled: the row is enqueued on the loop, where the turn's own writes
+        # gather, so it rides in their group commit instead of waking the committer for a commit of its own.
+        try:
+            self.system.loop.call_soon(self._enqueue_spill, row)
+        except RuntimeError:  # the loop has ended (the daemon stops): queued from here
+            self._enqueue_spill(row)
+
+    def _enqueue_spill(self, row: SpillRow) -> None:
+        # On the loop (must not raise), or on the spilling thread once the loop has ended.
+        ledger = self._spill.ledger
+        if ledger is None:
+            return
+        try:
+            ledger.enqueue(row)
+        except StoreError as exc:
+            logger.warning("the spill bookkeeping of session %s could not be queued: %s", row.session, exc)
 
     def _with_store_private(self, config: RunnerConfig) -> RunnerConfig:
         """``config`` with the store's directory among the paths no sandboxed command may see."""

@@ -41,9 +41,13 @@ nothing more of it is written, the daemon goes on (``daemon.session_fenced``).
 When a lost lease comes back, the node restores what it can claim again.
 
 Spill files (tool output saved for the model) go to ``[spill] dir``, one
-directory per session; a session's directory is removed when it is stopped
-(``agent.stop``), and directories no active session owns are removed at
-start once ``spill.retention`` has passed.
+directory per session, on this node's disk; their bookkeeping (bytes and
+files per session and node) is in the store's ``spill`` namespace. A
+session's directory and rows are removed when it is stopped
+(``agent.stop``); at start, the rows of this node say which directories go
+(those of sessions gone, or, on a cluster, owned elsewhere for longer than
+``spill.retention``), and directories no row names and no active session
+owns are removed once ``spill.retention`` has passed.
 
 A session started with ``record`` (``weald run --record FILE``) records its
 top-level agent's model calls into that file (`weald.runtime.llm.Recorder`),
@@ -92,6 +96,7 @@ from weald.runtime import (
     NodeLease,
     Ref,
     Store,
+    StoreError,
     Stub,
     WealdError,
     environ_value,
@@ -135,7 +140,16 @@ from weald.runtime.daemon.metrics import Sampler
 from weald.runtime.daemon.server import SHUTDOWN_REASON, ClusterPort, Server, SessionMCPServer, prepare_socket
 from weald.runtime.llm import Image, Provider, Recorder, RecordingError, ReplayDivergence, Usage, make_provider
 from weald.supervisors import ChildExistsError, ChildSpec, DynamicSupervisor, MaxChildrenError
-from weald.tools import ToolRegistry, default_registry, remove_spill_dir, sweep_spill_dirs
+from weald.tools import (
+    SPILL_NAMESPACE,
+    ToolRegistry,
+    default_registry,
+    forget_spill,
+    remove_spill_dir,
+    session_spill,
+    spill_rows,
+    sweep_spill_dirs,
+)
 
 __all__ = [
     "DEMO_MODEL",
@@ -1309,8 +1323,10 @@ class Sessions:
         self.index.remove(session_id)
         self.system.events.publish("daemon.session_stopped", "/sessions", {"session_id": session_id, "ran": ran})
         if record is not None:
-            # Stopped for good: its saved tool outputs go with it, and no node owns it any more.
+            # Stopped for good: its saved tool outputs go with it (the directory, then its rows: a crash in
+            # between leaves a row the next start's sweep acts on), and no node owns it any more.
             await trio.to_thread.run_sync(remove_spill_dir, self.spill_root / session_id)
+            await trio.to_thread.run_sync(forget_spill, self.system.store, [session_id])
             if self.system.store.fences:
                 await trio.to_thread.run_sync(self.system.store.release, [session_id])
         return ran
@@ -1444,32 +1460,103 @@ class Sessions:
         return {"handed": handed, "busy": pending, "missing": missing + lost}
 
     def sweep_spill(self) -> list[Path]:
-        """Remove the spill directories of sessions that are not active, once ``spill.retention`` has passed.
+        """Remove the spill directories (and rows) of sessions gone from this node; blocking.
 
-        Blocking (it reads the store and walks the directories): for the
-        thread starting the daemon, before any session runs.
+        From this node's rows in the store (``spill``): a session that is
+        stopped or no longer stored loses its directory and rows at once; on
+        a cluster, an active session placed on another node loses them once
+        its row is older than ``spill.retention``. A directory no kept row
+        names (a crash before its row was committed, a store from before
+        the rows) is removed as before: when no active session owns it and
+        nothing in it changed for ``spill.retention``. On a store only one
+        node uses at a time (sqlite), rows of other node names are stale
+        (the node was renamed): they are deleted, their directories left to
+        the pass over the disk.
+
+        For the thread starting the daemon, before any session runs.
 
         Returns:
             The directories removed.
         """
-        # Only the sessions with a spill directory are asked after, a page of records at a time (a million
-        # sessions, a few with saved outputs).
+        store = self.system.store
+        node = store.node
+        me = node.node_id if node is not None else None
+        retention = self.config.spill.retention
+        now = time.time()
+        rows, bad = spill_rows(store)
+        doomed: list[str] = list(bad)  # rows that cannot be decoded name nothing usable
+        if bad:
+            logger.warning("spill bookkeeping: %d rows cannot be decoded and are deleted: %s", len(bad), bad[:5])
+        mine: list[tuple[str, Any]] = []
+        for key, row in rows:
+            if me is None or row.node == me:
+                mine.append((key, row))
+            elif not store.fences:
+                doomed.append(key)
+        # Only the sessions with a spill directory or a row are asked after, a page of records at a time (a
+        # million sessions, a few with saved outputs).
         try:
             names = {entry.name for entry in os.scandir(self.spill_root) if entry.is_dir(follow_symlinks=False)}
         except OSError:
             names = set()
-        active: set[str] = set()
-        if names:
+        wanted = names | {row.session for _, row in mine}
+        status: dict[str, str] = {}
+        if wanted:
             for page in self.record_pages(type_=_RecordPlace):
-                active.update(r.session_id for r in page if r.status == "active" and r.session_id in names)
-        removed = sweep_spill_dirs(self.spill_root, active, self.config.spill.retention)
-        if removed:
+                status.update((r.session_id, r.status) for r in page if r.session_id in wanted)
+        active = {session for session, state in status.items() if state == "active"}
+        elsewhere = self._placed_elsewhere(sorted({row.session for _, row in mine} & active), me)
+        removed: list[Path] = []
+        kept: set[str] = set()
+        for key, row in mine:
+            gone = row.session not in active
+            if not gone and not (row.session in elsewhere and now - row.changed >= retention):
+                kept.add(row.session)
+                continue
+            directory = Path(row.directory)
+            # A row names its session's own directory; any other path (a damaged row) is not removed.
+            if directory.name == row.session and directory.is_dir():
+                remove_spill_dir(directory)
+                removed.append(directory)
+            doomed.append(key)
+        if doomed:
+            store.delete_many(SPILL_NAMESPACE, doomed)
+        removed += sweep_spill_dirs(self.spill_root, active | kept, retention, now=now)
+        if removed or doomed:
             self.system.events.publish(
                 "daemon.spill_removed",
                 "/sessions",
-                {"directories": len(removed), "retention": self.config.spill.retention},
+                {"directories": len(removed), "rows": len(doomed), "retention": retention},
             )
         return removed
+
+    def _placed_elsewhere(self, session_ids: list[str], me: str | None) -> set[str]:
+        """Those of ``session_ids`` the cluster's placement gives to another node (none unless the store fences)."""
+        store = self.system.store
+        placement = getattr(store.backend, "placement", None)
+        if not session_ids or me is None or not store.fences or placement is None:
+            return set()
+        try:
+            placed: dict[str, tuple[str | None, int, bool]] = placement(session_ids)
+        except StoreError as exc:
+            logger.warning("the spill sweep could not read the sessions' placement: %s", exc)
+            return set()
+        return {session for session, (owner, _, _) in placed.items() if owner != me}
+
+    def spill_state(self, session_id: str) -> dict[str, Any]:
+        """A session's spill bookkeeping from the store: bytes and files in all, and bytes per node (blocking)."""
+        rows = session_spill(self.system.store, session_id)
+        return {
+            "bytes": sum(row.bytes for row in rows),
+            "files": sum(row.files for row in rows),
+            "nodes": {row.node: row.bytes for row in rows},
+        }
+
+    def spill_bytes(self) -> int:
+        """The bytes of this node's spill files, from the store's rows (blocking)."""
+        node = self.system.store.node
+        rows, _ = spill_rows(self.system.store)
+        return sum(row.bytes for _, row in rows if node is None or row.node == node.node_id)
 
     def record_pages(self, type_: Any = SessionRecord) -> Iterator[list[Any]]:
         """Every readable stored session (active and stopped), `_RECORD_PAGE` at a time, in key order (a worker thread).

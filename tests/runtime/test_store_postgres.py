@@ -22,6 +22,7 @@ from weald.runtime import (
     mask_url,
 )
 from weald.runtime.testing import wait_until
+from weald.tools import SpillBudget, SpillLedger, SpillLimits, session_spill
 from weald.tools._memstore import MemoryNote, search_notes, set_note
 from weald.tools._taskstore import TaskError, apply_operations, list_tasks, scope_for_project
 
@@ -446,3 +447,45 @@ def test_a_node_with_a_commit_log_logs_each_fenced_commit_and_not_a_refused_one(
             local.join("n", commit_log=True)
     finally:
         local.close()
+
+
+def test_a_spill_row_of_a_node_fenced_out_of_its_session_does_not_land(
+    stores: Callable[..., Store], pg_cluster: Any, url: str, tmp_path: Path
+) -> None:
+    a = stores()
+    a.join("node-a", lease=5)
+    assert a.claim(["s1"]) == {"s1": 1}
+    spill = SpillBudget(tmp_path / "s1", SpillLimits(), ledger=SpillLedger(lambda: a, "s1", "node-a"))
+    assert spill.grant(1000, 0) == (1000, None)
+    a.flush("s1").get(timeout=20)
+    b = stores()
+    b.join("node-b", lease=5)
+    assert [(r.node, r.bytes) for r in session_spill(b, "s1")] == [("node-a", 1000)]
+    # Taken over: node-a's next spill row is refused with the rest of its writes for the session.
+    database = url.rsplit("/", 1)[1]
+    pg_cluster.psql("UPDATE weald_placement SET owner = 'node-b', epoch = epoch + 1 WHERE agent_id = 's1'", database)
+    assert spill.grant(2000, 0) == (2000, None)
+    with pytest.raises(StoreFencedError, match="session 's1' is no longer node 'node-a''s"):
+        a.flush("s1").get(timeout=20)
+    assert [(r.node, r.bytes) for r in session_spill(b, "s1")] == [("node-a", 1000)]
+
+
+def test_a_session_spill_limit_holds_across_the_nodes_that_ran_it(stores: Callable[..., Store], tmp_path: Path) -> None:
+    a, b = stores(), stores()
+    a.join("node-a", lease=5)
+    assert a.claim(["s1"]) == {"s1": 1}
+    limits = SpillLimits(max_session_bytes=5000)
+    on_a = SpillBudget(tmp_path / "a" / "s1", limits, ledger=SpillLedger(lambda: a, "s1", "node-a"))
+    assert on_a.grant(3000, 0) == (3000, None)
+    a.flush("s1").get(timeout=20)
+    a.release(["s1"])
+    b.join("node-b", lease=5)
+    assert list(b.claim(["s1"])) == ["s1"]
+    # node-b's disk holds none of it, but the session has 3,000 of its 5,000 bytes on node-a's.
+    on_b = SpillBudget(tmp_path / "b" / "s1", limits, ledger=SpillLedger(lambda: b, "s1", "node-b"))
+    granted, why = on_b.grant(4000, 0)
+    assert granted == 2000
+    assert why is not None
+    assert "spill.max_session_bytes" in why
+    b.flush("s1").get(timeout=20)
+    assert sorted((r.node, r.bytes) for r in session_spill(a, "s1")) == [("node-a", 3000), ("node-b", 2000)]

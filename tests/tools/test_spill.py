@@ -1,16 +1,29 @@
-"""Spill files: the per-call, per-session and free-space bounds, and removing old ones."""
+"""Spill files: the per-call, per-session and free-space bounds, removing old ones, and their rows in the store."""
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import trio
+from weald.runtime import Store
 from weald.runtime.testing import await_until
-from weald.tools import SpillBudget, SpillLimits, ToolResult, limit_output, sweep_spill_dirs
+from weald.tools import (
+    SPILL_NAMESPACE,
+    SpillBudget,
+    SpillLedger,
+    SpillLimits,
+    SpillRow,
+    ToolResult,
+    forget_spill,
+    limit_output,
+    session_spill,
+    spill_key,
+    sweep_spill_dirs,
+)
 from weald.tools._jobs import JobTable, nursery_spawner
 
 MiB = 1024 * 1024
@@ -114,3 +127,76 @@ def test_old_spill_directories_of_no_active_session_are_swept_and_the_rest_kept(
     assert removed == [root / "stopped-old"]
     assert sorted(p.name for p in root.iterdir()) == ["active", "stopped-new"]
     assert sweep_spill_dirs(tmp_path / "missing", set(), retention=0) == []
+
+
+# -- the bookkeeping in the store -----------------------------------------------------------------
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    opened = Store(tmp_path / "store.db")
+    try:
+        yield opened
+    finally:
+        opened.close()
+
+
+def row_of(store: Store, session: str, node: str) -> SpillRow | None:
+    store.flush().get(timeout=30)
+    found: SpillRow | None = store.get(SPILL_NAMESPACE, spill_key(session, node), type=SpillRow)
+    return found
+
+
+def test_a_budget_with_a_ledger_goes_by_its_row_in_the_store_not_by_the_directory(tmp_path: Path, store: Store) -> None:
+    directory = tmp_path / "out"
+    directory.mkdir()  # empty: the files the row counts went behind its back
+    store.put(
+        SPILL_NAMESPACE,
+        spill_key("s", "n1"),
+        SpillRow(session="s", node="n1", directory=str(directory), bytes=4000, files=2),
+    )
+    spill = SpillBudget(directory, SpillLimits(max_session_bytes=5000), ledger=SpillLedger(lambda: store, "s", "n1"))
+    assert spill.grant(2000, 0) == (1000, "this session's saved outputs reached 4.9 KiB (spill.max_session_bytes)")
+    row = row_of(store, "s", "n1")
+    assert row is not None
+    assert (row.bytes, row.files, row.directory) == (5000, 3, str(directory))
+    assert row.changed >= time.time() - 60
+    spill.give_back(600, file=True)  # the write failed: no file either
+    row = row_of(store, "s", "n1")
+    assert row is not None
+    assert (row.bytes, row.files) == (4400, 2)
+
+
+def test_a_budget_without_a_row_counts_its_directory_once_and_writes_the_row(tmp_path: Path, store: Store) -> None:
+    directory = tmp_path / "out"
+    (directory / "jobs").mkdir(parents=True)
+    (directory / "a.txt").write_bytes(b"x" * 3000)
+    (directory / "jobs" / "b.log").write_bytes(b"y" * 1000)
+    spill = SpillBudget(directory, SpillLimits(), ledger=SpillLedger(lambda: store, "s", "n1"))
+    assert spill.used == 4000
+    row = row_of(store, "s", "n1")
+    assert row is not None
+    assert (row.session, row.node, row.bytes, row.files) == ("s", "n1", 4000, 2)
+    (directory / "a.txt").unlink()  # from now on the row is what counts
+    assert spill.grant(500, 0) == (500, None)
+    assert SpillBudget(directory, SpillLimits(), ledger=SpillLedger(lambda: store, "s", "n1")).used == 4500
+
+
+def test_the_session_limit_counts_the_rows_of_every_node(tmp_path: Path, store: Store) -> None:
+    directory = tmp_path / "out"
+    other = SpillRow(session="s", node="n2", directory="/elsewhere/s", bytes=3000, files=1)
+    store.put(SPILL_NAMESPACE, spill_key("s", "n2"), other)
+    store.put(SPILL_NAMESPACE, spill_key("sx", "n1"), SpillRow(session="sx", node="n1", directory="/x", bytes=9999))
+    spill = SpillBudget(directory, SpillLimits(max_session_bytes=5000), ledger=SpillLedger(lambda: store, "s", "n1"))
+    granted, why = spill.grant(4000, 0)
+    assert granted == 2000
+    assert why is not None
+    assert "spill.max_session_bytes" in why
+    assert spill.used == 5000
+    row = row_of(store, "s", "n1")
+    assert row is not None
+    assert row.bytes == 2000  # its own node's bytes only
+    assert [r.node for r in session_spill(store, "s")] == ["n2", "n1"]
+    assert forget_spill(store, ["s"]) == 2
+    assert session_spill(store, "s") == []
+    assert [r.session for r in session_spill(store, "sx")] == ["sx"]

@@ -1,0 +1,120 @@
+"""Spill bookkeeping in the store, through a real daemon: the count survives restarts, stops and sweeps clean up.
+
+The spill files stay on the daemon's disk; their bytes and files per session
+and node are rows of the store's ``spill`` namespace (tools/_spill.py).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from daemon_harness import DaemonProcess, recent_events
+from weald.runtime import Store
+from weald.tools import SPILL_NAMESPACE, SpillRow, session_spill, spill_key
+
+FLOOD = {"name": "shell", "arguments": {"command": "seq 1 100000"}}  # 588,895 bytes of output
+
+
+def spilled(directory: Path) -> dict[str, int]:
+    """The spill files under a session's directory (its sandbox's /tmp aside), by name, with their sizes."""
+    return {
+        str(p.relative_to(directory)): p.stat().st_size
+        for p in directory.rglob("*")
+        if p.is_file() and "tmp" not in p.relative_to(directory).parts
+    }
+
+
+def rows_of(store_path: Path, session_id: str) -> list[SpillRow]:
+    store = Store(store_path)
+    try:
+        return session_spill(store, session_id)
+    finally:
+        store.close()
+
+
+def test_a_sessions_spill_count_is_kept_in_the_store_across_a_restart_and_its_limit_holds(tmp_path: Path) -> None:
+    d = DaemonProcess(
+        tmp_path,
+        extra_config='[tools.permissions]\nshell = "allow"\n'
+        "[spill]\nmax_call_bytes = 200000\nmax_session_bytes = 300000\n",
+    )
+    directory = tmp_path / "weald-outputs" / "a"
+    try:
+        d.start()
+        model = d.script("flood", [{"text": "", "tool_calls": [FLOOD]}, {"text": "one"}] * 2)
+        with d.client() as c:
+            c.call("agent.start", {"working_dir": str(d.project), "model": model, "agent_id": "a"}, timeout=60)
+            assert c.call("agent.prompt", {"agent_id": "a", "text": "go"}, timeout=60)["ok"]
+            files = spilled(directory)
+            assert sum(files.values()) == 200_000, files  # one call's limit
+            # The store's row says what the directory holds; status and debug_state read it.
+            state = c.call("debug_state", {"agent_id": "a"}, timeout=30)
+            node = c.call("daemon.status", timeout=30)["node"]["node_id"]
+            assert state["spill"] == {"bytes": 200_000, "files": len(files), "nodes": {node: 200_000}}
+            assert c.call("daemon.status", timeout=30)["spill_bytes"] == 200_000
+        assert d.terminate() == 0
+        [row] = rows_of(tmp_path / "store.db", "a")
+        assert (row.node, row.directory, row.bytes, row.files) == (node, str(directory), 200_000, len(files))
+        # Behind the budget's back the files go: a budget that walked the directory would count 0 and
+        # grant the next call its whole 200,000 bytes. It goes by the row: 100,000 bytes are left.
+        for name in files:
+            (directory / name).unlink()
+        d.start()
+        with d.client() as c:
+            assert c.call("agent.prompt", {"agent_id": "a", "text": "again"}, timeout=60)["ok"]
+            history = json.dumps(c.call("agent.history", {"agent_id": "a"}, timeout=30))
+            assert "spill.max_session_bytes" in history
+            assert sum(spilled(directory).values()) == 100_000
+            assert c.call("debug_state", {"agent_id": "a"}, timeout=30)["spill"]["bytes"] == 300_000
+            status = d.cli("status", "--json")
+            assert status.returncode == 0, status.stderr
+            assert json.loads(status.stdout)["spill_bytes"] == 300_000
+            assert "spill_bytes" in d.cli("status").stdout
+        assert d.terminate() == 0
+    finally:
+        d.close()
+
+
+def test_a_stopped_sessions_rows_go_with_its_directory_and_a_start_sweeps_the_rows_of_sessions_gone(
+    tmp_path: Path,
+) -> None:
+    d = DaemonProcess(tmp_path, extra_config='[tools.permissions]\nshell = "allow"\n')
+    spill = tmp_path / "weald-outputs"
+    store_path = tmp_path / "store.db"
+    try:
+        d.start()
+        model = d.script("flood", [{"text": "", "tool_calls": [FLOOD]}, {"text": "ok"}])
+        with d.client() as c:
+            for agent_id in ("keep", "gone"):
+                c.call("agent.start", {"working_dir": str(d.project), "model": model, "agent_id": agent_id}, timeout=60)
+                assert c.call("agent.prompt", {"agent_id": agent_id, "text": "go"}, timeout=60)["ok"]
+                assert c.call("debug_state", {"agent_id": agent_id}, timeout=30)["spill"]["bytes"] > 0
+            node = c.call("daemon.status", timeout=30)["node"]["node_id"]
+            assert c.call("agent.stop", {"agent_id": "gone"}, timeout=60)["stopped"]
+            assert not (spill / "gone").exists()
+        assert d.terminate() == 0
+        assert rows_of(store_path, "gone") == []
+        assert [row.node for row in rows_of(store_path, "keep")] == [node]
+        # A session the store no longer runs, whose row and files a crash left behind: its files are fresh
+        # (spill.retention, a day, has not passed), but its row says whose they are, so they go at start.
+        ghost = spill / "ghost"
+        ghost.mkdir()
+        (ghost / "shell-x.log").write_bytes(b"x" * 1000)
+        store = Store(store_path)
+        try:
+            row = SpillRow(session="ghost", node=node, directory=str(ghost), bytes=1000, files=1, changed=time.time())
+            store.put(SPILL_NAMESPACE, spill_key("ghost", node), row)
+        finally:
+            store.close()
+        d.start()
+        assert not ghost.exists()
+        assert (spill / "keep").is_dir()
+        removals = recent_events(d, "daemon.spill_removed")
+        assert [e["data"]["rows"] for e in removals] == [1], removals
+        assert d.terminate() == 0
+        assert rows_of(store_path, "ghost") == []
+        assert [row.node for row in rows_of(store_path, "keep")] == [node]
+    finally:
+        d.close()
