@@ -1470,8 +1470,9 @@ class Sessions:
         the rows) is removed as before: when no active session owns it and
         nothing in it changed for ``spill.retention``. On a store only one
         node uses at a time (sqlite), rows of other node names are stale
-        (the node was renamed): they are deleted, their directories left to
-        the pass over the disk.
+        (the node was renamed), and so are, on a shared database, rows of
+        nodes it has never seen (a store migrated to it): they are deleted,
+        their directories left to the pass over the disk.
 
         For the thread starting the daemon, before any session runs.
 
@@ -1487,12 +1488,13 @@ class Sessions:
         doomed: list[str] = list(bad)  # rows that cannot be decoded name nothing usable
         if bad:
             logger.warning("spill bookkeeping: %d rows cannot be decoded and are deleted: %s", len(bad), bad[:5])
+        known = self._store_nodes() if store.fences and rows else None
         mine: list[tuple[str, Any]] = []
         for key, row in rows:
             if me is None or row.node == me:
                 mine.append((key, row))
-            elif not store.fences:
-                doomed.append(key)
+            elif not store.fences or (known is not None and row.node not in known):
+                doomed.append(key)  # a node renamed, or one that never joined this database (a migrated store)
         # Only the sessions with a spill directory or a row are asked after, a page of records at a time (a
         # million sessions, a few with saved outputs).
         try:
@@ -1529,6 +1531,17 @@ class Sessions:
                 {"directories": len(removed), "rows": len(doomed), "retention": retention},
             )
         return removed
+
+    def _store_nodes(self) -> set[str] | None:
+        """The nodes a shared database knows (joined once), or None if it cannot say."""
+        nodes = getattr(self.system.store.backend, "nodes", None)
+        if nodes is None:
+            return None
+        try:
+            return {node["node_id"] for node in nodes()}
+        except StoreError as exc:
+            logger.warning("the spill sweep could not read the store's nodes: %s", exc)
+            return None
 
     def _placed_elsewhere(self, session_ids: list[str], me: str | None) -> set[str]:
         """Those of ``session_ids`` the cluster's placement gives to another node (none unless the store fences)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
@@ -9,6 +10,7 @@ from typing import Any
 import pytest
 from daemon_harness import DaemonProcess
 from weald.runtime import Store
+from weald.tools import SPILL_NAMESPACE, SpillRow, session_spill, spill_key
 
 
 @pytest.fixture
@@ -36,11 +38,17 @@ def test_a_session_migrated_from_sqlite_to_postgresql_goes_on_there_and_comes_ba
                 "agent.start", {"working_dir": str(daemon.project), "model": model, "agent_id": "mig"}, timeout=60
             )
             assert client.call("agent.prompt", {"agent_id": "mig", "text": "one"}, timeout=60)["ok"]
+            sqlite_node = client.call("daemon.status", timeout=30)["node"]["node_id"]
         sqlite_file = tmp_path / "d" / "store.db"
         refused = daemon.cli("store", "migrate", "--from", f"sqlite:{sqlite_file}", "--to", url)
         assert refused.returncode == 2
         assert "another weald daemon (pid" in refused.stderr  # a live daemon holds it
         assert daemon.terminate() == 0
+        # The spill bookkeeping is a namespace like the others (what a spill of the session would leave).
+        directory = str(tmp_path / "d" / "weald-outputs" / "mig")
+        spilled = SpillRow(session="mig", node=sqlite_node, directory=directory, bytes=123, files=1)
+        with contextlib.closing(Store(sqlite_file)) as store:
+            store.put(SPILL_NAMESPACE, spill_key("mig", sqlite_node), spilled)
         done = daemon.cli("store", "migrate", "--from", f"sqlite:{sqlite_file}", "--to", url, "--json")
         assert done.returncode == 0, done.stderr
         report = json.loads(done.stdout)
@@ -49,6 +57,9 @@ def test_a_session_migrated_from_sqlite_to_postgresql_goes_on_there_and_comes_ba
         by_namespace = {row["namespace"]: row for row in report["namespaces"]}
         assert by_namespace["history"]["source"] == by_namespace["history"]["target"] > 0
         assert {"sessions", "agents", "history", "turns", "memory"} <= set(by_namespace)
+        assert by_namespace["spill"]["source"] == by_namespace["spill"]["target"] == 1
+        with contextlib.closing(Store(url=url)) as store:
+            assert [(r.node, r.bytes, r.files) for r in session_spill(store, "mig")] == [(sqlite_node, 123, 1)]
         again = daemon.cli("store", "migrate", "--from", f"sqlite:{sqlite_file}", "--to", url)
         assert again.returncode == 2
         assert "is not empty" in again.stderr
@@ -56,6 +67,8 @@ def test_a_session_migrated_from_sqlite_to_postgresql_goes_on_there_and_comes_ba
         daemon.start("--store", url, "--node-id", "migrated")
         with daemon.client() as client:
             assert client.call("daemon.status", timeout=30)["store_kind"] == "postgresql"
+            # Node "migrated" never ran the session's spill: the row of the node the database never saw goes.
+            assert client.call("debug_state", {"agent_id": "mig"}, timeout=30)["spill"]["nodes"] == {}
             result = client.call("agent.prompt", {"agent_id": "mig", "text": "two"}, timeout=60)
             assert result["ok"], result
             assert result["text"] == "on postgresql"
