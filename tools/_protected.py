@@ -11,8 +11,9 @@ outside its sandbox the next time the user works. What counts:
 - git's ways to run code on the host: the repository's ``config`` and
   ``hooks/`` (``core.fsmonitor``, a ``pre-commit`` hook: the user's next plain
   ``git status`` or ``git commit`` runs them unsandboxed), the directory
-  ``core.hooksPath`` names, and a worktree's ``.git`` file (which says where
-  the repository is).
+  ``core.hooksPath`` names, every file git's configuration includes
+  (``include.path``, ``includeIf``), and a worktree's ``.git`` file (which
+  says where the repository is).
 
 `protected_paths` lists them for one project; the OS sandbox
 (`weald.tools._bwrap`) mounts them read-only and puts a read-only
@@ -67,6 +68,7 @@ _PROJECT_WHY = "the project's weald configuration, which decides what agents may
 _SKILLS_WHY = "the project's weald directory (its skills and settings), which decides what agents may do"
 _GIT_CONFIG_WHY = "git's configuration, whose settings (core.fsmonitor, aliases...) run programs on the host"
 _GIT_HOOKS_WHY = "git's hooks, which run on the host at the user's next commit"
+_GIT_INCLUDED_WHY = "a file git's configuration includes, whose settings (core.fsmonitor...) run programs on the host"
 _GIT_LINK_WHY = "the worktree's link to its git repository"
 _CONFIGURED_WHY = "a file weald's configuration reads"
 
@@ -88,7 +90,12 @@ class Protected:
 
 
 def _git_config_values(path: Path, section: str, key: str) -> list[str]:
-    """The values of ``section.key`` in a git config file (plain sections only; ``include`` is not followed)."""
+    """The values of ``section.key`` in one git config file (its includes are not followed here: `_git_configs`).
+
+    ``section`` is lowercase; ``"includeif"`` matches every ``[includeIf "..."]``
+    (whatever its condition: a protected file may as well be one git would
+    read on another day).
+    """
     try:
         with open(path, encoding="utf-8", errors="replace") as handle:  # a small file the user wrote
             text = handle.read(1 << 20)
@@ -106,7 +113,7 @@ def _git_config_values(path: Path, section: str, key: str) -> list[str]:
             if not line:
                 continue
         name, _, value = line.partition("=")
-        if current != section or name.strip().lower() != key:
+        if (current != section and current.split(" ", 1)[0] != section) or name.strip().lower() != key:
             continue
         value = value.strip()
         for mark in ("#", ";"):  # a comment after an unquoted value
@@ -114,6 +121,34 @@ def _git_config_values(path: Path, section: str, key: str) -> list[str]:
                 value = value[: value.index(mark)].strip()
         values.append(value[1:-1] if len(value) >= 2 and value[0] == value[-1] == '"' else value)
     return values
+
+
+_GIT_INCLUDE_DEPTH = 10  # git's own limit on nested includes
+
+
+def _git_configs(roots: Iterable[Path], home: Path) -> list[Path]:
+    """``roots`` and every file they include (``include.path``, ``includeIf.*.path``), nested, each once.
+
+    A relative include is relative to the directory of the file naming it;
+    ``~/`` is ``home``. Missing files are listed too (an agent could create
+    one, and git would read it).
+    """
+    seen: dict[Path, None] = {}
+    level = [Path(os.path.normpath(root)) for root in roots]
+    for _ in range(_GIT_INCLUDE_DEPTH + 1):
+        following: list[Path] = []
+        for config in level:
+            if config in seen:
+                continue
+            seen[config] = None
+            for section in ("include", "includeif"):
+                for value in _git_config_values(config, section, "path"):
+                    if not value:
+                        continue
+                    named = home / value[2:] if value.startswith("~/") else config.parent / value
+                    following.append(Path(os.path.normpath(named)))
+        level = following
+    return list(seen)
 
 
 def _git_dirs(project: Path) -> tuple[Path, Path, bool] | None:
@@ -145,8 +180,10 @@ def git_protected_paths(project: Path, home: Path | None = None) -> list[Protect
     """The paths through which git runs code, for a project that is a git worktree root (none when it is not).
 
     The repository's ``config`` and ``hooks/`` (a worktree's own
-    ``config.worktree`` too), the directory ``core.hooksPath`` names (in the
-    repository's config or the user's ``~/.gitconfig``; relative: to the
+    ``config.worktree`` too), every file those and the user's git
+    configuration include (``include.path``, ``includeIf.*.path``, nested;
+    a missing one inside the project gets a placeholder), the directory
+    ``core.hooksPath`` names (in any of those files; relative: to the
     project), and a worktree's ``.git`` file. A repository that does not
     exist yet (one the agent creates with ``git init``) is the agent's own.
     """
@@ -162,7 +199,11 @@ def git_protected_paths(project: Path, home: Path | None = None) -> list[Protect
     if linked:
         out.append(Protected(project / ".git", _GIT_LINK_WHY))
     user = Path.home() if home is None else home
-    configs = [common / "config", gitdir / "config.worktree", user / ".gitconfig", user / ".config" / "git" / "config"]
+    roots = [common / "config", gitdir / "config.worktree", user / ".gitconfig", user / ".config" / "git" / "config"]
+    configs = _git_configs(roots, user)
+    for config in configs[len(roots) :]:  # the included files, wherever they are
+        inside = _inside(config, project) or _inside(config, common)
+        out.append(Protected(config, _GIT_INCLUDED_WHY, "file" if inside else None))
     for config in configs:
         for value in _git_config_values(config, "core", "hookspath"):
             if not value:

@@ -80,6 +80,10 @@ def _attacks(project: Path, outside: Path, marker: Path) -> list[_Attack]:
         shell("append to .git/config", f"printf '[core]\\n\\tfsmonitor = touch {marker}\\n' >> .git/config"),
         shell("write a pre-commit hook", f"printf '{hook}' > .git/hooks/pre-commit; chmod +x .git/hooks/pre-commit"),
         shell("write a hook in core.hooksPath", f"mkdir -p .githooks && printf '{hook}' > .githooks/pre-commit"),
+        shell("plant a file git's config includes", f"printf '[core]\\n\\tfsmonitor = touch {marker}\\n' > .gitshared"),
+        shell(
+            "append to a file git's config includes", f"printf '[core]\\n\\tfsmonitor = touch {marker}\\n' >> .gitlocal"
+        ),
         shell(
             "move .git away and rebuild it", "mv .git .git.old && cp -a .git.old .git && git config core.fsmonitor x"
         ),
@@ -94,6 +98,7 @@ def _attacks(project: Path, outside: Path, marker: Path) -> list[_Attack]:
         write("write_file a hook", ".git/hooks/pre-commit", hook),
         write("write_file a hook in core.hooksPath", ".githooks/pre-commit", hook),
         write("write_file a weald.toml deeper in", "sub/weald.toml", planted),
+        write("write_file a file git's config includes", ".gitlocal", f"[core]\n\tfsmonitor = touch {marker}\n"),
         _Attack(
             "edit_file .mcp.json",
             "file tools",
@@ -133,6 +138,10 @@ def run_guard(root: Path) -> ResourceReport:
     (project / "sub").mkdir()
     _host_git(project, "init", "-q")
     _host_git(project, "config", "core.hooksPath", ".githooks")
+    # Files git's config includes, relative to .git/: one missing (an agent could plant it), one there.
+    _host_git(project, "config", "include.path", "../.gitshared")
+    (project / ".gitlocal").write_text("[user]\n\tname = The User\n")
+    _host_git(project, "config", "includeIf.gitdir:/.path", "../.gitlocal")
     daemon.config.write_text(
         f'[store]\npath = "{state / "store.db"}"\n[server]\nsocket = "{daemon.socket}"\n'
         '[tools.permissions]\nshell = "allow"\nwrite_file = "allow"\nedit_file = "allow"\nread_file = "allow"\n'
@@ -142,7 +151,17 @@ def run_guard(root: Path) -> ResourceReport:
     (root / "run").mkdir(exist_ok=True)
     watched = {
         name: project / name
-        for name in ("weald.toml", ".weald", ".mcp.json", ".git/config", ".git/hooks", ".githooks", "sub/weald.toml")
+        for name in (
+            "weald.toml",
+            ".weald",
+            ".mcp.json",
+            ".git/config",
+            ".git/hooks",
+            ".githooks",
+            "sub/weald.toml",
+            ".gitshared",
+            ".gitlocal",
+        )
     }
     before = {name: _snapshot(path) for name, path in watched.items()}
     git_inode = (project / ".git").stat().st_ino
@@ -222,6 +241,8 @@ def _judge(
         "append to .git/config": same(".git/config"),
         "write a pre-commit hook": same(".git/hooks"),
         "write a hook in core.hooksPath": same(".githooks"),
+        "plant a file git's config includes": same(".gitshared"),
+        "append to a file git's config includes": same(".gitlocal"),
         "move .git away and rebuild it": same(".git/config"),
         "read the hidden .env": not_in_output("read the hidden .env", ENV_SECRET),
         "read the hidden secrets/": not_in_output("read the hidden secrets/", KEY_SECRET),
@@ -234,6 +255,7 @@ def _judge(
         "write_file a hook": same(".git/hooks"),
         "write_file a hook in core.hooksPath": same(".githooks"),
         "write_file a weald.toml deeper in": same("sub/weald.toml"),
+        "write_file a file git's config includes": same(".gitlocal"),
         "edit_file .mcp.json": same(".mcp.json"),
         "swap the recording's directory": lambda: [f"{p.name} written outside" for p in outside.iterdir()],
     }

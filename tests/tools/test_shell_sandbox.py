@@ -530,6 +530,39 @@ async def test_git_config_hooks_and_hooks_path_are_read_only_and_git_still_works
 
 
 @pytest.mark.trio
+@pytest.mark.usefixtures("git")
+async def test_files_git_config_includes_are_read_only_nested_and_missing_ones_too(
+    make_ctx: Callable[..., ToolContext], work: Path, tmp_path: Path
+) -> None:
+    marker = tmp_path / "PLANTED-RAN"
+    _git(work, "init", "-q")
+    # .git/config includes conf/git.inc (there), which includes conf/more.inc (missing) and sets
+    # core.hooksPath to a directory that does not exist yet; an includeIf names conf/if.inc (missing).
+    (work / "conf").mkdir()
+    (work / "conf" / "git.inc").write_text("[include]\n\tpath = more.inc\n[core]\n\thooksPath = conf/hooks\n")
+    _git(work, "config", "include.path", "../conf/git.inc")
+    _git(work, "config", "includeIf.onbranch:main.path", "../conf/if.inc")
+    planted = f"[core]\\n\\tfsmonitor = touch {marker}\\n"
+    hook = f"#!/bin/sh\\ntouch {marker}\\n"
+    command = (
+        f"printf '{planted}' >> conf/git.inc; printf '{planted}' > conf/more.inc; printf '{planted}' > conf/if.inc; "
+        f"mkdir -p conf/hooks && printf '{hook}' > conf/hooks/pre-commit; chmod +x conf/hooks/pre-commit; "
+        "mv conf conf.old; echo other > conf/notes.txt; ls conf"
+    )
+    result = await run(make_ctx(), command=command)
+    assert result.output.count("Read-only file system") >= 3, result.output
+    assert (work / "conf" / "git.inc").read_text().count("fsmonitor") == 0
+    assert sorted(p.name for p in (work / "conf").iterdir()) == ["git.inc", "notes.txt"]  # placeholders gone
+    assert (work / "conf" / "notes.txt").read_text() == "other\n"  # the rest of conf/ stays writable
+    # The user's own git, on the host, afterwards: nothing planted runs.
+    (work / "a.txt").write_text("x\n")
+    _git(work, "add", "a.txt")
+    _git(work, "-c", "user.name=a", "-c", "user.email=a@x", "commit", "-qm", "first")
+    _git(work, "status")
+    assert not marker.exists()
+
+
+@pytest.mark.trio
 async def test_a_file_the_configuration_reads_is_read_only(make_ctx: Callable[..., ToolContext], work: Path) -> None:
     (work / "config").mkdir()
     (work / "config" / ".mcp.json").write_text('{"mcpServers": {}}\n')
