@@ -58,7 +58,6 @@ from weald.tools._spill import (
     remove_spill_dir,
     session_spill,
     spill_key,
-    spill_rows,
     sweep_spill_dirs,
 )
 
@@ -100,7 +99,6 @@ __all__ = [
     "sandbox_status",
     "session_spill",
     "spill_key",
-    "spill_rows",
     "sweep_spill_dirs",
     "tool",
     "validate_arguments",

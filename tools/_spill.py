@@ -66,7 +66,6 @@ __all__ = [
     "remove_spill_dir",
     "session_spill",
     "spill_key",
-    "spill_rows",
     "sweep_spill_dirs",
 ]
 
@@ -142,16 +141,6 @@ def session_spill(store: Store, session_id: str) -> list[SpillRow]:
     """Every node's row of a session (blocking; rows that cannot be decoded are left out)."""
     good, _ = store.scan(SPILL_NAMESPACE, f"{session_id}/", type=SpillRow)
     return [row for _, row in good]
-
-
-def spill_rows(store: Store) -> tuple[list[tuple[str, SpillRow]], list[str]]:
-    """Every row of the store's spill bookkeeping (blocking).
-
-    Returns:
-        The ``(key, row)`` pairs, and the keys whose values cannot be decoded.
-    """
-    good, bad = store.scan(SPILL_NAMESPACE, type=SpillRow)
-    return good, [key for key, _ in bad]
 
 
 def forget_spill(store: Store, session_ids: Iterable[str]) -> int:

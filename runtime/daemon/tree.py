@@ -142,12 +142,12 @@ from weald.runtime.llm import Image, Provider, Recorder, RecordingError, ReplayD
 from weald.supervisors import ChildExistsError, ChildSpec, DynamicSupervisor, MaxChildrenError
 from weald.tools import (
     SPILL_NAMESPACE,
+    SpillRow,
     ToolRegistry,
     default_registry,
     forget_spill,
     remove_spill_dir,
     session_spill,
-    spill_rows,
     sweep_spill_dirs,
 )
 
@@ -1484,17 +1484,18 @@ class Sessions:
         me = node.node_id if node is not None else None
         retention = self.config.spill.retention
         now = time.time()
-        rows, bad = spill_rows(store)
-        doomed: list[str] = list(bad)  # rows that cannot be decoded name nothing usable
-        if bad:
-            logger.warning("spill bookkeeping: %d rows cannot be decoded and are deleted: %s", len(bad), bad[:5])
-        known = self._store_nodes() if store.fences and rows else None
-        mine: list[tuple[str, Any]] = []
-        for key, row in rows:
-            if me is None or row.node == me:
-                mine.append((key, row))
-            elif not store.fences or (known is not None and row.node not in known):
-                doomed.append(key)  # a node renamed, or one that never joined this database (a migrated store)
+        known = self._store_nodes() if store.fences else None
+        doomed: list[str] = []
+        mine: list[tuple[str, SpillRow]] = []
+        for rows, bad in _pages(store, SPILL_NAMESPACE, SpillRow):  # a page at a time: only this node's are kept
+            if bad:  # rows that cannot be decoded name nothing usable
+                logger.warning("spill bookkeeping: %d rows cannot be decoded and are deleted", len(bad))
+                doomed += [key for key, _ in bad]
+            for key, row in rows:
+                if me is None or row.node == me:
+                    mine.append((key, row))
+                elif not store.fences or (known is not None and row.node not in known):
+                    doomed.append(key)  # a node renamed, or one that never joined this database (a migrated store)
         # Only the sessions with a spill directory or a row are asked after, a page of records at a time (a
         # million sessions, a few with saved outputs).
         try:
@@ -1566,10 +1567,15 @@ class Sessions:
         }
 
     def spill_bytes(self) -> int:
-        """The bytes of this node's spill files, from the store's rows (blocking)."""
-        node = self.system.store.node
-        rows, _ = spill_rows(self.system.store)
-        return sum(row.bytes for _, row in rows if node is None or row.node == node.node_id)
+        """The bytes of this node's spill files, from the store's rows, a page at a time (blocking)."""
+        store = self.system.store
+        me = store.node.node_id if store.node is not None else None
+        return sum(
+            row.bytes
+            for rows, _ in _pages(store, SPILL_NAMESPACE, SpillRow)
+            for _, row in rows
+            if me is None or row.node == me
+        )
 
     def record_pages(self, type_: Any = SessionRecord) -> Iterator[list[Any]]:
         """Every readable stored session (active and stopped), `_RECORD_PAGE` at a time, in key order (a worker thread).

@@ -6,9 +6,11 @@ and node are rows of the store's ``spill`` namespace (tools/_spill.py).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 from daemon_harness import DaemonProcess, recent_events
 from weald.runtime import Store
@@ -116,5 +118,44 @@ def test_a_stopped_sessions_rows_go_with_its_directory_and_a_start_sweeps_the_ro
         assert d.terminate() == 0
         assert rows_of(store_path, "ghost") == []
         assert [row.node for row in rows_of(store_path, "keep")] == [node]
+    finally:
+        d.close()
+
+
+def test_on_a_cluster_a_start_removes_the_spill_of_a_session_another_node_runs_once_retention_passed(
+    tmp_path: Path, pg_cluster: Any
+) -> None:
+    database = pg_cluster.create_database()
+    url = pg_cluster.url(database)
+    d = DaemonProcess(
+        tmp_path,
+        store=f"url = {json.dumps(url)}\nnode_id = {json.dumps('n1')}",
+        extra_config='[tools.permissions]\nshell = "allow"\n[spill]\nretention = 0\n',
+    )
+    spill = tmp_path / "weald-outputs"
+    try:
+        d.start()
+        model = d.script("flood", [{"text": "", "tool_calls": [FLOOD]}, {"text": "ok"}])
+        with d.client() as c:
+            for agent_id in ("moved", "stays"):
+                c.call("agent.start", {"working_dir": str(d.project), "model": model, "agent_id": agent_id}, timeout=60)
+                assert c.call("agent.prompt", {"agent_id": agent_id, "text": "go"}, timeout=60)["ok"]
+            assert c.call("daemon.status", timeout=30)["spill_bytes"] == 2 * sum(spilled(spill / "stays").values())
+        assert d.terminate() == 0
+        # Another live node runs "moved" now: its files here are stale once spill.retention (0 s) has passed.
+        pg_cluster.psql(
+            "INSERT INTO weald_nodes (node_id, epoch, lease_until) VALUES ('n2', 1, now() + interval '1 hour'); "
+            "UPDATE weald_placement SET owner = 'n2', epoch = epoch + 1 WHERE agent_id = 'moved'",
+            database,
+        )
+        d.start()
+        assert not (spill / "moved").exists()
+        assert (spill / "stays").is_dir()
+        with d.client() as c:
+            assert c.call("daemon.status", timeout=30)["spill_bytes"] == sum(spilled(spill / "stays").values())
+        assert d.terminate() == 0
+        with contextlib.closing(Store(url=url)) as store:
+            assert session_spill(store, "moved") == []
+            assert [row.node for row in session_spill(store, "stays")] == ["n1"]
     finally:
         d.close()
