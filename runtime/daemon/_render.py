@@ -357,7 +357,7 @@ def render_status(status: Mapping[str, Any]) -> RenderableType:
 _NONE_MEANS = {
     "socket": "none (serving on stdio)",
     "store_write_failure": "none (writes reach the store)",
-    "spill_bytes": "unknown (the store could not be read)",
+    "spill_bytes": "not measured yet (or the store could not be read)",
     "turns.limit": "no limit (limits.max_concurrent_turns)",
     "sandbox": "not checked",
 }

@@ -211,6 +211,8 @@ class HistoryKeeper:
             problems met finding them (runs on the loop; may read in worker threads).
         interval: seconds between passes (``[store] gc_interval``); 0: only on request.
         warn_bytes: the store size past which ``store.size_warning`` is published; 0: never.
+        spill_bytes: measures this node's spill files from the store's rows
+            (blocking: in a worker thread), each minute with the store's size.
     """
 
     def __init__(
@@ -220,9 +222,12 @@ class HistoryKeeper:
         *,
         interval: float,
         warn_bytes: int,
+        spill_bytes: Callable[[], int] | None = None,
     ) -> None:
         self._system = system
         self._plan = plan
+        self._spill = spill_bytes
+        self.spill_bytes: int | None = None  # this node's spill files as last measured (None: not yet, or unreadable)
         self.interval = interval
         self.warn_bytes = warn_bytes
         self._stop = threading.Event()
@@ -261,7 +266,10 @@ class HistoryKeeper:
             return report
 
     async def follow(self) -> None:
-        """Pass every ``interval`` seconds, and measure the store's size each minute, until cancelled (a loop task)."""
+        """Pass every ``interval`` seconds, and measure the store's size (and spill) each minute, until cancelled.
+
+        A loop task.
+        """
         next_pass = trio.current_time() + min(_FIRST_PASS_DELAY, self.interval or _FIRST_PASS_DELAY)
         while not self._stop.is_set():
             if self.interval and trio.current_time() >= next_pass:
@@ -272,6 +280,8 @@ class HistoryKeeper:
                 next_pass = trio.current_time() + self.interval
             else:
                 self._check_size(await trio.to_thread.run_sync(self._size))
+            if self._spill is not None:
+                self.spill_bytes = await trio.to_thread.run_sync(self._spill_size)
             wait = _SIZE_INTERVAL
             if self.interval:
                 wait = min(wait, max(0.0, next_pass - trio.current_time()))
@@ -282,6 +292,13 @@ class HistoryKeeper:
             return int(self._system.store.statistics().get("bytes", 0))
         except StoreError:
             return 0
+
+    def _spill_size(self) -> int | None:
+        assert self._spill is not None
+        try:
+            return self._spill()
+        except StoreError:
+            return None
 
     def _check_size(self, size: int) -> None:
         self.store_bytes = size

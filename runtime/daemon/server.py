@@ -2240,12 +2240,6 @@ class Server(Actor):
     async def _daemon_status(self, conn: Connection, p: NoParams) -> dict[str, Any]:
         sessions = self.system.whereis("/sessions")
         counts = await sessions.proxy().count_children() if sessions is not None else {}
-        keeper = self._daemon.sessions
-        # This node's spill files, from the store's rows (a worker thread: a store read, not a walk of the disk).
-        spill_bytes: int | None = None
-        if keeper is not None:
-            with contextlib.suppress(StoreError):  # the store is away: the status says so elsewhere
-                spill_bytes = await trio.to_thread.run_sync(keeper.spill_bytes)
         return {
             "pid": os.getpid(),
             "version": VERSION,
@@ -2258,7 +2252,8 @@ class Server(Actor):
             "store": _store_location(self.system),
             # As last measured (at most a minute ago): no I/O here, on the loop.
             "store_bytes": self._daemon.history.store_bytes if self._daemon.history is not None else None,
-            "spill_bytes": spill_bytes,
+            # This node's spill files, from the store's rows, measured with store_bytes (not a walk of the disk).
+            "spill_bytes": self._daemon.history.spill_bytes if self._daemon.history is not None else None,
             "store_kind": _store_kind(self.system),
             "node": _node_status(self.system),
             "store_write_failure": _write_failure(self.system),

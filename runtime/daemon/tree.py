@@ -2177,6 +2177,7 @@ class Daemon:
                 self.sessions.retention_plan,
                 interval=self.config.store.gc_interval,
                 warn_bytes=self.config.store.warn_bytes,
+                spill_bytes=self.sessions.spill_bytes,
             )
             self.system.loop.spawn_nowait(self.history.follow)
             if self.telemetry_settings is not None:
