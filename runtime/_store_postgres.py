@@ -25,10 +25,21 @@ Tables (all named ``weald_*``, so the database may hold others):
 The fence is ``weald_fence(node, sessions, epochs)``, a function run first
 in each group's transaction: it locks the sessions' placement rows ``FOR
 SHARE`` and raises (SQLSTATE ``WF001``, the sessions in its detail) unless
-every one names this node and the epoch given; the group's statements are
-pipelined behind it, so a fenced commit costs one round trip, as an
-unfenced one does. A takeover (``UPDATE ... SET owner, epoch = epoch + 1``)
-waits for commits holding the share lock, or makes them fail.
+every one names this node and the epoch given. A group is one statement
+(``INSERT ... SELECT FROM unnest``, every namespace at once) joined to the
+fence's one row; a group holding a memory note, or written with the commit
+log, is an explicit transaction pipelined behind it. Either way a fenced
+commit costs one round trip, as an unfenced one does. A takeover (``UPDATE
+... SET owner, epoch = epoch + 1``) waits for commits holding the share
+lock, or makes them fail.
+
+A node frozen in the middle of a transaction (SIGSTOP, a VM paused, a
+partition after ``BEGIN`` and the fence went out but before ``COMMIT``)
+would hold its share locks, and with them every takeover of its sessions,
+for as long as it stays frozen. Each connection sets
+``idle_in_transaction_session_timeout`` (`IDLE_IN_TRANSACTION`, 2 s): the
+server ends a transaction whose client has gone quiet that long, releasing
+its locks, and the node finds its connection broken when it wakes.
 
 Connections: the committer thread has its own (pipelined group commits);
 the lease thread has its own, so a busy store never delays a renewal; other
@@ -91,6 +102,8 @@ SCHEMA_VERSION: Final = 1
 _FENCE_STATE: Final = "WF001"
 _POOL_SIZE: Final = 4
 _CONNECT_TIMEOUT: Final = 10
+IDLE_IN_TRANSACTION: Final = 2.0
+"""Seconds a transaction may wait on its client (idle in transaction) before the server ends it (see above)."""
 _BACKOFF_FIRST: Final = 0.1
 _BACKOFF_MAX: Final = 5.0
 _TS_CONFIG: Final = "english"
@@ -347,6 +360,14 @@ class PostgresBackend(StoreBackend):
             raise StoreError(msg) from exc
         except self._psycopg.Error as exc:
             msg = f"store {self.location}: cannot connect to the database ({_first_line(exc)})"
+            raise StoreConnectionError(msg) from exc
+        try:
+            # A setting of this session, not of the URL's ``options``, which stay the user's.
+            timeout = f"{int(IDLE_IN_TRANSACTION * 1000)}ms"
+            conn.execute("SELECT set_config('idle_in_transaction_session_timeout', %s, false)", (timeout,))
+        except self._psycopg.Error as exc:
+            conn.close()
+            msg = f"store {self.location}: cannot set up the connection ({_first_line(exc)})"
             raise StoreConnectionError(msg) from exc
         return conn
 

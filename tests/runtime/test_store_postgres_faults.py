@@ -2,22 +2,29 @@
 
 A read-only standby (a real one, made by ``pg_basebackup -R`` and streaming
 from the primary), a server whose disk is full (the database's tablespace on a
-real tmpfs, filled), and a deadlock between a store's transaction and another
+real tmpfs, filled), a deadlock between a store's transaction and another
 session of the same database: each maps onto the `StoreError` tree with a
-message that names the cause, and nothing acknowledged is lost.
+message that names the cause, and nothing acknowledged is lost. And a node
+frozen (SIGSTOP) inside a transaction, holding the fence's locks, does not
+hold up the takeover of its sessions.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import signal
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 import pytest
-from weald.runtime import Store, StoreConflictError, StoreFullError, StoreReadOnlyError
+from weald.runtime import Store, StoreClosedError, StoreConflictError, StoreFullError, StoreReadOnlyError
+from weald.runtime._store_postgres import IDLE_IN_TRANSACTION
 from weald.runtime.testing import wait_until
 
 
@@ -143,3 +150,81 @@ def _waiting_on_a_lock(url: str) -> bool:
             "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()"
         ).fetchone()
     return bool(row and row[0] >= 1)
+
+
+# A node's store that takes the fence's share lock in a transaction and is then frozen (SIGSTOP) before
+# its COMMIT goes out; when thawed, it tries to commit and says what happened.
+_FROZEN_MID_TRANSACTION = """
+import os, signal, sys
+from weald.runtime import Store
+store = Store(url=sys.argv[1])
+store.join("frozen", lease=1.0)
+epoch = store.claim(["s"])["s"]
+conn = store.backend.connect()
+conn.execute("BEGIN")
+conn.execute("SELECT weald_fence(%s, %s::text[], %s::bigint[])", ("frozen", ["s"], [epoch]))
+conn.execute("INSERT INTO weald_kv (ns, key, value) VALUES ('tasks', 'late', '1')")
+print("locked", flush=True)
+os.kill(os.getpid(), signal.SIGSTOP)
+try:
+    conn.execute("COMMIT")
+except Exception as exc:
+    print("commit failed:", type(exc).__name__, str(exc).splitlines()[0], flush=True)
+else:
+    print("committed", flush=True)
+"""
+
+
+def test_a_node_frozen_inside_a_transaction_does_not_hold_up_the_takeover_of_its_sessions(pg_cluster: Any) -> None:
+    url = pg_cluster.url(pg_cluster.create_database())
+    Store(url=url).close()  # the schema
+    frozen = subprocess.Popen(
+        [sys.executable, "-c", _FROZEN_MID_TRANSACTION, url], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert frozen.stdout is not None
+        assert frozen.stdout.readline().strip() == "locked", frozen.stderr.read() if frozen.stderr else ""
+        wait_until(lambda: _state_of(frozen.pid) == "T", timeout=30, message="the node to be stopped")
+        stopped = time.monotonic()
+        with _closing(Store(url=url)) as heir:
+            heir.join("heir", lease=30)
+            # The claim waits for the frozen transaction's share lock until the server ends that
+            # transaction (IDLE_IN_TRANSACTION after it went quiet), then takes the session once the
+            # frozen node's 1 s lease is out.
+            # (In a thread: without the timeout the claim would wait for as long as the node is frozen;
+            # the test then fails here, and the kill below lets the claim go.)
+            claims: list[dict[str, int]] = []
+
+            def claim() -> None:
+                while not claims:
+                    try:
+                        got = heir.claim(["s"])
+                    except StoreClosedError:
+                        return  # the test gave up and closed it
+                    if got:
+                        claims.append(got)
+                    else:
+                        time.sleep(0.05)
+
+            threading.Thread(target=claim, daemon=True).start()
+            claimed = wait_until(lambda: claims[0] if claims else None, timeout=60, message="the heir to claim s")
+            took = time.monotonic() - stopped
+            assert claimed == {"s": 2}
+            assert took < 1.0 + IDLE_IN_TRANSACTION + 5.0, took  # lease + the timeout, with room for a loaded host
+            assert heir.get("tasks", "late") is None
+        os.kill(frozen.pid, signal.SIGCONT)
+        out, err = frozen.communicate(timeout=60)
+        assert out.startswith("commit failed: "), (out, err)
+        assert "idle-in-transaction timeout" in out
+    finally:
+        if frozen.poll() is None:
+            frozen.kill()
+            frozen.wait(30)
+    with _closing(Store(url=url)) as after:
+        assert after.get("tasks", "late") is None  # nothing of the frozen node's transaction landed
+
+
+def _state_of(pid: int) -> str:
+    """The one-letter state of process ``pid`` (``T``: stopped) from /proc."""
+    with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0]
