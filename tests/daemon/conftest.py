@@ -8,20 +8,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from daemon_harness import DaemonProcess, serving
+from daemon_harness import PERMISSIONS, DaemonProcess, serving
 from system_packages import apt_install
 
 # The loopback model server of tests/llm (`llm._server`) serves daemons here too.
 _TESTS = str(Path(__file__).resolve().parents[1])
 if _TESTS not in sys.path:
     sys.path.append(_TESTS)
-
-PERMISSIONS = """
-[tools.permissions]
-write_file = "ask"
-edit_file = "ask"
-shell = "ask"
-"""
 
 
 @pytest.fixture

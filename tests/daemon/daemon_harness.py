@@ -18,6 +18,14 @@ from weald.runtime import scan_proc
 from weald.runtime.daemon.client import Client, DaemonUnavailableError
 from weald.runtime.testing import process_alive, wait_until
 
+PERMISSIONS = """
+[tools.permissions]
+write_file = "ask"
+edit_file = "ask"
+shell = "ask"
+"""
+"""The daemon tests' permissions: every tool that writes or runs asks."""
+
 
 class DaemonProcess:
     """Owns a config dir, a project dir and a daemon process; restartable."""

@@ -15,8 +15,7 @@ from typing import Any
 
 import pytest
 from cluster_harness import Cluster
-from conftest import PERMISSIONS
-from daemon_harness import DaemonProcess
+from daemon_harness import PERMISSIONS, DaemonProcess
 from test_daemon import (
     test_a_client_that_disconnects_mid_turn_loses_nothing,
     test_a_permission_request_is_answered_by_the_client,

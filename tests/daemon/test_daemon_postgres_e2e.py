@@ -12,8 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import PERMISSIONS
-from daemon_harness import DaemonProcess
+from daemon_harness import PERMISSIONS, DaemonProcess
 from test_cluster_e2e import SCENARIOS
 from test_daemon import (
     test_a_client_that_disconnects_mid_turn_loses_nothing,
