@@ -974,7 +974,10 @@ class FrontServer(Server):
             "store_kind": "postgresql",
             "node": None,
             "cluster": {
-                "nodes": [{"node_id": n.node_id, "live": n.live, "address": n.address} for n in nodes.values()],
+                "nodes": [
+                    {"node_id": n.node_id, "live": n.live, "address": n.address, "labels": n.labels}
+                    for n in nodes.values()
+                ],
                 "failovers": self.failovers,
                 "retried_prompts": self.retried_prompts,
             },

@@ -276,7 +276,12 @@ def test_a_drained_node_hands_every_session_over_and_stops(cluster: Cluster) -> 
     cluster.start_nodes(name, labels={name: {"project": str(pinned)}})
     cluster.wait_live(*NODES)
     with cluster.client() as client:
-        time.sleep(1.0)  # the front rereads the nodes' rows
+
+        def front_sees_the_label() -> bool:
+            nodes = client.call("daemon.status")["cluster"]["nodes"]
+            return any(n["node_id"] == name and n["live"] and n["labels"] == {"project": str(pinned)} for n in nodes)
+
+        wait_until(front_sees_the_label, timeout=30, message="the front to read the node's label")
         client.call("agent.start", {"working_dir": str(pinned), "model": cluster.model, "agent_id": "pinned-1"})  # type: ignore[attr-defined]
         client.call("agent.start", {"working_dir": str(cluster.project), "model": cluster.model, "agent_id": "free-1"})  # type: ignore[attr-defined]
     placement = cluster.placement()
