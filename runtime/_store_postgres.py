@@ -229,6 +229,13 @@ def _first_line(exc: BaseException) -> str:
     return redact_text(text.splitlines()[0] if text else type(exc).__name__)
 
 
+class _PipelineAborted(logging.Filter):
+    """Drops psycopg's "error ignored terminating <Pipeline>" warning: the store raises that error itself, named."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("error ignored terminating")
+
+
 def _psycopg() -> Any:
     try:
         import psycopg
@@ -238,6 +245,9 @@ def _psycopg() -> Any:
             "pip install 'weald[postgresql]' (or 'psycopg[binary]')"
         )
         raise StoreError(msg) from exc
+    quiet = logging.getLogger("psycopg")
+    if not any(isinstance(f, _PipelineAborted) for f in quiet.filters):
+        quiet.addFilter(_PipelineAborted())
     return psycopg
 
 
