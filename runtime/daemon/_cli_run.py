@@ -42,6 +42,9 @@ from weald.runtime.daemon._cli_common import (
 from weald.runtime.daemon._render import printable, safe_text
 from weald.runtime.daemon.client import Client, DaemonUnavailableError, RPCCallError
 
+#: agent.start's error code for a nested project file that is not trusted (the server's ``UNTRUSTED_CONFIG``).
+UNTRUSTED_CONFIG = -32005
+
 __all__ = ["cmd_prompt", "cmd_run", "render_message", "resolve_model_path"]
 
 #: How long a Ctrl-C waits for the aborted turn's answer before the command exits anyway.
@@ -220,7 +223,19 @@ def _start_agent(client: Client, args: argparse.Namespace, *, ephemeral: bool) -
         params["ephemeral"] = True
     title = " ".join(args.prompt.split())
     params["title"] = title if len(title) <= 200 else title[:199] + "…"
-    started: dict[str, Any] = client.call("agent.start", params, timeout=60)
+    try:
+        started: dict[str, Any] = client.call("agent.start", params, timeout=60)
+    except RPCCallError as exc:
+        if exc.code != UNTRUSTED_CONFIG or not getattr(args, "trust", False) or not isinstance(exc.data, dict):
+            raise
+        # --trust: the file is shown, then trusted as it was shown (the daemon checks the digest), then started.
+        from weald.runtime.daemon._cli_trust import show_file
+
+        err = console(stderr=True)
+        real, digest, _, _ = show_file(Path(str(exc.data["file"])), err, why=cli_terms(exc.message))
+        client.call("config.trust", {"path": real, "sha256": digest}, timeout=120)
+        err.print(f"trusted: {printable(real)} (--trust)", markup=False, soft_wrap=True)
+        started = client.call("agent.start", params, timeout=60)
     return str(started["agent_id"])
 
 

@@ -52,6 +52,7 @@ from weald.runtime.daemon._config_load import (
     user_file,
 )
 from weald.runtime.daemon._config_model import Config, ConfigError, ConfigFile
+from weald.runtime.daemon._trust import TrustBook, UntrustedConfigError
 
 __all__ = ["ProjectChange", "ProjectConfig", "Projects"]
 
@@ -142,6 +143,7 @@ class _Look:
     loaded: LoadedConfig | None = None  # None: not read (unchanged), or refused
     error: ConfigError | None = None  # why it was refused
     unchanged: ProjectConfig | None = None  # not read: this one is still right
+    distrust: UntrustedConfigError | None = None  # a nested project file not trusted: no session starts with it
 
     @property
     def problems(self) -> tuple[str, ...]:
@@ -200,6 +202,8 @@ class Projects:
         environ: The environment the files are found with (``WEALD_CONFIG``, ``WEALD_HOME``).
         on_loaded: Called (in a worker thread) with each configuration read,
             before it is used: registers its secrets.
+        trust: The trust records of nested project files and the sessions'
+            directories (`weald.runtime.daemon._trust`); None: a new, empty one.
     """
 
     def __init__(
@@ -209,7 +213,9 @@ class Projects:
         home: Path | None = None,
         environ: Mapping[str, str] | None = None,
         on_loaded: Callable[[Config], None] | None = None,
+        trust: TrustBook | None = None,
     ) -> None:
+        self.trust = TrustBook() if trust is None else trust
         self._base = base
         self._home = Path.home() if home is None else home
         self._environ = dict(os.environ if environ is None else environ)
@@ -219,6 +225,16 @@ class Projects:
         self._looking: dict[str, Future[_Look]] = {}
         # The generation of each configuration as the last `refresh(force=True)` (a reload) reported it.
         self._reported: dict[tuple[str, ...], int] = {}
+
+    @property
+    def home(self) -> Path:
+        """The user's home directory, where the project search stops."""
+        return self._home
+
+    def user_file_blocking(self) -> str | None:
+        """The user file's path, when it exists (one stat)."""
+        found = user_file(home=self._home, environ=self._environ)
+        return None if found.path is None else str(found.path)
 
     # -- on the loop thread ------------------------------------------------------------------------
 
@@ -242,9 +258,13 @@ class Projects:
         found without I/O by `current`.
 
         Raises:
+            UntrustedConfigError: its project file is nested and not trusted
+                (or changed since it was): nothing is installed.
             ConfigError: its files have errors and no earlier version of them is in use.
         """
         look = await self._look(directory)
+        if look.distrust is not None:
+            raise look.distrust
         config = self._install(look)
         if use:
             self._directories[directory].users += 1
@@ -398,11 +418,16 @@ class Projects:
         if known is not None and not force and previous is not None and previous.files == files:
             imports = tuple(_identity(path) for path in known.config.mcp.imports)
             if previous.identity == (*identity, *imports):
-                return _Look(directory, files, previous.identity, unchanged=known)
+                distrust = self._distrust_blocking(files, known.files)
+                return _Look(directory, files, previous.identity, unchanged=known, distrust=distrust)
         try:
             loaded = self._load_blocking(files)
         except ConfigError as exc:
-            return _Look(directory, files, identity, error=exc)
+            distrust = self._distrust_blocking(files, ())
+            return _Look(directory, files, identity, error=distrust or exc, distrust=distrust)
+        distrust = self._distrust_blocking(files, loaded.files)
+        if distrust is not None:  # refused as a whole, as a file with errors is
+            return _Look(directory, files, identity, error=distrust, distrust=distrust)
         imports = tuple(_identity(path) for path in loaded.config.mcp.imports)
         # Same digests as the configuration in use: `_install` keeps it, and its generation.
         return _Look(directory, files, (*identity, *imports), loaded=loaded)
@@ -453,13 +478,21 @@ class Projects:
             files = project_files_with(Path(directory), self._home, user)
             identity = tuple(_identity(path) for path in files.paths)
             shared = read.get((_key(files), identity))
-            if shared is not None and shared.unchanged is None:  # the same files, read already for another directory
+            if shared is not None and shared.unchanged is None and shared.files.root == files.root:
+                # the same files, read already for another directory of the same project
                 looks.append(attrs.evolve(shared, directory=directory, files=files))
                 continue
             look = self.look_blocking(directory, previous, configs, force, files)
             read[(_key(files), identity)] = look
             looks.append(look)
         return looks
+
+    def _distrust_blocking(self, files: ProjectFiles, read: tuple[ConfigFile, ...]) -> UntrustedConfigError | None:
+        """Why the project file of ``files`` may not be applied (nested and not trusted); None: it may."""
+        if files.root is None:
+            return None
+        digest = next((file.digest for file in read if file.layer == "project"), None)
+        return self.trust.check_blocking(files, digest, str(self._home))
 
     def _load_blocking(self, files: ProjectFiles) -> LoadedConfig:
         if self._base is None:

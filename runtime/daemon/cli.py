@@ -672,6 +672,7 @@ COMMAND_GROUPS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
         (
             ("config", "show the configuration weald uses here, and where each value came from"),
             ("reload", "have the running daemon read its configuration files again"),
+            ("trust", "review and trust a weald.toml nested inside another project: weald trust PATH"),
             ("doctor", "check this machine for weald"),
             ("mcp", "list, add, remove and import MCP servers"),
             ("acp", "serve an editor (Zed, JetBrains, Neovim) over ACP on stdio"),
@@ -784,6 +785,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--faults", metavar="FILE", help="run in a daemon of its own, with fault injection and the faults in FILE"
+    )
+    p.add_argument(
+        "--trust",
+        action="store_true",
+        help="if the project's weald.toml is nested and not trusted, show it and trust it (as weald trust)",
     )
 
     p = command(sub, "prompt", run.cmd_prompt, "go on with an agent")
@@ -939,6 +945,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", help="as agent.start's model: shown as models.default, from 'parameter'")
     p.add_argument("--tools", help="as agent.start's tool filter, e.g. '*,!shell': shown as tools.enabled")
     command(sub, "reload", cmd_reload, "re-read the configuration files now")
+
+    from weald.runtime.daemon._cli_trust import add_trust_command
+
+    add_trust_command(sub, common)
     command(sub, "doctor", cmd_doctor, "check this machine for weald")
 
     from weald.runtime.daemon._cli_mcp import add_mcp_commands

@@ -107,6 +107,7 @@ APP_ERROR = -32000
 NOT_FOUND = -32001
 FAULTS_DISABLED = -32002
 NOT_OWNER = -32004  # a node asked about a session another node runs (see `_cluster`)
+UNTRUSTED_CONFIG = -32005  # agent.start: the project file is nested in another project and not trusted (`_trust`)
 
 ERRORS = {
     PARSE_ERROR: "parse error",
@@ -118,6 +119,7 @@ ERRORS = {
     NOT_FOUND: "not found",
     FAULTS_DISABLED: "fault injection is not enabled",
     NOT_OWNER: "the session is on another node",
+    UNTRUSTED_CONFIG: "the project's configuration file is not trusted",
     LIMIT_REACHED: "a limit of the daemon was reached",
 }
 
@@ -172,6 +174,17 @@ class AgentStartParams(_Params):
     ephemeral: bool = False
     # A line that says what the agent is for (`weald run` gives its first prompt); agent.list shows it.
     title: Annotated[str, msgspec.Meta(max_length=200)] | None = None
+    # Trust the working directory's project file if it is nested and not trusted (as `weald trust`), then start.
+    trust_config: bool = False
+
+
+class ConfigTrustParams(_Params):
+    path: Annotated[str, msgspec.Meta(min_length=1, max_length=4096)]
+    sha256: Annotated[str, msgspec.Meta(max_length=80)] | None = None  # the digest shown: the file must still have it
+
+
+class ConfigUntrustParams(_Params):
+    path: Annotated[str, msgspec.Meta(min_length=1, max_length=4096)]
 
 
 MAX_BATCH_STARTS = 1000
@@ -647,6 +660,9 @@ class Server(Actor):
             "daemon.stop": (NoParams, self._daemon_stop),
             "history.gc": (NoParams, self._history_gc),
             "config.reload": (NoParams, self._config_reload),
+            "config.trust": (ConfigTrustParams, self._config_trust),
+            "config.untrust": (ConfigUntrustParams, self._config_untrust),
+            "config.trusted": (NoParams, self._config_trusted),
             "cluster.adopt": (ClusterAdoptParams, self._cluster_adopt),
             "cluster.handover": (ClusterHandoverParams, self._cluster_handover),
             "cluster.load": (NoParams, self._cluster_load),
@@ -1042,6 +1058,8 @@ class Server(Actor):
         if isinstance(exc, WealdError | ValueError | KeyError):
             if getattr(exc, "rpc_code", None) == INVALID_PARAMS:  # the daemon's InvalidRequestError
                 return _failure(INVALID_PARAMS, f"invalid params for {method}: {exc}", {"field": exc.field})  # type: ignore[union-attr]
+            if getattr(exc, "rpc_code", None) == UNTRUSTED_CONFIG:  # the daemon's UntrustedConfigDaemonError
+                return _failure(UNTRUSTED_CONFIG, str(exc), exc.data)  # type: ignore[union-attr]
             return _failure(APP_ERROR, str(exc))
         if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE):
             return _failure(APP_ERROR, _out_of_fds(method))
@@ -1123,6 +1141,7 @@ class Server(Actor):
             project=p.project,
             ephemeral=p.ephemeral,
             title=p.title,
+            trust_config=p.trust_config,
         )
         if p.ephemeral and conn is not self._local:
             conn.ephemeral.add(agent_id)
@@ -2304,6 +2323,24 @@ class Server(Actor):
         self._refuse_when_stopping("config.reload")
         report: dict[str, Any] = await self._daemon.reload()
         return report
+
+    async def _config_trust(self, conn: Connection, p: ConfigTrustParams) -> dict[str, Any]:
+        """Trust a nested project configuration file as it is now (``weald trust``)."""
+        self._refuse_when_stopping("config.trust")
+        record: dict[str, Any] = await self._sessions.trust_file(p.path, p.sha256)
+        # A configuration refused for want of this trust applies now (at its sessions' next turns).
+        await self._daemon.after_refresh(await self._daemon.projects.refresh(report=False))
+        return record
+
+    async def _config_untrust(self, conn: Connection, p: ConfigUntrustParams) -> dict[str, Any]:
+        """Forget a file's trust (``weald trust --revoke``)."""
+        self._refuse_when_stopping("config.untrust")
+        record: dict[str, Any] = await self._sessions.untrust_file(p.path)
+        return record
+
+    async def _config_trusted(self, conn: Connection, p: NoParams) -> dict[str, Any]:
+        """The trusted nested project files (``weald trust --list``)."""
+        return {"trusted": self._sessions.trusted_files()}
 
     # -- the cluster (a node's part) -------------------------------------------------------------------
 

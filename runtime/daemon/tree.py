@@ -135,6 +135,13 @@ from weald.runtime.daemon._retention import HistoryKeeper, RetentionJob
 from weald.runtime.daemon._runlog import DaemonLog, PreviousRun
 from weald.runtime.daemon._telemetry_settings import TelemetrySettings, telemetry_settings
 from weald.runtime.daemon._tool_modules import load_tools
+from weald.runtime.daemon._trust import (
+    TRUST_NAMESPACE,
+    TrustRecord,
+    UntrustedConfigError,
+    config_digest_blocking,
+    enclosing_project_blocking,
+)
 from weald.runtime.daemon.config import CONFIG_ENV, Config, ConfigError, config_to_dict
 from weald.runtime.daemon.metrics import Sampler
 from weald.runtime.daemon.server import SHUTDOWN_REASON, ClusterPort, Server, SessionMCPServer, prepare_socket
@@ -189,6 +196,25 @@ class InvalidRequestError(DaemonError, ValueError):
     def __init__(self, field: str, message: str) -> None:
         super().__init__(f"{field}: {message}")
         self.field = field
+
+
+UNTRUSTED_CONFIG = -32005
+"""The JSON-RPC error code of `UntrustedConfigDaemonError`."""
+
+
+class UntrustedConfigDaemonError(DaemonError):
+    """``agent.start`` of a directory whose project file is nested in another project and not trusted.
+
+    The server answers it -32005, with ``data``: ``file``, ``sha256``,
+    ``size``, ``project`` (the enclosing project), ``changed`` (trusted
+    before, with other contents), ``directory``.
+    """
+
+    rpc_code = UNTRUSTED_CONFIG
+
+    def __init__(self, error: UntrustedConfigError, directory: str) -> None:
+        super().__init__(error.one_line(directory))
+        self.data = {**error.data(), "directory": directory}
 
 
 def demo_script_path(name: str = "default.json") -> Path:
@@ -776,6 +802,7 @@ class Sessions:
         project: str | None = None,
         ephemeral: bool = False,
         title: str | None = None,
+        trust_config: bool = False,
     ) -> str:
         """Store and start a new session; returns its agent id.
 
@@ -803,10 +830,14 @@ class Sessions:
             ephemeral: the session belongs to one client's run; a daemon that finds it active when it starts
                 stops it (``daemon.reaped``) instead of restoring it.
             title: a line saying what the agent is for, shown by ``agent.list``.
+            trust_config: trust the project's configuration file if it is nested and
+                not trusted (`trust_file`), as ``weald trust`` would, then start.
 
         Raises:
             InvalidRequestError: a relative working dir or project, a malformed or empty id, a model that
                 cannot be used.
+            UntrustedConfigDaemonError: the project's configuration file is nested in another project
+                and not trusted (or changed since it was), and ``trust_config`` is not set.
             DaemonError: a working dir or project that is not a directory, a project configuration with
                 errors, a bad recording file, an id in use, a recording file another agent records into,
                 or too many agents.
@@ -822,6 +853,7 @@ class Sessions:
             project=project,
             ephemeral=ephemeral,
             title=title,
+            trust_config=trust_config,
         )
         try:
             if asleep and session.record is None and not self._own_mcp(session):
@@ -949,6 +981,7 @@ class Sessions:
         project: str | None = None,
         ephemeral: bool = False,
         title: str | None = None,
+        trust_config: bool = False,
     ) -> SessionRecord:
         """The record of a new session once everything `start` checks is checked (see there).
 
@@ -977,11 +1010,20 @@ class Sessions:
         session_id = agent_id or "a" + uuid.uuid4().hex[:10]
         config_dir = project_dir or resolved
         try:
-            configured = await self.projects.acquire(config_dir)
+            try:
+                configured = await self.projects.acquire(config_dir)
+            except UntrustedConfigError as exc:
+                if not trust_config:
+                    raise UntrustedConfigDaemonError(exc, config_dir) from exc
+                await self.trust_file(exc.file, exc.sha256)
+                configured = await self.projects.acquire(config_dir)
+        except UntrustedConfigError as exc:  # changed between its trust and the start
+            raise UntrustedConfigDaemonError(exc, config_dir) from exc
         except ConfigError as exc:
             where = f"the project of {config_dir}" if project_dir is None else f"the project {config_dir}"
             msg = f"{where} has a configuration weald cannot use; fix it and start the agent again:\n{exc}"
             raise DaemonError(msg) from exc
+        self.projects.trust.note_dirs(resolved, project_dir)  # a project file below them is nested from now on
         chosen = sys.intern(model or self.default_model(configured))
         try:
             await self.prepare_mcp([configured])
@@ -1594,6 +1636,86 @@ class Sessions:
             if good:
                 yield [record for _, record in good]
 
+    # -- trust of nested project files (`_trust`) ---------------------------------------------------------
+
+    def load_trust(self, *, session_dirs: bool) -> None:
+        """Read the trust records, and with ``session_dirs`` every session's directories; blocking, at start.
+
+        Without ``session_dirs`` the restore notes the directories, as it reads every record anyway.
+        """
+        book = self.projects.trust
+        good, bad = self.system.store.scan(TRUST_NAMESPACE, type=TrustRecord)
+        for key, exc in bad:
+            logger.warning("trusted_configs: the record of %s cannot be decoded and is ignored: %s", key, exc)
+        book.records.update(good)
+        if session_dirs:
+            for page in self.record_pages(type_=_RecordPlace):
+                for record in page:
+                    book.note_dirs(record.working_dir, record.project)
+
+    async def trust_file(self, path: str, sha256: str | None = None) -> dict[str, Any]:
+        """Trust a nested project configuration file (or ``.weald/`` directory) as it is now.
+
+        Args:
+            path: The file (absolute): a ``weald.toml`` or a ``.weald`` directory.
+            sha256: The digest the user was shown; the file must still have it.
+
+        Returns:
+            The trust record as plain data, with ``nested`` (its enclosing project, or None).
+
+        Raises:
+            InvalidRequestError: not an absolute path to a ``weald.toml`` or ``.weald``.
+            DaemonError: it cannot be read, or its digest is no longer ``sha256``.
+        """
+        real, digest, size, project = await trio.to_thread.run_sync(self._describe_config, path)
+        if sha256 is not None and sha256.removeprefix("sha256:") != digest:
+            msg = f"{real} changed since it was shown (sha256 {digest}, not {sha256}); review it again"
+            raise DaemonError(msg)
+        record = TrustRecord(path=real, sha256=digest, size=size, project=project, trusted_at=time.time())
+        await self.system.store.aput(TRUST_NAMESPACE, real, record)
+        self.projects.trust.records[real] = record
+        self.system.events.publish("config.trusted", "/config", {"path": real, "sha256": digest})
+        return {**msgspec.to_builtins(record), "nested": project}
+
+    async def untrust_file(self, path: str) -> dict[str, Any]:
+        """Forget the trust of a file; sessions started under it afterwards are refused (running ones keep it).
+
+        Returns:
+            The record removed, as plain data.
+
+        Raises:
+            DaemonError: it was not trusted.
+        """
+        real = await trio.to_thread.run_sync(os.path.realpath, path)
+        record = self.projects.trust.records.pop(real, None)
+        if record is None:
+            raise DaemonError(f"{real} is not trusted (weald trust --list shows the trusted files)")
+        await self.system.store.adelete(TRUST_NAMESPACE, real)
+        self.system.events.publish("config.untrusted", "/config", {"path": real})
+        return dict(msgspec.to_builtins(record))
+
+    def trusted_files(self) -> list[dict[str, Any]]:
+        """Every trust record, by path (no I/O)."""
+        return [msgspec.to_builtins(record) for _, record in sorted(self.projects.trust.records.items())]
+
+    def _describe_config(self, path: str) -> tuple[str, str, int, str | None]:
+        """(real path, sha256, size, enclosing project or None) of a project file to trust (a worker thread)."""
+        if not os.path.isabs(path):
+            raise InvalidRequestError("path", f"{path!r} is not an absolute path")
+        real = os.path.realpath(path)
+        name = os.path.basename(real)
+        if name not in ("weald.toml", ".weald"):
+            raise InvalidRequestError("path", f"{real} is not a weald.toml or a .weald directory")
+        try:
+            digest, size = config_digest_blocking(real)
+        except OSError as exc:
+            raise DaemonError(f"cannot read {real}: {exc.strerror or exc}") from exc
+        directory = os.path.dirname(real)
+        projects = self.projects
+        user = projects.user_file_blocking()
+        project = enclosing_project_blocking(directory, str(projects.home), projects.trust.session_dirs, user)
+        return real, digest, size, project
+
     def records(self) -> list[SessionRecord]:
         """Every readable stored session (active and stopped), in creation order.
 
@@ -1668,6 +1790,8 @@ class Sessions:
             active = []
             for page in self.record_pages():
                 for record in page:
+                    # Every session's directories, any state: a project file below one is nested (`_trust`).
+                    self.projects.trust.note_dirs(record.working_dir, record.project)
                     if record.status == "active":
                         _share_strings(record)
                         active.append(record)
@@ -2172,6 +2296,7 @@ class Daemon:
                 editors=self.editors,
             )
             self.sessions.sweep_spill()
+            self.sessions.load_trust(session_dirs=not restore)
             self.history = HistoryKeeper(
                 self.system,
                 self.sessions.retention_plan,

@@ -331,7 +331,11 @@ def test_a_projects_own_mcp_servers_run_for_its_sessions_and_follow_its_file(tmp
         daemon.close()
 
 
-def test_a_weald_toml_created_nearer_a_sessions_directory_takes_over(daemon: DaemonProcess, tmp_path: Path) -> None:
+def test_a_weald_toml_created_nearer_a_sessions_directory_takes_over_once_trusted(
+    daemon: DaemonProcess, tmp_path: Path
+) -> None:
+    # sub/weald.toml lies inside the project: anyone working there (an agent) may have written it, so it is
+    # refused until trusted; the session keeps its project's configuration meanwhile.
     project = project_with(tmp_path, "g", "allow")
     sub = project / "sub"
     sub.mkdir()
@@ -339,9 +343,25 @@ def test_a_weald_toml_created_nearer_a_sessions_directory_takes_over(daemon: Dae
     agent_id = start(daemon, sub)
     prompt(daemon, agent_id)
     assert SECRET in last_tool_result(daemon, agent_id)
+    nested = sub / "weald.toml"
+    with daemon.client() as client:
+        client.call("events.subscribe", {"topics": ["config.changed", "config.refused"]})
+        nested.write_text((project / "weald.toml").read_text().replace('"allow"', '"deny"'))
+        notes = collect_until(
+            client,
+            lambda notes: any(n[1]["event"]["topic"] == "config.refused" for n in notes if n[0] == "event"),
+            timeout=30,
+        )
+    refused = next(
+        n[1]["event"]["data"] for n in notes if n[0] == "event" and n[1]["event"]["topic"] == "config.refused"
+    )
+    assert any(f"weald trust {nested}" in problem for problem in refused["problems"]), refused
+    prompt(daemon, agent_id)
+    assert SECRET in last_tool_result(daemon, agent_id)  # the nested file is not applied
     with daemon.client() as client:
         client.call("events.subscribe", {"topics": ["config.changed"]})
-        (sub / "weald.toml").write_text((project / "weald.toml").read_text().replace('"allow"', '"deny"'))
+        trusted = daemon.cli("trust", str(nested), "--yes")
+        assert trusted.returncode == 0, trusted.stdout + trusted.stderr
         collect_until(
             client,
             lambda notes: any(n[1]["event"]["data"]["project"] == str(sub) for n in notes if n[0] == "event"),
