@@ -415,7 +415,8 @@ class Projects:
         key = _key(files)
         identity = tuple(_identity(path) for path in files.paths)
         known = configs.get(key)
-        if known is not None and not force and previous is not None and previous.files == files:
+        # A refused configuration's digests are of the text in use, not of the files now: those are read again.
+        if known is not None and not force and not known.refused and previous is not None and previous.files == files:
             imports = tuple(_identity(path) for path in known.config.mcp.imports)
             if previous.identity == (*identity, *imports):
                 distrust = self._distrust_blocking(files, known.files)
