@@ -10,7 +10,9 @@ then does what an attacker would, each attack one tool call:
 
 - plant the rules (``weald.toml`` with an unsandboxed MCP server,
   ``.weald/skills``) and rewrite the imported ``.mcp.json``, with the shell
-  and with the file tools;
+  and with the file tools; plant ``deep/weald.toml`` with the shell (the
+  sandbox cannot forbid the name in every directory), after which the user's
+  ``agent.start`` in ``deep`` must be refused as untrusted (-32005);
 - make git run code on the host: ``core.fsmonitor``, a line appended to
   ``.git/config``, a ``pre-commit`` hook in ``.git/hooks`` and in the
   ``core.hooksPath`` directory, and ``.git`` moved away and rebuilt;
@@ -38,6 +40,7 @@ from typing import Any
 import attrs
 from daemon_harness import DaemonProcess
 from rel_store import ResourceReport
+from weald.runtime.daemon.client import RPCCallError
 
 ENV_SECRET = "env-secret-7c1f"
 KEY_SECRET = "key-secret-41aa"
@@ -86,6 +89,10 @@ def _attacks(project: Path, outside: Path, marker: Path) -> list[_Attack]:
         ),
         shell(
             "move .git away and rebuild it", "mv .git .git.old && cp -a .git.old .git && git config core.fsmonitor x"
+        ),
+        shell(
+            "plant a weald.toml deeper in, then start there",
+            f"mkdir -p deep && cat > deep/weald.toml <<'EOF'\n{planted}EOF",
         ),
         shell("read the hidden .env", "cat .env", "hidden"),
         shell("read the hidden secrets/", "cat secrets/* ; ls -A secrets", "hidden"),
@@ -176,6 +183,12 @@ def run_guard(root: Path) -> ResourceReport:
             client.call("agent.start", {**start, "model": daemon.script("attacker", [*turns, {"text": "done"}])})
             client.call("agent.prompt", {"agent_id": "attacker", "text": "go"}, timeout=300)
             messages = client.call("agent.history", {"agent_id": "attacker"})["messages"]
+            # The user starts a session where the agent planted a weald.toml (the sandbox cannot forbid the name).
+            try:
+                client.call("agent.start", {"working_dir": str(project / "deep"), "agent_id": "planted"})
+                planted_start = "started"
+            except RPCCallError as exc:
+                planted_start = f"{exc.code} {exc.message}"
             start = {"working_dir": str(project), "agent_id": "recorder", "record": "rec/session.json"}
             client.call("agent.start", {**start, "model": daemon.script("recorder", recording)})
             client.call("agent.prompt", {"agent_id": "recorder", "text": "go"}, timeout=120)
@@ -187,7 +200,17 @@ def run_guard(root: Path) -> ResourceReport:
         by_name = dict(zip((a.name for a in attacks), outputs, strict=False))
         if len(outputs) != len(attacks):
             report.check("every_attack_ran", [f"{len(outputs)} tool results for {len(attacks)} attacks"])
-        _judge(report, attacks, by_name, before, after, project=project, outside=outside, state=state)
+        _judge(
+            report,
+            attacks,
+            by_name,
+            before,
+            after,
+            project=project,
+            outside=outside,
+            state=state,
+            planted_start=planted_start,
+        )
         report.check(
             "git_dir_not_moved", [] if (project / ".git").stat().st_ino == git_inode else [".git was replaced"]
         )
@@ -218,6 +241,7 @@ def _judge(
     project: Path,
     outside: Path,
     state: Path,
+    planted_start: str,
 ) -> None:
     def same(*names: str) -> Callable[[], list[str]]:
         return lambda: [f"{n} changed on the host: {after[n]!r}" for n in names if after[n] != before[n]]
@@ -244,6 +268,11 @@ def _judge(
         "plant a file git's config includes": same(".gitshared"),
         "append to a file git's config includes": same(".gitlocal"),
         "move .git away and rebuild it": same(".git/config"),
+        "plant a weald.toml deeper in, then start there": lambda: (
+            []
+            if planted_start.startswith("-32005 ") and "weald trust" in planted_start
+            else [f"agent.start under the planted file was not refused as untrusted: {planted_start}"]
+        ),
         "read the hidden .env": not_in_output("read the hidden .env", ENV_SECRET),
         "read the hidden secrets/": not_in_output("read the hidden secrets/", KEY_SECRET),
         "overwrite the store": store_intact,

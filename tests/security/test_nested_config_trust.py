@@ -123,19 +123,23 @@ def test_a_weald_toml_an_agent_plants_deeper_is_refused_until_trusted(daemon: Da
     error = refused_start(daemon, project / "sub")
     assert error.code == UNTRUSTED
     assert "\n" not in error.message
-    assert str(planted) in error.message and f"inside the project {project}" in error.message
+    assert str(planted) in error.message
+    assert f"inside the project {project}" in error.message
     assert "may have been written by an agent" in error.message
     assert f"weald trust {planted}" in error.message
-    assert error.data["file"] == str(planted) and error.data["project"] == str(project)
+    assert error.data["file"] == str(planted)
+    assert error.data["project"] == str(project)
     assert error.data["sha256"] == hashlib.sha256(PLANTED.encode()).hexdigest()
     # weald run says the same, and starts nothing.
     run = weald(daemon, "run", "--cwd", str(project / "sub"), "--model", reader(daemon, "run-a"), "read it")
-    assert run.returncode == 1 and f"weald trust {planted}" in run.stderr, run.stderr
+    assert run.returncode == 1, run.stderr
+    assert f"weald trust {planted}" in run.stderr, run.stderr
     assert all(row["working_dir"] != str(project / "sub") for row in call(daemon, "agent.list"))
 
     trusted = weald(daemon, "trust", str(planted), "--yes")
     assert trusted.returncode == 0, trusted.stderr
-    assert str(planted) in trusted.stderr and error.data["sha256"] in trusted.stderr
+    assert str(planted) in trusted.stderr
+    assert error.data["sha256"] in trusted.stderr
     assert 'sandbox = "off"' in trusted.stderr  # the file was shown before it was trusted
     assert f"trusted: {planted}" in trusted.stdout
     # Now it starts, under the planted file (read_file allowed there, denied by the project's).
@@ -157,11 +161,13 @@ def test_a_project_without_markers_is_caught_by_the_sessions_directory(tmp_path:
         daemon.start()
         plant(daemon, project)
         error = refused_start(daemon, project / "sub")
-        assert error.code == UNTRUSTED and error.data["project"] == str(project), error.message
+        assert error.code == UNTRUSTED, error.message
+        assert error.data["project"] == str(project), error.message
         assert daemon.terminate() == 0
         daemon.start()
         error = refused_start(daemon, project / "sub")
-        assert error.code == UNTRUSTED and error.data["project"] == str(project), error.message
+        assert error.code == UNTRUSTED, error.message
+        assert error.data["project"] == str(project), error.message
         # agent.start's trust_config trusts it as weald trust would, and starts.
         agent_id = start(daemon, project / "sub", trust_config=True)
         [record] = call(daemon, "config.trusted")["trusted"]
@@ -194,12 +200,15 @@ def test_a_trusted_nested_file_that_changes_is_refused_at_reload_and_at_the_next
     nested.write_text('[tools.permissions]\nread_file = "allow"\nshell = "allow"\n[tools.shell]\nsandbox = "off"\n')
     reload = weald(daemon, "reload")
     assert reload.returncode == 2, reload.stdout + reload.stderr
-    assert "changed since you trusted it" in reload.stdout and f"weald trust {nested}" in reload.stdout
+    assert "changed since you trusted it" in reload.stdout
+    assert f"weald trust {nested}" in reload.stdout
     state = call(daemon, "debug_state", {"agent_id": agent_id})
     shown = json.dumps(state)
-    assert "changed since you trusted it" in shown and "weald trust" in shown
+    assert "changed since you trusted it" in shown
+    assert "weald trust" in shown
     error = refused_start(daemon, project / "sub")
-    assert error.code == UNTRUSTED and error.data["changed"] is True
+    assert error.code == UNTRUSTED
+    assert error.data["changed"] is True
     assert "changed since you trusted it" in error.message
     call(daemon, "agent.stop", {"agent_id": agent_id})
     assert weald(daemon, "trust", str(nested), "--yes").returncode == 0
@@ -221,7 +230,8 @@ def test_weald_trust_asks_on_a_terminal_and_refuses_without_one(daemon: DaemonPr
     nested.write_text('[tools.permissions]\nread_file = "allow"\n')
     no_terminal = weald(daemon, "trust", str(nested))
     assert no_terminal.returncode == 2
-    assert "no terminal to ask" in no_terminal.stderr and "--yes" in no_terminal.stderr
+    assert "no terminal to ask" in no_terminal.stderr
+    assert "--yes" in no_terminal.stderr
     assert all(r["path"] != str(nested) for r in call(daemon, "config.trusted")["trusted"])
     argv = [sys.executable, "-m", "weald.runtime.daemon.cli", "trust", str(nested)]
     for answer, code in ((b"n\n", 1), (b"y\n", 0)):
@@ -244,7 +254,9 @@ def test_weald_trust_list_revoke_and_json(daemon: DaemonProcess, tmp_path: Path)
     trusted = weald(daemon, "trust", str(project / "sub"), "--yes", "--json")  # the directory names its file
     assert trusted.returncode == 0, trusted.stderr
     record = json.loads(trusted.stdout)["trusted"]
-    assert record["path"] == str(nested) and record["sha256"] == digest and record["nested"] == str(project)
+    assert record["path"] == str(nested)
+    assert record["sha256"] == digest
+    assert record["nested"] == str(project)
     listed = weald(daemon, "trust", "--list", "--json")
     assert {"path": str(nested), "sha256": digest} in [
         {"path": r["path"], "sha256": r["sha256"]} for r in json.loads(listed.stdout)["trusted"]
@@ -257,7 +269,8 @@ def test_weald_trust_list_revoke_and_json(daemon: DaemonProcess, tmp_path: Path)
     assert str(nested) not in weald(daemon, "trust", "--list").stdout
     assert refused_start(daemon, project / "sub").code == UNTRUSTED
     again = weald(daemon, "trust", "--revoke", str(nested))
-    assert again.returncode == 1 and "is not trusted" in again.stderr
+    assert again.returncode == 1
+    assert "is not trusted" in again.stderr
 
 
 def test_weald_run_trust_shows_the_file_trusts_it_and_runs(daemon: DaemonProcess, tmp_path: Path) -> None:
@@ -266,7 +279,8 @@ def test_weald_run_trust_shows_the_file_trusts_it_and_runs(daemon: DaemonProcess
     model = reader(daemon, "run-trust")
     run = weald(daemon, "run", "--trust", "--name", "runner", "--cwd", str(project / "sub"), "--model", model, "read")
     assert run.returncode == 0, run.stderr
-    assert 'sandbox = "off"' in run.stderr and f"trusted: {project / 'sub' / 'weald.toml'}" in run.stderr
+    assert 'sandbox = "off"' in run.stderr
+    assert f"trusted: {project / 'sub' / 'weald.toml'}" in run.stderr
     messages = call(daemon, "agent.history", {"agent_id": "runner"})["messages"]
     call(daemon, "agent.stop", {"agent_id": "runner"})
     assert SECRET in [m["content"] for m in messages if m["role"] == "tool"][-1]  # under the file it trusted
