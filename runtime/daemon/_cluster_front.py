@@ -75,6 +75,8 @@ from weald.runtime.daemon.server import (
     AgentsStartParams,
     AgentStartParams,
     AskUserRespondParams,
+    ConfigTrustParams,
+    ConfigUntrustParams,
     Connection,
     DebugStateParams,
     EventsQueryParams,
@@ -219,6 +221,10 @@ class FrontServer(Server):
             "daemon.stop": (NoParams, self._daemon_stop),
             "history.gc": (NoParams, self._f_each("history.gc")),
             "config.reload": (NoParams, self._f_each("config.reload")),
+            # Every node keeps the trust records in memory: each records (the same row of the shared store).
+            "config.trust": (ConfigTrustParams, self._f_each("config.trust")),
+            "config.untrust": (ConfigUntrustParams, self._f_each("config.untrust")),
+            "config.trusted": (NoParams, self._f_any_node("config.trusted")),
             "cluster.status": (NoParams, self._f_cluster_status),
             "cluster.drain": (ClusterDrainParams, self._f_cluster_drain),
         }

@@ -103,6 +103,30 @@ def test_sessions_are_spread_over_the_nodes_and_each_is_served_by_its_own(cluste
     assert tree.returncode == 0, tree.stderr
 
 
+def test_a_nested_project_file_trusted_through_the_front_is_trusted_on_every_node(cluster: Cluster) -> None:
+    ensure_up(cluster)
+    project = cluster.root / "trusting"
+    (project / ".git").mkdir(parents=True)
+    (project / "sub").mkdir()
+    nested = project / "sub" / "weald.toml"
+    nested.write_text("[agent]\nmax_steps = 4\n")
+    start = {"working_dir": str(project / "sub"), "model": cluster.model}  # type: ignore[attr-defined]
+    with cluster.client() as client:
+        with pytest.raises(RPCCallError) as refused:
+            client.call("agent.start", start, timeout=60)
+        assert refused.value.code == -32005, refused.value.message
+        assert refused.value.data["file"] == str(nested)
+        trusted = client.call("config.trust", {"path": str(nested)}, timeout=60)
+        assert sorted(trusted["nodes"]) == list(NODES)
+        assert all(outcome["result"]["path"] == str(nested) for outcome in trusted["nodes"].values()), trusted
+        assert str(nested) in [r["path"] for r in client.call("config.trusted", timeout=60)["trusted"]]
+    # Each node has the trust in memory: a start on each, asked of the node itself, is taken.
+    for name, node in cluster.nodes.items():
+        with node.client() as client:
+            agent_id = client.call("agent.start", {**start, "agent_id": f"trusting-{name}"}, timeout=60)["agent_id"]
+            client.call("agent.stop", {"agent_id": agent_id}, timeout=60)
+
+
 def test_a_killed_node_s_sessions_answer_from_the_survivors_within_seconds_and_nothing_acknowledged_is_lost(
     cluster: Cluster,
 ) -> None:
