@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import attrs
 from rich.console import Console
 from rich.markup import escape
 from weald.runtime.daemon._render import SafeConsole, error_line, printable
@@ -86,11 +87,51 @@ def load_config(args: argparse.Namespace) -> Any:
 
 
 def load_config_files(args: argparse.Namespace) -> tuple[Any, Any]:
-    """The configuration of ``--project`` (default: the current directory), and the files it came from."""
+    """The configuration of ``--project`` (default: the current directory), and the files it came from.
+
+    A *nested* project file (one inside another project, which an agent
+    working there may have written: see ``weald trust``) gives this command
+    none of the daemon-wide settings (``[server]``, ``[store]``, ``[faults]``...):
+    they come from the user file alone, so a planted ``sub/weald.toml``
+    cannot point ``weald`` at another socket or store. The daemon applies
+    the file to sessions only once it is trusted.
+    """
     from weald.runtime.daemon._config_load import find_project_files, load_files
 
     files = find_project_files(project_dir(args) or Path.cwd())
-    return load_files(files).config, files
+    config = load_files(files).config
+    if files.project is not None and files.root is not None:
+        enclosing = _enclosing_project(files)
+        if enclosing is not None:
+            base = load_files(attrs.evolve(files, project=None)).config  # the user file alone
+            config = _without_daemon_wide(config, base, files, enclosing)
+    return config, files
+
+
+def _enclosing_project(files: Any) -> str | None:
+    """The project that makes ``files``' project file nested, by its markers; None: it is not nested."""
+    from weald.runtime.daemon._trust import enclosing_project_blocking
+
+    user = str(files.user) if files.user is not None else None
+    return enclosing_project_blocking(str(files.root), str(Path.home()), (), user)
+
+
+def _without_daemon_wide(config: Any, base: Any, files: Any, enclosing: str) -> Any:
+    """``config`` with every daemon-wide section of ``base`` (the user file's); says so when that changed one."""
+    from weald.runtime.daemon.config import DAEMON_WIDE
+
+    kept = {section: getattr(base, section) for section in sorted(DAEMON_WIDE) if hasattr(config, section)}
+    changed = [section for section, value in kept.items() if getattr(config, section) != value]
+    if changed:
+        sections = ", ".join(f"[{section}]" for section in changed)
+        print(
+            printable(
+                f"weald: warning: {files.project} lies inside the project {enclosing}, so its {sections} "
+                "are not used by this command (an agent working there may have written it); the user file's are"
+            ),
+            file=sys.stderr,
+        )
+    return attrs.evolve(config, **kept)
 
 
 def project_dir(args: argparse.Namespace) -> Path | None:

@@ -24,9 +24,10 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import pykka
 from weald.runtime import Future, WealdError
 
-__all__ = ["Client", "DaemonUnavailableError", "RPCCallError"]
+__all__ = ["Client", "DaemonTimeoutError", "DaemonUnavailableError", "RPCCallError"]
 
 
 class RPCCallError(WealdError):
@@ -42,6 +43,10 @@ class RPCCallError(WealdError):
 
 class DaemonUnavailableError(WealdError):
     """No daemon answers on the socket (or the connection broke)."""
+
+
+class DaemonTimeoutError(DaemonUnavailableError, pykka.Timeout):
+    """A call's answer did not come within its timeout (also a `pykka.Timeout`, as the future's own timeout is)."""
 
 
 class Client:
@@ -60,6 +65,7 @@ class Client:
         # the reason the daemon gives if it closes the connection next (a limit, say).
         self._refusal: str | None = None
         self.embedded = False  # True when the CLI started the daemon in its own process
+        self.path: Path | None = None  # the socket connected to (`connect`)
         self._reader = threading.Thread(target=self._read, name="weald-client-reader", daemon=True)
         self._reader.start()
 
@@ -102,7 +108,9 @@ class Client:
             msg = f"the socket {path} is served by another user (uid {uid}); refusing to talk to it"
             raise DaemonUnavailableError(msg)
         sock.settimeout(None)
-        return cls(sock)
+        client = cls(sock)
+        client.path = Path(path)
+        return client
 
     def __enter__(self) -> Client:
         return self
@@ -152,8 +160,18 @@ class Client:
         return future
 
     def call(self, method: str, params: dict[str, Any] | None = None, *, timeout: float | None = None) -> Any:
-        """Call a method and wait for its result."""
-        return self.request(method, params).get(timeout=timeout)
+        """Call a method and wait for its result.
+
+        Raises:
+            DaemonTimeoutError: no answer within ``timeout`` seconds (naming
+                the socket: what answers there may not be a weald daemon).
+        """
+        try:
+            return self.request(method, params).get(timeout=timeout)
+        except pykka.Timeout as exc:
+            where = f" on {self.path}" if self.path is not None else ""
+            msg = f"the daemon{where} did not answer within {timeout:g} s (busy, or not a weald daemon)"
+            raise DaemonTimeoutError(msg) from exc
 
     def start_agents(
         self, starts: list[dict[str, Any]], *, batch: int = 1000, timeout: float | None = None

@@ -8,6 +8,7 @@ wrong: no traceback, no Python repr, no JSON-RPC method name (a person types
 from __future__ import annotations
 
 import re
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -93,6 +94,18 @@ def test_each_command_without_a_daemon_says_how_to_start_one(tmp_path: Path, arg
     done = d.cli(*args)
     assert done.returncode == 1, done.stderr
     assert "start one with `weald serve`" in done.stderr
+    says_in_cli_terms(done.stderr)
+
+
+def test_a_socket_that_never_answers_is_named_with_how_long_weald_waited(tmp_path: Path) -> None:
+    d = DaemonProcess(tmp_path)  # configured, never started: a listener that accepts and stays silent in its place
+    d.socket.parent.mkdir(parents=True, exist_ok=True)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as silent:
+        silent.bind(str(d.socket))
+        silent.listen(8)
+        done = d.cli("status")
+    assert done.returncode == 1, done.stderr
+    assert f"the daemon on {d.socket} did not answer within 10 s" in done.stderr
     says_in_cli_terms(done.stderr)
 
 

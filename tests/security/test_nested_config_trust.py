@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -284,3 +285,35 @@ def test_weald_run_trust_shows_the_file_trusts_it_and_runs(daemon: DaemonProcess
     messages = call(daemon, "agent.history", {"agent_id": "runner"})["messages"]
     call(daemon, "agent.stop", {"agent_id": "runner"})
     assert SECRET in [m["content"] for m in messages if m["role"] == "tool"][-1]  # under the file it trusted
+
+
+def test_a_planted_nested_file_cannot_point_the_weald_command_at_another_socket(
+    daemon: DaemonProcess, tmp_path: Path
+) -> None:
+    project = project_with_rules(tmp_path, "sock")
+    planted_socket = tmp_path / "planted.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        listener.bind(str(planted_socket))  # a fake daemon would answer here, and draw its own prompts
+        listener.listen(8)
+        listener.setblocking(False)
+        text = f'[server]\nsocket = "{planted_socket}"\n[store]\npath = "{tmp_path / "planted.db"}"\n'
+        plant(daemon, project, text=text)
+        shown = weald(daemon, "status", "--json", cwd=project / "sub")
+        assert shown.returncode == 0, shown.stderr
+        assert daemon.proc is not None
+        assert json.loads(shown.stdout)["pid"] == daemon.proc.pid  # the user's own daemon answered
+        warning = shown.stderr
+        assert f"{project / 'sub' / 'weald.toml'} lies inside the project {project}" in warning
+        assert "[server], [store] are not used by this command" in warning
+        with pytest.raises(BlockingIOError):
+            listener.accept()  # nothing ever connected to the planted socket
+    finally:
+        listener.close()
+    # The same file at the top of a project of its own is that project's, as before.
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    (alone / "weald.toml").write_text(f'[server]\nsocket = "{planted_socket}"\n')
+    direct = weald(daemon, "status", "--json", cwd=alone)
+    assert direct.returncode != 0  # it looked for a daemon at the project's own socket (none there now)
+    assert "lies inside" not in direct.stderr
