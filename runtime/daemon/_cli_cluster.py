@@ -177,18 +177,25 @@ def _drain(args: argparse.Namespace, print_json: Callable[[Any], None]) -> int:
 
 def serve_front(args: argparse.Namespace, config: Any, path: Any) -> int:
     """``weald serve --front``: serve the cluster's front on the socket until SIGTERM, SIGINT or ``daemon.stop``."""
-    from weald.runtime.daemon._cli_common import console, print_error
+    from weald.runtime.daemon._cli_common import console
+
+    command = "weald serve --front"
+    front = _make_front(args, config, path, console(stderr=True), command)
+    return EXIT_USAGE if front is None else _run_front(args, config, path, front, command)
+
+
+def _make_front(args: argparse.Namespace, config: Any, path: Any, err: Any, command: str) -> Any:
+    """The front for ``config`` on socket ``path``; None when the configuration cannot make one (said on ``err``)."""
+    from weald.runtime.daemon._cli_common import print_error
     from weald.runtime.daemon._cluster import ClusterError
     from weald.runtime.daemon._cluster_front import Front, check_front_config
 
-    err = console(stderr=True)
     try:
         check_front_config(config)
-        front = Front(config, socket_path=path, http=args.http)
+        return Front(config, socket_path=path, http=args.http)
     except ClusterError as exc:
-        print_error(err, f"weald serve --front: {exc}")
-        return EXIT_USAGE
-    return _run_front(args, config, path, front, "weald serve --front")
+        print_error(err, f"{command}: {exc}")
+        return None
 
 
 def _run_front(
@@ -255,8 +262,6 @@ def serve_ray(args: argparse.Namespace, config: Any, path: Any) -> int:
     """
     from rich.progress import BarColumn, Progress, TextColumn
     from weald.runtime.daemon._cli_common import console, print_error
-    from weald.runtime.daemon._cluster import ClusterError
-    from weald.runtime.daemon._cluster_front import Front, check_front_config
 
     err = console(stderr=True)
     command = "weald serve --ray"
@@ -269,11 +274,8 @@ def serve_ray(args: argparse.Namespace, config: Any, path: Any) -> int:
     if args.node_id:
         print_error(err, f"{command}: --node-id does not go with --ray (each node is named after its Ray node)")
         return EXIT_USAGE
-    try:
-        check_front_config(config)
-        front = Front(config, socket_path=path, http=args.http)
-    except ClusterError as exc:
-        print_error(err, f"{command}: {exc}")
+    front = _make_front(args, config, path, err, command)
+    if front is None:
         return EXIT_USAGE
     if args.node_config is not None and not Path(args.node_config).expanduser().is_absolute():
         print_error(err, f"{command}: --node-config {args.node_config}: give an absolute path (one on every machine)")

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from daemon_harness import DaemonProcess
+from daemon_harness import DaemonProcess, serving
 from pty_harness import Terminal
 from test_terminal_escapes import PAYLOAD, SHOWN, assert_shown_not_obeyed
 from weald.runtime.daemon.client import RPCCallError
@@ -38,13 +38,8 @@ UNTRUSTED = -32005
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
-    proc = DaemonProcess(tmp_path_factory.mktemp("trust"), extra_config=USER_RULES)
-    proc.start()
-    try:
+    with serving(tmp_path_factory.mktemp("trust"), extra_config=USER_RULES) as proc:
         yield proc
-        assert proc.terminate() == 0, proc.log.read_text()
-    finally:
-        proc.close()
 
 
 def call(daemon: DaemonProcess, method: str, params: dict[str, Any] | None = None, timeout: float = 120) -> Any:
