@@ -331,6 +331,7 @@ class Store:
         self._fence_lock = threading.Lock()
         self._held: dict[str, int] = {}
         self._fenced: dict[str, StoreFencedError] = {}
+        self._claims = 0  # claims sent and not yet noted in _held (`arriving`)
         self.fenced_writes = 0
         # The lease: renewed by its own thread; the committer refuses session
         # writes once time.monotonic() passes _lease_deadline.
@@ -1202,8 +1203,11 @@ class Store:
             raise StoreError(msg)
         return node
 
-    def claim(self, session_ids: Iterable[str] | None = None) -> dict[str, int]:
+    def claim(self, session_ids: Iterable[str] | None = None, *, new_only: bool = False) -> dict[str, int]:
         """Claim sessions for this node; returns those claimed, each with its new epoch. Blocking.
+
+        ``new_only``: return only those this node did not hold already (the
+        others run here, or are being restored here, since their last claim).
 
         ``None`` (a start): the sessions this node owned and every orphan
         whose owner's lease has run out. A list: exactly those, each unless
@@ -1214,29 +1218,49 @@ class Store:
             StoreError: the database failed (nothing was claimed).
         """
         node = self._require_node()
-        claimed = self._backend.claim(node, None if session_ids is None else list(session_ids))
-        self.hold(claimed)
-        return claimed
+        with self._claiming():
+            claimed = self._backend.claim(node, None if session_ids is None else list(session_ids))
+            new = self.hold(claimed)
+        return new if new_only else claimed
+
+    @contextlib.contextmanager
+    def _claiming(self) -> Iterator[None]:
+        # From before the claim's statement is sent until its sessions are in _held: a session the
+        # database already names this node's owner of, but _held does not yet hold, is `arriving`.
+        with self._fence_lock:
+            self._claims += 1
+        try:
+            yield
+        finally:
+            with self._fence_lock:
+                self._claims -= 1
 
     def claim_orphans(self) -> dict[str, int]:
         """Claim other nodes' sessions whose owners' leases have run out (a dead or frozen node's). Blocking.
 
         Returns:
-            Those claimed, each with its new epoch.
+            Those claimed that this node did not hold already, each with its new epoch.
         """
         node = self._require_node()
         if self._lease_lost is not None:
             return {}  # a node without its lease claims nothing
-        claimed = self._backend.claim_orphans(node)
-        self.hold(claimed)
-        return claimed
+        with self._claiming():
+            return self.hold(self._backend.claim_orphans(node))
 
-    def hold(self, claimed: Mapping[str, int]) -> None:
-        """Note sessions this node claimed (session -> epoch): their writes are committed again."""
+    def hold(self, claimed: Mapping[str, int]) -> dict[str, int]:
+        """Note sessions this node claimed (session -> epoch): their writes are committed again.
+
+        Returns:
+            Those it did not hold before.
+        """
+        new = {}
         with self._fence_lock:
             for session, epoch in claimed.items():
+                if session not in self._held:
+                    new[session] = epoch
                 self._held[session] = epoch
                 self._fenced.pop(session, None)
+        return new
 
     def release(self, session_ids: Iterable[str]) -> None:
         """Give up sessions (stopped for good): they have no owner any more. Blocking."""
@@ -1277,6 +1301,23 @@ class Store:
     def holds(self, session: str) -> bool:
         """Whether this node may write ``session`` (it claimed it and has not lost it)."""
         return session not in self._fenced and (self._node is None or not self._backend.fences or session in self._held)
+
+    def arriving(self, session: str) -> bool:
+        """Whether ``session`` is on its way to this node, which does not run it yet. Blocking.
+
+        It is when this node holds it (claimed, being restored), when one of
+        this node's claims is in flight (the database may name this node
+        already), or when the database places it here (another node handed
+        it over; `claim` takes it). A front asks such a node again shortly
+        instead of reporting the session missing.
+        """
+        node = self._node
+        if node is None or not self._backend.fences:
+            return False
+        with self._fence_lock:
+            if session in self._held or self._claims:
+                return True
+        return self._backend.placed_here(node, session)
 
     def fenced_error(self, session: str) -> StoreFencedError | None:
         """Why this node lost ``session``, or None."""

@@ -406,6 +406,10 @@ class StoreBackend(ABC):
         """Claim the sessions of other nodes whose leases have run out (not this node's own); as `claim`."""
 
     @abstractmethod
+    def placed_here(self, node: NodeLease, session: str) -> bool:
+        """Whether the database places ``session`` on this node (handed to it, perhaps not adopted yet)."""
+
+    @abstractmethod
     def release(self, node: NodeLease, session_ids: Iterable[str]) -> None:
         """Give up sessions this node owns (stopped for good): they have no owner any more."""
 

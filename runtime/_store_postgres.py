@@ -756,6 +756,14 @@ class PostgresBackend(StoreBackend):
         )
         return {agent_id: int(epoch) for agent_id, epoch in rows}
 
+    def placed_here(self, node: NodeLease, session: str) -> bool:
+        rows = self._read(
+            f"the placement of session {session!r}",
+            "SELECT 1 FROM weald_placement WHERE agent_id = %s AND owner = %s",
+            (session, node.node_id),
+        )
+        return bool(rows)
+
     def release(self, node: NodeLease, session_ids: Iterable[str]) -> None:
         self._node_call(
             f"node {node.node_id!r}'s release of sessions",

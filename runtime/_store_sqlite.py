@@ -601,6 +601,9 @@ class SqliteBackend(StoreBackend):
     def claim_orphans(self, node: NodeLease) -> dict[str, int]:  # noqa: ARG002 - one owner: no orphans
         return {}
 
+    def placed_here(self, node: NodeLease, session: str) -> bool:  # noqa: ARG002 - one owner: nothing moves here
+        return False
+
     def renew(self, node: NodeLease, info: Mapping[str, Any] | None = None) -> bool:  # noqa: ARG002 - one owner
         return True
 

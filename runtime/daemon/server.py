@@ -1104,24 +1104,34 @@ class Server(Actor):
             raise RPCError(APP_ERROR, "the daemon is still starting")
         return sessions
 
-    def _agent(self, agent_id: str) -> Any:
+    async def _agent(self, agent_id: str) -> Any:
+        """The running agent of ``agent_id``.
+
+        Raises:
+            RPCError: it is not running here: not this node's (NOT_OWNER: a front looks its
+                owner up again, or asks again shortly while it is on its way here), or no such
+                agent runs (NOT_FOUND).
+        """
         ref = self.system.whereis(agent_path(agent_id))
         sessions = self._daemon.sessions
-        if ref is None or (sessions is not None and agent_id in sessions.leaving):
-            store = self.system.store
-            node = store.node
-            held = store.fences and node is not None and store.holds(agent_id)
-            if node is not None and (held or store.fenced_error(agent_id) is not None):
-                # A front looks its owner up again (it moved: a handover, a takeover), or asks again
-                # shortly (a session this node claimed and is still restoring).
-                where = "is being restored on" if held else "is no longer on"
+        leaving = sessions is not None and agent_id in sessions.leaving
+        if ref is not None and not leaving:
+            return ref
+        store = self.system.store
+        node = store.node
+        if node is not None and store.fences:
+            # On its way here (claimed and restoring, a claim in flight, handed over and not adopted
+            # yet), or away (being handed over, handed over, taken over): never "no such agent" to a front.
+            gone = leaving or store.fenced_error(agent_id) is not None
+            arriving = not gone and await trio.to_thread.run_sync(store.arriving, agent_id)
+            if gone or arriving:
+                where = "is on its way to" if arriving else "is leaving" if leaving else "is no longer on"
                 raise RPCError(
                     NOT_OWNER,
                     f"agent {agent_id!r} {where} node {node.node_id!r}; its placement names its node",
                     {"node": node.node_id},
                 )
-            raise RPCError(NOT_FOUND, f"no running agent {agent_id!r}; agent.list shows the running ones")
-        return ref
+        raise RPCError(NOT_FOUND, f"no running agent {agent_id!r}; agent.list shows the running ones")
 
     def _refuse_when_stopping(self, method: str) -> None:
         if self._stopping:
@@ -1179,7 +1189,7 @@ class Server(Actor):
     async def _agent_prompt(self, conn: Connection, p: AgentPromptParams) -> Any:
         """Run a turn through the daemon's turn gate; answered with its `TurnResult` when it ends."""
         self._refuse_when_stopping("agent.prompt")
-        self._agent(p.agent_id)
+        await self._agent(p.agent_id)
         conn.watch(p.agent_id)
         self._replay_open_prompts(conn, p.agent_id)
         try:
@@ -1235,7 +1245,7 @@ class Server(Actor):
         return result
 
     async def _agent_abort(self, conn: Connection, p: AgentParams) -> dict[str, Any]:
-        self._agent(p.agent_id)
+        await self._agent(p.agent_id)
         return {"aborted": await self._sessions.abort(p.agent_id)}
 
     async def _agent_stop(self, conn: Connection, p: AgentParams) -> dict[str, Any]:
@@ -1246,7 +1256,7 @@ class Server(Actor):
     async def _agent_send(self, conn: Connection, p: AgentSendParams) -> dict[str, Any]:
         """Queue a prompt through the turn gate and answer at once (the turn's result lands in its history)."""
         self._refuse_when_stopping("agent.send")
-        self._agent(p.agent_id)
+        await self._agent(p.agent_id)
         future = self._sessions.prompt_nowait(p.agent_id, p.text)
 
         async def outcome() -> None:
@@ -1261,7 +1271,7 @@ class Server(Actor):
 
     async def _agent_hibernate(self, conn: Connection, p: AgentParams) -> dict[str, Any]:
         """Hibernate an idle session now, as ``limits.hibernate_after`` would; a busy one stays awake."""
-        ref = self._agent(p.agent_id)
+        ref = await self._agent(p.agent_id)
         if isinstance(ref, Stub) and ref.successor is None:
             return {"agent_id": p.agent_id, "hibernated": False, "reason": "it is asleep already"}
         with self.system.events.subscribe("supervisor.child_hibernated", source="/sessions", max_buffer=4096) as sub:
@@ -1284,7 +1294,7 @@ class Server(Actor):
 
     async def _agent_wake(self, conn: Connection, p: AgentParams) -> dict[str, Any]:
         """Start an asleep session's actors now, rather than at its next message."""
-        ref = self._agent(p.agent_id)
+        ref = await self._agent(p.agent_id)
         asleep = isinstance(ref, Stub) and ref.successor is None
         since = self.system.events.published
         try:
@@ -1764,7 +1774,7 @@ class Server(Actor):
     async def _agent_compact(self, conn: Connection, p: AgentParams) -> dict[str, Any]:
         """Compact the agent's context now (between turns) or before its next model call (during one)."""
         self._refuse_when_stopping("agent.compact")
-        future = await self._agent(p.agent_id).proxy().compact()
+        future = await (await self._agent(p.agent_id)).proxy().compact()
         result = await future
         return {"agent_id": p.agent_id, **_plain(result)}
 
@@ -1773,7 +1783,7 @@ class Server(Actor):
 
         view = RuntimeView(self.system)
         if p.agent_id is not None:
-            snapshot = await self._agent(p.agent_id).proxy().snapshot(p.messages)
+            snapshot = await (await self._agent(p.agent_id)).proxy().snapshot(p.messages)
             state: dict[str, Any] = describe_state(snapshot, view, events=p.events, messages=p.messages)
             record = await self._sessions.stored(p.agent_id)
             # Its spill files' bookkeeping, from the store (every node's rows).
@@ -2091,7 +2101,7 @@ class Server(Actor):
         ``[acp] terminal``) and needs the editor to offer them (both fs
         methods for files); the answer says what applies now.
         """
-        self._agent(p.agent_id)
+        await self._agent(p.agent_id)
         files = p.read_text_file and p.write_text_file
         self._daemon.editors.attach(conn, p.agent_id, files=files, terminal=p.terminal)
         acp = self._sessions.config_of(p.agent_id).acp
@@ -2112,7 +2122,7 @@ class Server(Actor):
     async def _events_subscribe(self, conn: Connection, p: EventsSubscribeParams) -> dict[str, Any]:
         source = f"/sessions/{p.agent_id}" if p.agent_id else None
         if p.agent_id is not None:
-            self._agent(p.agent_id)
+            await self._agent(p.agent_id)
         sub = self.system.events.subscribe(p.topics, source=source, max_buffer=4096)
         sub_id = f"sub-{next(self._subscription_ids)}"
         conn.subscriptions[sub_id] = sub

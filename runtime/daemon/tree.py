@@ -560,6 +560,7 @@ class Sessions:
         self._spill_dir = str(self.spill_root)
         # Sessions being handed to another node (a drain): requests for them are refused as not this node's.
         self.leaving: set[str] = set()
+        self._claims = trio.Lock()  # `_claim`
 
     # -- configuration -----------------------------------------------------------------
 
@@ -1432,14 +1433,22 @@ class Sessions:
         """
         store = self.system.store
         wanted = [s for s in dict.fromkeys(session_ids) if self.system.whereis(f"/sessions/{s}") is None]
-        running = [s for s in session_ids if s not in wanted and store.holds(s)]
-        if not wanted:
-            return running
-        claimed = await trio.to_thread.run_sync(store.claim, wanted)
+        claimed = await self._claim(functools.partial(store.claim, wanted, new_only=True)) if wanted else {}
         if claimed:
             self.system.events.publish("daemon.sessions_adopted", "/sessions", {"sessions": sorted(claimed)})
             await self.restore(claimed=claimed)
-        return running + [s for s in wanted if s in claimed and self.system.whereis(f"/sessions/{s}") is not None]
+        # Those claimed before (by this node's own look for orphans, say) run here, or are being restored here.
+        here = [s for s in session_ids if s not in claimed and store.holds(s)]
+        return here + [s for s in wanted if s in claimed and self.system.whereis(f"/sessions/{s}") is not None]
+
+    async def claim_orphans(self) -> dict[str, int]:
+        """Claim the sessions of nodes whose leases ran out; returns those claimed, to restore."""
+        return await self._claim(self.system.store.claim_orphans)
+
+    async def _claim(self, claim: Callable[[], dict[str, int]]) -> dict[str, int]:
+        """Run one of this node's claims of sessions, one at a time (so a session is restored by one of them only)."""
+        async with self._claims:
+            return await trio.to_thread.run_sync(claim)
 
     async def hand_over(self, session_ids: Sequence[str], to: str, *, timeout: float = 300.0) -> dict[str, Any]:
         """Hand sessions to node ``to`` (a drain): each, once idle, stops here and its placement goes to ``to``.
@@ -1802,7 +1811,7 @@ class Sessions:
         store = self.system.store
         if store.fences:
             if claimed is None:
-                claimed = await trio.to_thread.run_sync(store.claim)
+                claimed = await self._claim(functools.partial(store.claim, new_only=True))
             records = [r for r in records if r.session_id in claimed]
         for record in [r for r in records if r.ephemeral]:
             # The run that started it ended with the daemon (a crash, a kill): nobody is left to use it.
@@ -2478,7 +2487,6 @@ class Daemon:
 
     async def _adopt_orphans(self) -> None:
         """Every lease period, claim and restore the sessions of nodes whose leases ran out (a loop task)."""
-        store = self.system.store
         period = self.config.store.lease
         while True:
             await trio.sleep(period)
@@ -2486,7 +2494,7 @@ class Daemon:
             if sessions is None or self._stop_requested:
                 return
             try:
-                claimed = await trio.to_thread.run_sync(store.claim_orphans)
+                claimed = await sessions.claim_orphans()
             except Exception as exc:  # the database is away: the next period tries again
                 logger.warning("claiming orphaned sessions failed: %s", exc)
                 continue

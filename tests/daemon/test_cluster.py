@@ -278,8 +278,16 @@ def test_a_drained_node_hands_every_session_over_and_stops(cluster: Cluster) -> 
     before = cluster.placement()
     total = len(before)
     held = [s for s, owner in before.items() if owner == name]  # the module's and a test's own (adopted)
-    done = weald("cluster", "drain", name, "--json", env=cluster.front.env(), cwd=cluster.root, timeout=600)  # type: ignore[union-attr]
+    # Under load on the sessions that move: a prompt for one between its handover and its adoption
+    # waits for it, never "no such agent".
+    with Load(cluster, leaving, threads=8) as load:
+        load.wait_for(10)
+        done = weald("cluster", "drain", name, "--json", env=cluster.front.env(), cwd=cluster.root, timeout=600)  # type: ignore[union-attr]
+        load.wait_for(10)
+    print(f"drain under load: {len(load.acked)} prompts acknowledged, {len(load.errors)} errors; {done.stdout}")
     assert done.returncode == 0, done.stderr
+    assert not load.errors, load.errors[:5]
+    check_exactly_once(cluster, load.acked)
     report = json.loads(done.stdout)
     assert report["moved"] == len(held)
     assert report["stopped"] is True

@@ -314,6 +314,56 @@ def test_a_starting_node_claims_its_own_sessions_and_expired_orphans_only(
         a.flush("mine-1").get(timeout=20)
 
 
+def test_a_session_on_its_way_to_a_node_is_arriving_there_from_the_claim_s_statement_on(
+    stores: Callable[..., Store], url: str, pg_cluster: Any
+) -> None:
+    """What a node answers for a session it does not run yet: "ask again" while it is coming, never "no such"."""
+    import psycopg
+
+    dead = stores()
+    dead.join("dead", lease=0.2)
+    dead.claim(["orphan"])
+    dead.close()
+    database = url.rsplit("/", 1)[1]
+    pg_cluster.psql("UPDATE weald_placement SET lease = now() - interval '1 second'", database)
+    heir = stores()
+    heir.join("heir", lease=30)
+    other = stores()
+    other.join("other", lease=30)
+    other.claim(["elsewhere", "handed"])
+    assert not any(heir.arriving(s) for s in ("orphan", "elsewhere", "nowhere"))
+    # The claim's statement waits on a row lock another session holds: the database is about to
+    # name the heir, which does not hold the session yet. It is arriving all along.
+    with psycopg.connect(url, autocommit=True) as locker, psycopg.connect(url, autocommit=True) as watcher:
+        with locker.transaction():
+            locker.execute("SELECT 1 FROM weald_placement WHERE agent_id = 'orphan' FOR UPDATE")
+            claimed: list[dict[str, int]] = []
+            claiming = threading.Thread(target=lambda: claimed.append(heir.claim_orphans()))
+            claiming.start()
+            wait_until(
+                lambda: bool(
+                    watcher.execute(
+                        "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'UPDATE weald_placement%'"
+                    ).fetchall()
+                ),
+                timeout=20,
+                message="the claim to wait on the lock",
+            )
+            assert heir.arriving("orphan")
+        claiming.join(20)
+    assert claimed == [{"orphan": 2}]
+    assert heir.arriving("orphan")  # held: being restored, or running
+    assert heir.claim_orphans() == {}
+    assert heir.claim(["orphan"], new_only=True) == {}  # held already: claimed again (epoch 3), not new
+    assert heir.claim(["orphan"]) == {"orphan": 4}
+    # Handed over by its node: placed on the heir, which has not claimed it yet.
+    assert other.hand_over(["handed"], "heir") == ["handed"]
+    assert heir.arriving("handed")
+    assert not other.arriving("handed")
+    assert heir.claim(["handed"], new_only=True) == {"handed": 3}  # epoch 2 was the handover
+    assert not heir.arriving("elsewhere")
+
+
 def test_a_claim_of_10000_sessions_takes_one_statement(stores: Callable[..., Store]) -> None:
     a = stores()
     a.join("many", lease=30)
