@@ -332,6 +332,7 @@ class Store:
         self._held: dict[str, int] = {}
         self._fenced: dict[str, StoreFencedError] = {}
         self._claims = 0  # claims sent and not yet noted in _held (`arriving`)
+        self._arrived: dict[str, float] = {}  # placed here by another node, not held: when seen (`stranded`)
         self.fenced_writes = 0
         # The lease: renewed by its own thread; the committer refuses session
         # writes once time.monotonic() passes _lease_deadline.
@@ -1260,6 +1261,7 @@ class Store:
                     new[session] = epoch
                 self._held[session] = epoch
                 self._fenced.pop(session, None)
+                self._arrived.pop(session, None)
         return new
 
     def release(self, session_ids: Iterable[str]) -> None:
@@ -1319,6 +1321,25 @@ class Store:
                 return True
         return self._backend.placed_here(node, session)
 
+    def stranded(self, grace: float) -> list[str]:
+        """Sessions another node handed to this one that nobody has had it adopt ``grace`` seconds after.
+
+        A front hands a session over and has its new node adopt it at once;
+        one whose front went away in between is placed here and run nowhere.
+        The lease's thread notices such placements; the node adopts these.
+        """
+        now = time.monotonic()
+        with self._fence_lock:
+            for session in [s for s in self._arrived if s in self._held]:
+                del self._arrived[session]
+            return [s for s, seen in self._arrived.items() if now - seen >= grace]
+
+    def forget_arrived(self, sessions: Iterable[str]) -> None:
+        """Stop offering ``sessions`` as `stranded` (their adoption was refused: another node runs them)."""
+        with self._fence_lock:
+            for session in sessions:
+                self._arrived.pop(session, None)
+
     def fenced_error(self, session: str) -> StoreFencedError | None:
         """Why this node lost ``session``, or None."""
         return self._fenced.get(session)
@@ -1360,9 +1381,14 @@ class Store:
             with self._fence_lock:
                 held = dict(self._held)
             try:
-                lost = self._backend.lost(node, held)
+                lost, arrived = self._backend.lost(node, held)
             except StoreError:
                 continue
+            if arrived:
+                now = time.monotonic()
+                with self._fence_lock:
+                    for session in arrived:
+                        self._arrived.setdefault(session, now)
             if lost:
                 self._lose(lost, "another node claimed it (its placement's owner or epoch changed)")
 

@@ -414,8 +414,14 @@ class StoreBackend(ABC):
         """Give up sessions this node owns (stopped for good): they have no owner any more."""
 
     @abstractmethod
-    def lost(self, node: NodeLease, held: Mapping[str, int]) -> list[str]:
-        """Which of ``held`` (session -> epoch) this node no longer owns, by the database's placement."""
+    def lost(self, node: NodeLease, held: Mapping[str, int]) -> tuple[list[str], list[str]]:
+        """What changed in the database's placement since the last look, for this node.
+
+        Returns:
+            The sessions of ``held`` (session -> epoch) this node no longer
+            owns, and those now placed on this node that it does not hold
+            (handed to it; `Store.stranded`).
+        """
 
     # -- lifecycle -------------------------------------------------------------------------
 

@@ -771,7 +771,7 @@ class PostgresBackend(StoreBackend):
             (list(session_ids), node.node_id),
         )
 
-    def lost(self, node: NodeLease, held: Mapping[str, int]) -> list[str]:
+    def lost(self, node: NodeLease, held: Mapping[str, int]) -> tuple[list[str], list[str]]:
         rows = self._node_call(
             f"node {node.node_id!r}'s placement",
             "SELECT agent_id, owner, epoch, version FROM weald_placement WHERE version > %s ORDER BY version",
@@ -779,18 +779,21 @@ class PostgresBackend(StoreBackend):
             lease_conn=True,
         )
         lost = []
+        arrived = []
         for agent_id, owner, epoch, version in rows:
             self._seen_version = max(self._seen_version, int(version))
             mine = held.get(agent_id)
             if mine is not None and (owner != node.node_id or int(epoch) != mine):
                 lost.append(agent_id)
-        return lost
+            elif mine is None and owner == node.node_id:
+                arrived.append(agent_id)
+        return lost, arrived
 
     def handover(self, node: NodeLease, held: Mapping[str, int], to: str) -> dict[str, int]:
         rows = self._node_call(
             f"node {node.node_id!r}'s handover of {len(held)} sessions to {to!r}",
             "UPDATE weald_placement p SET owner = %(to)s, epoch = p.epoch + 1, "
-            "lease = now() + make_interval(secs => %(lease)s) "
+            "lease = now() + make_interval(secs => %(lease)s), version = nextval('weald_placement_seq') "
             "FROM unnest(%(ids)s::text[], %(epochs)s::bigint[]) AS h(id, epoch) "
             "WHERE p.agent_id = h.id AND p.owner = %(me)s AND p.epoch = h.epoch RETURNING p.agent_id, p.epoch",
             {"to": to, "lease": node.lease, "ids": list(held), "epochs": list(held.values()), "me": node.node_id},

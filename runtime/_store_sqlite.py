@@ -617,8 +617,8 @@ class SqliteBackend(StoreBackend):
     def release(self, node: NodeLease, session_ids: Iterable[str]) -> None:
         pass
 
-    def lost(self, node: NodeLease, held: Mapping[str, int]) -> list[str]:  # noqa: ARG002 - nobody takes them
-        return []
+    def lost(self, node: NodeLease, held: Mapping[str, int]) -> tuple[list[str], list[str]]:  # noqa: ARG002
+        return [], []  # one owner: nobody takes them, nobody hands any over
 
     def failure(self, exc: BaseException, what: str) -> StoreError:
         if isinstance(exc, StoreError):

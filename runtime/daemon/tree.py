@@ -1433,7 +1433,13 @@ class Sessions:
         """
         store = self.system.store
         wanted = [s for s in dict.fromkeys(session_ids) if self.system.whereis(f"/sessions/{s}") is None]
-        claimed = await self._claim(functools.partial(store.claim, wanted, new_only=True)) if wanted else {}
+
+        def claim_unheld() -> dict[str, int]:
+            # One held already is being restored here: claimed again, its epoch would move under its writes.
+            unheld = [s for s in wanted if not store.holds(s)]
+            return store.claim(unheld) if unheld else {}
+
+        claimed = await self._claim(claim_unheld) if wanted else {}
         if claimed:
             self.system.events.publish("daemon.sessions_adopted", "/sessions", {"sessions": sorted(claimed)})
             await self.restore(claimed=claimed)
@@ -2486,7 +2492,11 @@ class Daemon:
             self.system.loop.spawn_nowait(sessions.drop, session_ids, reason)
 
     async def _adopt_orphans(self) -> None:
-        """Every lease period, claim and restore the sessions of nodes whose leases ran out (a loop task)."""
+        """Every lease period, claim and restore the sessions of nodes whose leases ran out (a loop task).
+
+        And adopt those handed to this node that no front had it adopt (`Store.stranded`).
+        """
+        store = self.system.store
         period = self.config.store.lease
         while True:
             await trio.sleep(period)
@@ -2504,6 +2514,18 @@ class Daemon:
                     await sessions.restore(claimed=claimed)
                 except ActorDeadError:  # the daemon is stopping: the next start restores them
                     return
+            stranded = store.stranded(period)
+            if stranded:
+                # Handed to this node by a front that did not live to have it adopt them.
+                logger.warning("adopting %d sessions handed to this node and never adopted", len(stranded))
+                try:
+                    adopted = await sessions.adopt(stranded)
+                except ActorDeadError:
+                    return
+                except Exception as exc:  # the database is away: the next period tries again
+                    logger.warning("adopting sessions handed to this node failed: %s", exc)
+                    continue
+                store.forget_arrived(set(stranded).difference(adopted))
 
     def _on_lease_back(self) -> None:
         # On the store's lease thread: the node restores what it can claim again.

@@ -364,6 +364,22 @@ def test_a_session_on_its_way_to_a_node_is_arriving_there_from_the_claim_s_state
     assert not heir.arriving("elsewhere")
 
 
+def test_a_node_notices_sessions_handed_to_it_that_it_has_not_claimed(stores: Callable[..., Store]) -> None:
+    giver = stores()
+    giver.join("giver", lease=30)
+    giver.claim(["kept", "handed", "taken"])
+    taker = stores()
+    taker.join("taker", lease=0.6)  # its lease's thread looks at the placement every 0.2 s
+    assert giver.hand_over(["handed", "taken"], "taker") == ["handed", "taken"]
+    wait_until(lambda: sorted(taker.stranded(0)) == ["handed", "taken"], timeout=20, message="the handover noticed")
+    assert taker.stranded(60) == []  # not stranded yet: its front may still have it adopted
+    assert taker.claim(["taken"]) == {"taken": 3}
+    assert taker.stranded(0) == ["handed"]
+    taker.forget_arrived(["handed"])
+    assert taker.stranded(0) == []
+    assert giver.stranded(0) == []
+
+
 def test_a_claim_of_10000_sessions_takes_one_statement(stores: Callable[..., Store]) -> None:
     a = stores()
     a.join("many", lease=30)
