@@ -45,6 +45,7 @@ from weald.runtime._files import (
     replace_file,
 )
 from weald.runtime._future import Future, is_loop_thread
+from weald.runtime._links import LinkIdentity, ProtectedLinks, RestoredLink, link_identity, replaced_link
 from weald.runtime._loop import Loop, LoopStatistics
 from weald.runtime._processes import (
     MARK_VARIABLE,
@@ -110,6 +111,7 @@ __all__ = [
     "IOCancelledError",
     "IOHandle",
     "LeftoverProcess",
+    "LinkIdentity",
     "LinkInPathError",
     "Loop",
     "LoopBlockedError",
@@ -117,7 +119,9 @@ __all__ = [
     "NameTakenError",
     "NoSystemError",
     "NodeLease",
+    "ProtectedLinks",
     "Ref",
+    "RestoredLink",
     "SleepingChild",
     "StartError",
     "Store",
@@ -150,6 +154,7 @@ __all__ = [
     "is_placeholder",
     "is_secret_name",
     "is_secret_value",
+    "link_identity",
     "make_private_dirs",
     "marked_processes",
     "mask_url",
@@ -165,6 +170,7 @@ __all__ = [
     "redact_text",
     "register_secret",
     "replace_file",
+    "replaced_link",
     "restore_environ",
     "sanitized_env",
     "scan_proc",

@@ -24,7 +24,10 @@ show every hidden path. What it sees:
   ``.weald``, git's config and hooks, the files the configuration reads). A
   missing one gets a read-only placeholder while the command runs, so it
   cannot be planted; the directories on the way to one are bound onto
-  themselves, so none can be renamed away from under its mount;
+  themselves, so none can be renamed away from under its mount. A protected
+  path that is a symbolic link is bound where it leads; the link itself,
+  which no mount can cover, is remembered (`weald.runtime.ProtectedLinks`)
+  and put back once the command ends if the command replaced it;
 - its own PID namespace (``--unshare-pid``): the daemon and every other
   process of the machine are invisible, and when ``bwrap`` dies
   (``--die-with-parent``: when the daemon dies) the kernel kills every
@@ -65,7 +68,7 @@ from pathlib import Path
 from typing import Literal
 
 import attrs
-from weald.runtime import is_placeholder
+from weald.runtime import ProtectedLinks, is_placeholder
 from weald.tools._protected import Placeholders, Protected, Shape, protected_paths
 
 __all__ = [
@@ -294,7 +297,9 @@ def _protect(
     return real, False
 
 
-def _mounts(policy: SandboxPolicy, placeholders: Placeholders | None = None) -> tuple[list[Mount], list[Path]]:
+def _mounts(
+    policy: SandboxPolicy, placeholders: Placeholders | None = None, links: ProtectedLinks | None = None
+) -> tuple[list[Mount], list[Path]]:
     """Each mount after the read-only root, shallowest first, and the placeholders to lock."""
     shown = {p for p in (_real(path) for path in policy.readable) if p is not None}
     project = _real(policy.project) if policy.project is not None else None
@@ -332,6 +337,8 @@ def _mounts(policy: SandboxPolicy, placeholders: Placeholders | None = None) -> 
         items = protected_paths(project, policy.protected)
         pinned: set[Path] = set()
         for item in items:
+            if links is not None:
+                links.watch(item.path, writable)
             found = _protect(item, writable, hidden_dirs, placeholders)
             if found is None:
                 continue
@@ -352,7 +359,9 @@ def _mounts(policy: SandboxPolicy, placeholders: Placeholders | None = None) -> 
     return mounts, locks
 
 
-def bwrap_options(policy: SandboxPolicy, placeholders: Placeholders | None = None) -> list[str]:
+def bwrap_options(
+    policy: SandboxPolicy, placeholders: Placeholders | None = None, links: ProtectedLinks | None = None
+) -> list[str]:
     """The options bubblewrap gets for ``policy``: everything before ``--`` and the command.
 
     Args:
@@ -361,6 +370,10 @@ def bwrap_options(policy: SandboxPolicy, placeholders: Placeholders | None = Non
             (`weald.tools._protected.Placeholders`; the caller releases them
             once the command has ended); None makes none, and a missing
             protected path is then not protected.
+        links: where to remember the links on the way to the protected paths
+            (`weald.runtime.ProtectedLinks`: a bind mount protects where a link
+            leads, never the link; the caller releases them once the command
+            has ended, which puts back a link it replaced); None remembers none.
     """
     options = [
         "--die-with-parent",
@@ -374,7 +387,7 @@ def bwrap_options(policy: SandboxPolicy, placeholders: Placeholders | None = Non
     if not policy.network:
         options.append("--unshare-net")
     options += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
-    mounts, locks = _mounts(policy, placeholders)
+    mounts, locks = _mounts(policy, placeholders, links)
     for option, source, destination in mounts:
         if option == "--tmpfs":
             options += [option, str(destination)]

@@ -40,6 +40,7 @@ import contextlib
 import fnmatch
 import functools
 import json
+import logging
 import os
 import shutil
 import signal
@@ -47,7 +48,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,8 @@ import trio
 from weald.runtime import (
     MARK_VARIABLE,
     ChildProcess,
+    ProtectedLinks,
+    RestoredLink,
     make_private_dirs,
     marked_processes,
     new_process_mark,
@@ -85,6 +88,8 @@ from weald.tools._process import (
 from weald.tools._protected import Placeholders
 from weald.tools._sandbox import pinned_directory
 from weald.tools._shellrules import match_shell_patterns
+
+_logger = logging.getLogger("weald.tools")
 
 __all__ = ["DEFAULT_TIMEOUT", "MAX_TIMEOUT", "shell"]
 
@@ -319,11 +324,24 @@ class _Launch:
     """How a command is started: its argv, environment and descriptors, in or out of the sandbox.
 
     A sandboxed launch holds bubblewrap's options file (`started` closes it
-    once the command runs) and the placeholders of missing protected paths
-    (`ended` gives them back once it has ended).
+    once the command runs), the placeholders of missing protected paths and
+    the links on the way to protected paths (`ended` gives them back once it
+    has ended, putting back a link the command replaced: `restored`).
     """
 
-    __slots__ = ("argv", "env", "mode", "network", "options_fd", "pass_fds", "placeholders", "sandboxed")
+    __slots__ = (
+        "argv",
+        "emit",
+        "env",
+        "links",
+        "mode",
+        "network",
+        "options_fd",
+        "pass_fds",
+        "placeholders",
+        "restored",
+        "sandboxed",
+    )
 
     def __init__(
         self,
@@ -335,6 +353,8 @@ class _Launch:
         pass_fds: tuple[int, ...],
         options_fd: int | None = None,
         placeholders: Placeholders | None = None,
+        links: ProtectedLinks | None = None,
+        emit: Callable[[str, Mapping[str, Any]], None] | None = None,
     ):
         self.argv = argv
         self.env = env
@@ -344,6 +364,9 @@ class _Launch:
         self.sandboxed = mode == "bwrap"
         self.options_fd = options_fd
         self.placeholders = placeholders
+        self.links = links
+        self.emit = emit
+        self.restored: list[RestoredLink] = []
 
     def started(self) -> None:
         """Close the options file: bubblewrap has it (idempotent)."""
@@ -352,11 +375,38 @@ class _Launch:
             os.close(fd)
 
     async def ended(self) -> None:
-        """Give back the placeholders, in a worker thread (they are files); call once the command ended."""
+        """Give back the placeholders and the links, in a worker thread (they are files); call once the command ended.
+
+        A protected link the command replaced or removed is put back
+        (`weald.runtime.ProtectedLinks.release`), kept in `restored`, and
+        published as ``tool.link_restored``.
+        """
         self.started()
-        if self.placeholders is not None and self.placeholders.paths:
-            with trio.CancelScope(shield=True):
+        with trio.CancelScope(shield=True):
+            if self.placeholders is not None and self.placeholders.paths:
                 await trio.to_thread.run_sync(self.placeholders.release)
+            if self.links is not None and self.links.paths:
+                self.restored = await trio.to_thread.run_sync(self.links.release)
+        for link in self.restored:
+            _logger.warning("%s", link.describe())
+            if self.emit is not None:
+                self.emit(
+                    "link_restored",
+                    {
+                        "path": str(link.path),
+                        "target": link.target,
+                        "moved_to": None if link.moved_to is None else str(link.moved_to),
+                        "error": link.error,
+                    },
+                )
+
+    def with_restored(self, result: ToolResult) -> ToolResult:
+        """``result`` with a line for each protected link the command replaced (see `ended`)."""
+        if not self.restored:
+            return result
+        lines = "\n".join(link.describe() for link in self.restored)
+        data = {**(result.data or {}), "links_restored": [str(link.path) for link in self.restored]}
+        return attrs.evolve(result, output=f"{result.output}\n\n{lines}", data=data)
 
 
 def network_allowed(setting: object, command: str) -> bool:
@@ -417,16 +467,17 @@ async def _launch(ctx: ToolContext, command: str, workdir: Path, fd: int) -> _La
         return _Launch(_argv(command), env, mode=_unsandboxed(mode), network=True, pass_fds=(fd,))
     search_path = env.get("PATH", "")
     env["TMPDIR"] = "/tmp"  # noqa: S108 - the sandbox's own /tmp
-    placeholders = Placeholders()
+    placeholders, links = Placeholders(), ProtectedLinks()
     try:
         options_fd = await trio.to_thread.run_sync(
             functools.partial(
-                _sandbox_options, ctx, workdir, network, placeholders=placeholders, search_path=search_path
+                _sandbox_options, ctx, workdir, network, placeholders=placeholders, links=links, search_path=search_path
             )
         )
     except BaseException:
         with trio.CancelScope(shield=True):
             await trio.to_thread.run_sync(placeholders.release)
+            await trio.to_thread.run_sync(links.release)
         raise
     argv = [bwrap, "--args", str(options_fd), "--", *_argv(command)]
     # No directory's descriptor goes in: one opened out here would lead back
@@ -441,6 +492,8 @@ async def _launch(ctx: ToolContext, command: str, workdir: Path, fd: int) -> _La
         pass_fds=(options_fd,),
         options_fd=options_fd,
         placeholders=placeholders,
+        links=links,
+        emit=ctx.emit,
     )
 
 
@@ -473,18 +526,33 @@ def toolchain_in_tmp(search_path: str) -> tuple[Path, ...]:
 
 
 def _sandbox_options(
-    ctx: ToolContext, workdir: Path, network: bool, *, placeholders: Placeholders, search_path: str
+    ctx: ToolContext,
+    workdir: Path,
+    network: bool,
+    *,
+    placeholders: Placeholders,
+    links: ProtectedLinks,
+    search_path: str,
 ) -> int:
     """The options bubblewrap gets for a command, in a memory file; returns its descriptor.
 
     Runs in a worker thread: it looks at the filesystem, and makes the
-    placeholders of missing protected paths (held in ``placeholders``).
+    placeholders of missing protected paths (held in ``placeholders``) and
+    remembers the links on the way to them (in ``links``).
     """
-    return options_file(_sandbox_option_list(ctx, workdir, network, placeholders=placeholders, search_path=search_path))
+    return options_file(
+        _sandbox_option_list(ctx, workdir, network, placeholders=placeholders, links=links, search_path=search_path)
+    )
 
 
 def _sandbox_option_list(
-    ctx: ToolContext, workdir: Path, network: bool, *, placeholders: Placeholders, search_path: str
+    ctx: ToolContext,
+    workdir: Path,
+    network: bool,
+    *,
+    placeholders: Placeholders,
+    links: ProtectedLinks,
+    search_path: str,
 ) -> list[str]:
     """The options bubblewrap gets for a command (see `_sandbox_options`; blocking, for a worker thread)."""
     option = ctx.config.option
@@ -509,7 +577,7 @@ def _sandbox_option_list(
         network=network,
         tmp=tmp,
     )
-    return bwrap_options(policy, placeholders)
+    return bwrap_options(policy, placeholders, links)
 
 
 def _sandbox_hints(launch: _Launch, output: str, failed: bool) -> list[str]:
@@ -610,9 +678,10 @@ async def _run_in(
     grace = float(ctx.config.option("shell", "kill_grace", DEFAULT_KILL_GRACE))
     launch = await _launch(ctx, command, workdir, fd)
     try:
-        return await _run_launched(ctx, launch, timeout, limits=limits, grace=grace, pinned=pinned)
+        result = await _run_launched(ctx, launch, timeout, limits=limits, grace=grace, pinned=pinned)
     finally:
         await launch.ended()
+    return launch.with_restored(result)
 
 
 async def _run_launched(
@@ -845,19 +914,35 @@ async def _editor_launch(ctx: ToolContext, command: str, workdir: Path, mark: st
         return _Launch(_argv(command), env, mode=_unsandboxed(mode), network=True, pass_fds=()), spec
     search_path = env.get("PATH", "")
     env["TMPDIR"] = "/tmp"  # noqa: S108 - the sandbox's own /tmp
-    placeholders = Placeholders()
+    placeholders, links = Placeholders(), ProtectedLinks()
     try:
         spec["options"] = await trio.to_thread.run_sync(
             functools.partial(
-                _sandbox_option_list, ctx, workdir, network, placeholders=placeholders, search_path=search_path
+                _sandbox_option_list,
+                ctx,
+                workdir,
+                network,
+                placeholders=placeholders,
+                links=links,
+                search_path=search_path,
             )
         )
     except BaseException:
         with trio.CancelScope(shield=True):
             await trio.to_thread.run_sync(placeholders.release)
+            await trio.to_thread.run_sync(links.release)
         raise
     spec["bwrap"] = bwrap
-    launch = _Launch(_argv(command), env, mode="bwrap", network=network, pass_fds=(), placeholders=placeholders)
+    launch = _Launch(
+        _argv(command),
+        env,
+        mode="bwrap",
+        network=network,
+        pass_fds=(),
+        placeholders=placeholders,
+        links=links,
+        emit=ctx.emit,
+    )
     return launch, spec
 
 
@@ -934,7 +1019,8 @@ async def _run_in_editor(
         limits=limits,
         launch=launch,
     )
-    return attrs.evolve(result, data={**result.data, "terminal": "editor", "terminal_id": terminal})
+    result = attrs.evolve(result, data={**result.data, "terminal": "editor", "terminal_id": terminal})
+    return launch.with_restored(result)
 
 
 async def _follow_terminal(

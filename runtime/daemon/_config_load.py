@@ -36,7 +36,13 @@ from pathlib import Path
 
 import attrs
 from cattrs import BaseValidationError
-from weald.runtime import PLACEHOLDER_FILE_MODE, UnreadableFileError, check_regular_file, read_regular_file
+from weald.runtime import (
+    PLACEHOLDER_FILE_MODE,
+    UnreadableFileError,
+    check_regular_file,
+    read_regular_file,
+    replaced_link,
+)
 from weald.runtime._checks import (
     KeyPath,
     ValueProblem,
@@ -720,6 +726,10 @@ def _with_imports(config: Config, home: Path) -> tuple[Config, list[ConfigProble
     problems: list[ConfigProblem] = []
     paths = [_expand_home(path, home) for path in config.mcp.imports]
     for path in paths:
+        replaced = replaced_link(path)
+        if replaced is not None:  # an agent's command swapped a protected link for a file of its own
+            problems.append(ConfigProblem(str(path), "", f"cannot import MCP servers (mcp.import): {replaced}"))
+            continue
         try:
             found = read_foreign_config(path)
         except ValueError as exc:
@@ -806,6 +816,10 @@ def load_files(
     problems: list[ConfigProblem] = []
     for path, layer in ((files.user, "user"), (files.project, "project")):
         if path is None:
+            continue
+        replaced = replaced_link(path)
+        if replaced is not None:  # an agent's command swapped a protected link for a file of its own
+            problems.append(ConfigProblem(str(path), "", replaced))
             continue
         try:
             source = _read_file(path, required=files.explicit and layer == "user")

@@ -10,7 +10,9 @@ then does what an attacker would, each attack one tool call:
 
 - plant the rules (``weald.toml`` with an unsandboxed MCP server,
   ``.weald/skills``) and rewrite the imported ``.mcp.json``, with the shell
-  and with the file tools; plant ``deep/weald.toml`` with the shell (the
+  and with the file tools; replace an imported file that is a symbolic link
+  (``linked.json -> conf/linked.json``) with the agent's own (it must be
+  put back once the command ends); plant ``deep/weald.toml`` with the shell (the
   sandbox cannot forbid the name in every directory), after which the user's
   ``agent.start`` in ``deep`` must be refused as untrusted (-32005);
 - make git run code on the host: ``core.fsmonitor``, a line appended to
@@ -94,6 +96,7 @@ def _attacks(project: Path, outside: Path, marker: Path) -> list[_Attack]:
             "plant a weald.toml deeper in, then start there",
             f"mkdir -p deep && cat > deep/weald.toml <<'EOF'\n{planted}EOF",
         ),
+        shell("replace an imported file that is a link", f"rm linked.json && echo '{evil}' > linked.json"),
         shell("read the hidden .env", "cat .env", "hidden"),
         shell("read the hidden secrets/", "cat secrets/* ; ls -A secrets", "hidden"),
         shell("overwrite the store", "echo pwned > state/store.db; echo pwned > state/store.db-wal", "hidden"),
@@ -141,6 +144,10 @@ def run_guard(root: Path) -> ResourceReport:
     (project / "secrets").mkdir()
     (project / "secrets" / "key").write_text(KEY_SECRET)
     (project / ".mcp.json").write_text('{"mcpServers": {}}\n')
+    # An imported file that is a link: the sandbox protects where it leads, and puts the link back once replaced.
+    (project / "conf").mkdir()
+    (project / "conf" / "linked.json").write_text('{"mcpServers": {}}\n')
+    (project / "linked.json").symlink_to("conf/linked.json")
     (project / "rec").mkdir()
     (project / "sub").mkdir()
     _host_git(project, "init", "-q")
@@ -153,7 +160,7 @@ def run_guard(root: Path) -> ResourceReport:
         f'[store]\npath = "{state / "store.db"}"\n[server]\nsocket = "{daemon.socket}"\n'
         '[tools.permissions]\nshell = "allow"\nwrite_file = "allow"\nedit_file = "allow"\nread_file = "allow"\n'
         '[tools.shell]\nsandbox = "required"\nkill_grace = 0.5\nhidden = [".env", "secrets"]\n'
-        f'[mcp]\nimport = ["{project / ".mcp.json"}"]\n'
+        f'[mcp]\nimport = ["{project / ".mcp.json"}", "{project / "linked.json"}"]\n'
     )
     (root / "run").mkdir(exist_ok=True)
     watched = {
@@ -162,6 +169,7 @@ def run_guard(root: Path) -> ResourceReport:
             "weald.toml",
             ".weald",
             ".mcp.json",
+            "linked.json",
             ".git/config",
             ".git/hooks",
             ".githooks",
@@ -268,6 +276,14 @@ def _judge(
         "plant a file git's config includes": same(".gitshared"),
         "append to a file git's config includes": same(".gitlocal"),
         "move .git away and rebuild it": same(".git/config"),
+        "replace an imported file that is a link": lambda: [
+            *same("linked.json")(),
+            *(
+                []
+                if "weald put the link back" in outputs.get("replace an imported file that is a link", "")
+                else ["the model was not told the link was put back"]
+            ),
+        ],
         "plant a weald.toml deeper in, then start there": lambda: (
             []
             if planted_start.startswith("-32005 ") and "weald trust" in planted_start
