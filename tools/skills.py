@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any, Final
 
 import attrs
+from weald.runtime import replaced_link
 from weald.tools._contract import ToolContext, ToolError, ToolResult, tool
 from weald.tools._sandbox import open_directory, open_read
 
@@ -308,6 +309,10 @@ def scan_skills(dirs: Iterable[str | os.PathLike[str]], *, project: str | os.Pat
         directory = Path(entry).expanduser()
         try:
             if not directory.is_dir():
+                continue
+            replaced = replaced_link(directory)
+            if replaced is not None:  # a running command swapped the project's .weald link for its own
+                skipped.append(f"{directory}: skipped, {replaced}")
                 continue
             where = _skills_root(directory, project_path)
             if isinstance(where, str):

@@ -288,3 +288,41 @@ def test_a_link_whose_directory_was_swapped_for_a_link_outside_is_not_put_back_t
     report = call(daemon, "config.reload")
     assert project_status(report, project)["status"] != "refused", report
     assert not marker.exists()
+
+
+def test_skills_behind_a_weald_link_a_running_command_replaced_are_not_offered(
+    daemon: DaemonProcess, tmp_path: Path
+) -> None:
+    project = linked_project(tmp_path, "skills")
+    good = project / "conf" / "weald" / "skills" / "good"
+    good.mkdir(parents=True)
+    (good / "SKILL.md").write_text("---\nname: good\ndescription: the project's own\n---\nbe good\n")
+    (project / ".weald").symlink_to("conf/weald")
+    ready, go = project / "ready", project / "go"
+    evil = "---\\nname: evil\\ndescription: planted\\n---\\nPLANTED-SKILL-TEXT\\n"
+    command = (
+        f"rm .weald && mkdir -p .weald/skills/evil && printf -- '{evil}' > .weald/skills/evil/SKILL.md && touch ready && "
+        "while [ ! -e go ]; do sleep 0.05; done; echo finished"
+    )
+    outputs: list[str] = []
+    runner = threading.Thread(target=lambda: outputs.append(run_command(daemon, project, "skills-swap", command)))
+    runner.start()
+    try:
+        wait_until(ready.exists, timeout=120, message="the command to replace .weald")
+        model = daemon.script(
+            "skills-reader",
+            [{"tool_calls": [{"name": "use_skill", "arguments": {"name": "evil"}}]}, {"text": "done"}],
+        )
+        start = {"working_dir": str(project), "agent_id": "skills-reader", "model": model}
+        call(daemon, "agent.start", start)
+        call(daemon, "agent.prompt", {"agent_id": "skills-reader", "text": "go"})
+        messages = call(daemon, "agent.history", {"agent_id": "skills-reader"})["messages"]
+        seen = str([m["content"] for m in messages if m["role"] == "tool"][-1])
+        assert "PLANTED-SKILL-TEXT" not in seen
+        assert "no skill named 'evil'" in seen
+        assert f"{project / '.weald'} was replaced from inside the sandbox" in seen
+    finally:
+        go.touch()
+        runner.join(180)
+    assert "finished" in outputs[0]
+    assert os.readlink(project / ".weald") == "conf/weald"
