@@ -351,7 +351,8 @@ class Projects:
         key = _key(look.files)
         existing = self._configs.get(key)
         if look.loaded is not None:
-            if existing is None or existing.files != look.loaded.files:
+            # The files' digests are weald.toml's: an `[mcp] import` file's change shows in the configuration.
+            if existing is None or existing.files != look.loaded.files or existing.config != look.loaded.config:
                 existing = ProjectConfig(
                     key=key,
                     root=None if look.files.root is None else str(look.files.root),

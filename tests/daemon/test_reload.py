@@ -331,6 +331,61 @@ def test_a_projects_own_mcp_servers_run_for_its_sessions_and_follow_its_file(tmp
         daemon.close()
 
 
+def test_a_change_to_a_file_a_project_imports_mcp_servers_from_applies_to_its_running_sessions(tmp_path: Path) -> None:
+    daemon = DaemonProcess(tmp_path / "d")
+    project = tmp_path / "p"
+    model = write_script(
+        project / "scripts" / "clock.json",
+        [
+            {"tool_calls": [{"name": "mcp__clock__get_current_time", "arguments": {"timezone": "UTC"}}]},
+            {"text": "done"},
+        ],
+        repeat=True,
+    )
+    imported = project / ".mcp.json"
+    imported.write_text(json.dumps({"mcpServers": {}}))
+    (project / "weald.toml").write_text(
+        f'[models]\ndefault = "{model}"\n[tools.permissions]\n"mcp__clock__get_current_time" = "allow"\n'
+        '[mcp]\nimport = [".mcp.json"]\n'
+    )
+    daemon.start()
+    try:
+        with daemon.client() as client:
+            agent_id = client.call("agent.start", {"working_dir": str(project), "asleep": False})["agent_id"]
+        prompt(daemon, agent_id)
+        assert "there is no tool named 'mcp__clock__get_current_time'" in last_tool_result(daemon, agent_id)
+        # The imported file gains the server: the running session has it from its next turn.
+        clock = {"command": sys.executable, "args": ["-m", "mcp_server_time", "--local-timezone", "UTC"]}
+        imported.write_text(json.dumps({"mcpServers": {"clock": clock}}))
+        reloaded = daemon.cli("reload", "--json")
+        assert reloaded.returncode == 0, reloaded.stderr
+        assert [p["status"] for p in json.loads(reloaded.stdout)["projects"]] == ["changed"]
+        with daemon.client() as client:  # it went to sleep to be built anew with servers; built now
+            client.call("agent.wake", {"agent_id": agent_id}, timeout=30)
+
+        def clock_running() -> bool:
+            with daemon.client() as client:
+                node = client.call("tree", {"path": f"/sessions/{agent_id}"}, timeout=30)
+            mcp = [child for child in node["children"] if child["path"].endswith("/mcp")]
+            return any(c["path"].endswith("/clock") and c["status"] == "running" for m in mcp for c in m["children"])
+
+        wait_until(clock_running, timeout=60, message="the imported server to run under the session")
+
+        def clock_answers() -> bool:  # its tools are listed a moment after it runs
+            prompt(daemon, agent_id)
+            return '"timezone": "UTC"' in last_tool_result(daemon, agent_id)
+
+        wait_until(clock_answers, timeout=60, message="the session's turn to call the imported server")
+        # And loses it again.
+        imported.write_text(json.dumps({"mcpServers": {}}))
+        assert daemon.cli("reload").returncode == 0
+        prompt(daemon, agent_id)
+        assert "there is no tool named 'mcp__clock__get_current_time'" in last_tool_result(daemon, agent_id)
+        assert daemon.terminate() == 0
+    finally:
+        daemon.close()
+
+
 def test_a_weald_toml_created_nearer_a_sessions_directory_takes_over_once_trusted(
     daemon: DaemonProcess, tmp_path: Path
 ) -> None:
