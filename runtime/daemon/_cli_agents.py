@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from rich.markup import escape
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.text import Text
 from weald.runtime.daemon._cli_common import (
     EXIT_FAILED,
@@ -23,7 +25,7 @@ from weald.runtime.daemon._cli_common import (
     print_json,
 )
 from weald.runtime.daemon._cli_run import render_message
-from weald.runtime.daemon._render import Column, fitted_table, printable, render_debug_state
+from weald.runtime.daemon._render import Column, StreamedTable, fitted_table, printable, render_debug_state
 from weald.runtime.daemon.client import RPCCallError
 
 __all__ = [
@@ -48,53 +50,155 @@ def agent_state(row: dict[str, Any]) -> str:
     return state
 
 
+_PAGE = 1000
+"""The agents one ``agent.list`` request asks for: a page printed while the next is fetched."""
+
+_COLUMNS = [
+    Column("agent", priority=0, no_wrap=True, style="bold"),
+    Column("state", priority=1, no_wrap=True),
+    Column("for", priority=2, ellipsis=True, min_width=12, header="first prompt"),
+    Column("working dir", priority=3, fold=True, min_width=16),
+    Column("model", priority=4, fold=True),
+    Column("context", priority=5, no_wrap=True),
+    Column("restarts", priority=6, no_wrap=True, justify="right"),
+]
+
+
 def cmd_agents(args: argparse.Namespace) -> int:
     """List the agents the daemon knows: id, state, what each is for, model, context, working directory.
 
     Ids are never cut: weald prompt, abort, history, agent stop and
     debug-state take them. A narrow terminal drops the less useful columns first.
+    The agents come a page at a time, in id order; a list longer than a page
+    is printed as plain lines while the next page is fetched. --limit N shows
+    the first N.
     """
-    with connect(args) as client:
-        agents = client.call("agent.list", timeout=60)
-    if not args.all:
-        agents = [a for a in agents if a.get("status") != "stopped"]
-    if args.json:
-        print_json(agents)
-        return EXIT_OK
     out = console()
-    if not agents:
-        hint = "" if args.all else " (weald agents --all lists stopped ones too)"
-        out.print(f'no agents{hint}; weald run --keep "..." starts one that stays', markup=False)
-        return EXIT_OK
-    rows = []
-    for a in agents:
-        context = a.get("context") or {}
-        rows.append(
-            {
-                "agent": a["agent_id"],
-                "state": agent_state(a),
-                "for": a.get("title") or "",
-                "model": _short_model(a.get("model") or ""),
-                "context": f"{context['tokens']:,}/{context['input_budget']:,}" if context else "",
-                "restarts": str(a.get("restarts", "")),
-                "working dir": a.get("working_dir") or "",
-            }
+    with connect(args) as client:
+        listing = _Pages(client, args)
+        pages = iter(listing)
+        first, more = next(pages)
+        if args.json:
+            agents = list(first)
+            if more:
+                with _progress() as progress:
+                    task = progress.add_task("listing agents", total=None, completed=len(agents))
+                    for rows, _ in pages:
+                        agents += rows
+                        progress.update(task, completed=len(agents))
+            print_json(agents)
+            return EXIT_OK
+        if not first:
+            hint = "" if args.all else " (weald agents --all lists stopped ones too)"
+            out.print(f'no agents{hint}; weald run --keep "..." starts one that stays', markup=False)
+            return EXIT_OK
+        if not more:
+            out.print(fitted_table(_COLUMNS, [_table_row(a) for a in first], out.width))
+            if args.long:
+                for a in first:
+                    out.print(Text(printable(a["agent_id"]), style="bold"))
+                    out.print(Text(printable(_long_lines(a))), soft_wrap=True)
+            shown = len(first)
+        else:
+            shown = _stream(out, first, pages, args)
+    if listing.cut:
+        console(stderr=True).print(
+            f"(the first {shown:,} agents; more follow: a larger --limit, or none, shows them)", markup=False
         )
-    columns = [
-        Column("agent", priority=0, no_wrap=True, style="bold"),
-        Column("state", priority=1, no_wrap=True),
-        Column("for", priority=2, ellipsis=True, min_width=12, header="first prompt"),
-        Column("working dir", priority=3, fold=True, min_width=16),
-        Column("model", priority=4, fold=True),
-        Column("context", priority=5, no_wrap=True),
-        Column("restarts", priority=6, no_wrap=True, justify="right"),
-    ]
-    out.print(fitted_table(columns, rows, out.width))
-    if args.long:
-        for a in agents:
-            out.print(Text(printable(a["agent_id"]), style="bold"))
-            out.print(Text(printable(f"  configuration: {_describe_config(a.get('config') or {})}")), soft_wrap=True)
     return EXIT_OK
+
+
+class _Pages:
+    """The agents a page at a time (``agent.list`` with ``limit`` and ``after``), each page with whether more follow.
+
+    ``--limit`` ends it after that many (``cut`` then says whether agents
+    were left out); ``--all`` includes stopped agents, ``--long`` asks for
+    each one's spill bytes too.
+    """
+
+    def __init__(self, client: Any, args: argparse.Namespace) -> None:
+        self._client = client
+        self._args = args
+        self.cut = False
+
+    def __iter__(self) -> Iterator[tuple[list[dict[str, Any]], bool]]:
+        wanted: int | None = self._args.limit
+        after: str | None = None
+        got = 0
+        while True:
+            limit = _PAGE if wanted is None else min(_PAGE, wanted - got)
+            params: dict[str, Any] = {"limit": limit, "stopped": self._args.all}
+            if after is not None:
+                params["after"] = after
+            if self._args.long:
+                params["long"] = True
+            page = self._client.call("agent.list", params, timeout=60)
+            rows: list[dict[str, Any]] = page["rows"]
+            got += len(rows)
+            after = page["next_after"]
+            more = after is not None and (wanted is None or got < wanted)
+            self.cut = after is not None and not more
+            yield rows, more
+            if not more:
+                return
+
+
+def _stream(
+    out: Any, first: list[dict[str, Any]], pages: Iterator[tuple[list[dict[str, Any]], bool]], args: argparse.Namespace
+) -> int:
+    """A list longer than a page as plain lines, each page printed as it comes; how many were."""
+    table = StreamedTable(_COLUMNS, [_table_row(a) for a in first], out.width)
+    write = out.file.write
+    write(table.header() + "\n")
+    shown = 0
+    rows = first
+    while True:
+        for a in rows:
+            write(table.line(_table_row(a)) + "\n")
+            if args.long:
+                write(printable(_long_lines(a)) + "\n")
+        shown += len(rows)
+        out.file.flush()
+        try:
+            rows, _ = next(pages)
+        except StopIteration:
+            break
+    return shown
+
+
+def _progress() -> Progress:
+    """A count of the agents listed so far, on stderr (a terminal only), gone when done."""
+    err = console(stderr=True)
+    return Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        TextColumn("{task.completed:,}"),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+        disable=not err.is_terminal,
+    )
+
+
+def _table_row(a: dict[str, Any]) -> dict[str, str]:
+    context = a.get("context") or {}
+    return {
+        "agent": a["agent_id"],
+        "state": agent_state(a),
+        "for": a.get("title") or "",
+        "model": _short_model(a.get("model") or ""),
+        "context": f"{context['tokens']:,}/{context['input_budget']:,}" if context else "",
+        "restarts": str(a.get("restarts", "")),
+        "working dir": a.get("working_dir") or "",
+    }
+
+
+def _long_lines(a: dict[str, Any]) -> str:
+    """What --long adds under an agent: its configuration files and its spilled output."""
+    lines = f"  configuration: {_describe_config(a.get('config') or {})}"
+    if "spill_bytes" in a:
+        lines += f"\n  spilled output: {int(a['spill_bytes']):,} bytes"
+    return lines
 
 
 def _describe_config(state: dict[str, Any]) -> str:

@@ -69,6 +69,7 @@ from weald.runtime.daemon.server import (
     ActorsListParams,
     ActorSnapshotParams,
     AgentHistoryParams,
+    AgentListParams,
     AgentParams,
     AgentPromptParams,
     AgentSendParams,
@@ -190,7 +191,7 @@ class FrontServer(Server):
             "agent.wake": (AgentParams, self._by_agent("agent.wake")),
             "agent.compact": (AgentParams, self._by_agent("agent.compact", retry=False)),
             "agent.history": (AgentHistoryParams, self._by_agent("agent.history", anywhere=True)),
-            "agent.list": (NoParams, self._f_agent_list),
+            "agent.list": (AgentListParams, self._f_agent_list),
             "sessions.page": (SessionsPageParams, self._f_sessions_page),
             "debug_state": (DebugStateParams, self._f_debug_state),
             "tree": (TreeParams, self._f_tree),
@@ -712,13 +713,29 @@ class FrontServer(Server):
 
     # -- merged views ------------------------------------------------------------------------------------
 
-    async def _f_agent_list(self, conn: Connection, p: NoParams) -> Any:
-        """Every node's list merged: a session's row from the node that runs it, labelled with that node."""
-        outcomes = await self._each(conn, "agent.list", {})
+    async def _f_agent_list(self, conn: Connection, p: AgentListParams) -> Any:
+        """Every node's list merged: a session's row from the node that runs it, labelled with that node.
+
+        Each node lists the one store in id order, so a page (``limit``,
+        ``after``) is each node's page of the same ids, merged and cut to
+        ``limit``; a node's row of a session it does not run gives way to the
+        row of the node that runs it.
+        """
+        outcomes = await self._each(conn, "agent.list", _raw(p))
         rows: dict[str, dict[str, Any]] = {}
         order: list[str] = []
+        paged = p.limit is not None or p.after is not None
+        more = False
+        limit = 0
         for node_id, outcome in outcomes.items():
-            for row in outcome.get("result") or []:
+            result = outcome.get("result")
+            if paged:
+                if not isinstance(result, dict):
+                    continue
+                more = more or result.get("next_after") is not None
+                limit = max(limit, int(result.get("limit") or 0))
+                result = result.get("rows")
+            for row in result or []:
                 agent_id = row.get("agent_id")
                 here = row.get("state") not in ("not running", "stopped")
                 if agent_id not in rows:
@@ -726,7 +743,15 @@ class FrontServer(Server):
                     rows[agent_id] = {**row, "node": node_id if here else None}
                 elif here:
                     rows[agent_id] = {**row, "node": node_id}
-        return [rows[agent_id] for agent_id in order]
+        if not paged:
+            return [rows[agent_id] for agent_id in order]
+        if not outcomes or all("error" in outcome for outcome in outcomes.values()):
+            return await self._outcome(_ready(next(iter(outcomes.values()), _failure(APP_ERROR, "no node is up"))))
+        ids = sorted(rows)  # the ids one node saw and another not (a start between the two reads) in their place
+        more = more or len(ids) > limit
+        page = ids[:limit]
+        next_after = page[-1] if more and page else None
+        return {"rows": [rows[agent_id] for agent_id in page], "next_after": next_after, "limit": limit}
 
     async def _f_sessions_page(self, conn: Connection, p: SessionsPageParams) -> Any:
         """A page of every node's sessions: each node's first ``offset + limit`` rows, merged and cut."""

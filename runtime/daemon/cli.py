@@ -711,6 +711,16 @@ class _Parser(argparse.ArgumentParser):
         return "\n".join(lines) + "\n"
 
 
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected 1 or more, got {value}")
+    return value
+
+
 def _nonnegative(text: str) -> int:
     try:
         value = int(text)
@@ -800,7 +810,12 @@ def build_parser() -> argparse.ArgumentParser:
     def agents_list(parent: Any, name: str, help_text: str | None) -> None:
         p = command(parent, name, agents.cmd_agents, help_text)
         p.add_argument("--all", action="store_true", help="stopped agents too")
-        p.add_argument("--long", action="store_true", help="also show the configuration files each agent runs under")
+        p.add_argument(
+            "--long",
+            action="store_true",
+            help="also show the configuration files each agent runs under and the bytes of its spilled output",
+        )
+        p.add_argument("--limit", type=_positive, metavar="N", help="only the first N agents (in id order)")
 
     def agent_id(p: argparse.ArgumentParser, what: str = "the agent") -> None:
         p.add_argument("agent_id", metavar="ID", help=what)

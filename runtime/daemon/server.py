@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import itertools
 import os
 import socket
@@ -245,6 +246,18 @@ class AgentSendParams(_Params):
 
 PAGE_MAX = 500
 """The most rows one ``sessions.page`` or ``actors.list`` reply holds."""
+
+AGENT_LIST_PAGE_MAX = 10_000
+"""The most rows one page of ``agent.list`` holds (``limit``)."""
+_AGENT_LIST_PAGE = 1000  # the rows a page of agent.list has without a limit; the whole list is built of them
+
+
+class AgentListParams(_Params):
+    limit: Annotated[int, msgspec.Meta(ge=1, le=AGENT_LIST_PAGE_MAX)] | None = None  # None (and no after): all
+    # The id the page starts after (the previous page's next_after); any text but NUL (not a key on PostgreSQL).
+    after: Annotated[str, msgspec.Meta(max_length=1000, pattern=r"^[^\x00]*$")] | None = None
+    stopped: bool = True  # stopped sessions too
+    long: bool = False  # each session's spill_bytes too
 
 
 class SessionsPageParams(_Params):
@@ -625,7 +638,7 @@ class Server(Actor):
             "agent.send": (AgentSendParams, self._agent_send),
             "agent.hibernate": (AgentParams, self._agent_hibernate),
             "agent.wake": (AgentParams, self._agent_wake),
-            "agent.list": (NoParams, self._agent_list),
+            "agent.list": (AgentListParams, self._agent_list),
             "sessions.page": (SessionsPageParams, self._sessions_page),
             "agent.history": (AgentHistoryParams, self._agent_history),
             "agent.compact": (AgentParams, self._agent_compact),
@@ -1654,26 +1667,46 @@ class Server(Actor):
             )
         return {"path": path, "restarted": True, "restarts": restarts}
 
-    async def _agent_list(self, conn: Connection, p: NoParams) -> list[dict[str, Any]]:
-        records = await trio.to_thread.run_sync(self._sessions.records)
-        out: list[dict[str, Any]] = []
-        asleep: dict[str, dict[str, Any]] = {}
-        limiter = trio.CapacityLimiter(64)
+    async def _agent_list(self, conn: Connection, p: AgentListParams) -> list[dict[str, Any]] | dict[str, Any]:
+        """Stored sessions in id order, with their live state: all of them, or a page (``limit``, ``after``).
 
-        async def one(record: Any, row: dict[str, Any]) -> None:
-            state = self.system.asleep(f"/sessions/{record.session_id}")  # no stub made for it
-            if state is not None:
-                row["state"] = state  # asking it would wake it: its stored record answers
-                asleep[record.session_id] = row
-                return
-            ref = self.system.whereis(agent_path(record.session_id))
-            if ref is None:
-                row["state"] = "stopped" if record.status == "stopped" else "not running"
-                return
-            if isinstance(ref, Stub) and ref.successor is None:
-                row["state"] = ref.state  # asking it would wake it: its stored record answers
-                asleep[record.session_id] = row
-                return
+        A page costs the page: its records are one key range of the store
+        (the ``sessions`` namespace is keyed by id), its asleep agents'
+        records another (a session never woken has none), and only its awake
+        agents are asked (an asleep one would wake). Without ``limit`` or
+        ``after`` the whole list comes back as a bare list, as it always did,
+        built page by page. ``stopped`` false leaves stopped sessions out;
+        ``long`` adds each session's ``spill_bytes`` (a third key range).
+        """
+        with contextlib.suppress(StoreError):  # what is committed answers when a commit fails (a full disk)
+            await self.system.store.flush()
+        if p.limit is None and p.after is None:
+            out: list[dict[str, Any]] = []
+            after: str | None = None
+            while True:
+                rows, after = await self._agent_list_page(after, _AGENT_LIST_PAGE, p)
+                out += rows
+                if after is None:
+                    return out
+        limit = _AGENT_LIST_PAGE if p.limit is None else p.limit
+        rows, next_after = await self._agent_list_page(p.after, limit, p)
+        return {"rows": rows, "next_after": next_after, "limit": limit}
+
+    async def _agent_list_page(
+        self, after: str | None, limit: int, p: AgentListParams
+    ) -> tuple[list[dict[str, Any]], str | None]:
+        """Up to ``limit`` rows of the sessions whose ids sort after ``after``; the next ``after`` (None: no more)."""
+        records, more, agents, spill = await trio.to_thread.run_sync(
+            functools.partial(self._sessions.listing_page, after, limit, stopped=p.stopped, spill=p.long)
+        )
+        rows: list[dict[str, Any]] = []
+        limiter = trio.CapacityLimiter(64)
+        system = self.system
+        run_id = system.run_id
+        config_state = self._sessions.config_state
+        memo: dict[Any, dict[str, Any]] = {}  # the rows of one page share their configurations' dicts
+
+        async def live(ref: Any, row: dict[str, Any]) -> None:
             async with limiter:
                 try:
                     snap = await ref.proxy().snapshot(0)
@@ -1691,26 +1724,39 @@ class Server(Actor):
 
         async with trio.open_nursery() as nursery:
             for record in records:
-                row = {
-                    "agent_id": record.session_id,
+                session_id = record.session_id
+                row: dict[str, Any] = {
+                    "agent_id": session_id,
                     "status": record.status,
                     "model": record.model,
                     "working_dir": record.working_dir,
                     "created": record.created,
-                    "path": agent_path(record.session_id),
+                    "path": agent_path(session_id),
                 }
                 if record.record is not None:
                     row["record"] = record.record
-                row["config"] = self._sessions.config_state(record)
+                row["config"] = config_state(record, memo)
                 if record.title is not None:
                     row["title"] = record.title
                 if record.ephemeral:
                     row["ephemeral"] = True
-                out.append(row)
-                nursery.start_soon(one, record, row)
-        for session_id, stored in (await self._asleep_records(list(asleep))).items():
-            asleep[session_id].update(restarts=stored.restarts_at_load(self.system.run_id), usage=_plain(stored.usage))
-        return out
+                if p.long:
+                    row["spill_bytes"] = spill.get(session_id, 0)
+                rows.append(row)
+                asleep = system.asleep(f"/sessions/{session_id}")  # no stub made for it
+                ref = None if asleep is not None else system.whereis(row["path"])
+                if asleep is None and ref.__class__ is Stub and ref.successor is None:
+                    asleep = ref.state
+                if asleep is not None:
+                    row["state"] = asleep  # asking it would wake it: its stored record answers
+                    stored = agents.get(session_id)
+                    if stored is not None:
+                        row.update(restarts=stored.restarts_at_load(run_id), usage=_plain(stored.usage))
+                elif ref is None:
+                    row["state"] = "stopped" if record.status == "stopped" else "not running"
+                else:
+                    nursery.start_soon(live, ref, row)
+        return rows, (records[-1].session_id if more else None)
 
     async def _asleep_records(self, session_ids: list[str]) -> dict[str, AgentRecord]:
         """The stored records of hibernated top-level agents, read in one worker-thread hop.

@@ -443,6 +443,9 @@ _ASLEEP_BATCH = 1024  # sessions per add_asleep request and store commit
 _BATCHES_AT_ONCE = 2  # start_all calls (agents.start requests) worked on at once
 _CHECKERS = 16  # tasks checking one start_all's starts
 _RECORD_PAGE = 10_000  # records read at once by a pass over every session (restore, retention)
+# Appended to a session id: a key just above it that no other session's lies between (ids hold letters,
+# digits, '_', '.' and '-'); not NUL, which PostgreSQL refuses in text.
+_ABOVE = "\x01"
 
 
 def _copy_outcome(done: Future[TurnResult], into: Future[TurnResult]) -> None:
@@ -1379,22 +1382,39 @@ class Sessions:
         record: SessionRecord | None = await self.system.store.aget("sessions", session_id, type=SessionRecord)
         return record
 
-    def config_state(self, record: SessionRecord) -> dict[str, Any]:
+    def config_state(self, record: SessionRecord, memo: dict[Any, dict[str, Any]] | None = None) -> dict[str, Any]:
         """Which configuration a session runs under, as plain data (``agent.list``, ``debug_state``).
 
         ``project`` is its project directory, ``files`` the files its next
         turn runs under (each with its digest and layer), ``generation``
         their configuration's, ``refused`` the problems of a newer text that
         could not be used, ``started_with`` the files it was started under.
-        No I/O.
+        No I/O. With ``memo`` (one dict for one answer: ``agent.list`` of
+        100,000 sessions of a few projects), sessions of the same directory
+        and files share one dict, read-only from then on.
         """
-        started = [msgspec.structs.asdict(file) for file in record.config_files]
         directory = self._session_dirs.get(record.session_id)
+        key: Any = None
+        if memo is not None:
+            key = (directory, *((f.path, f.digest, f.layer) for f in record.config_files))
+            state = memo.get(key)
+            if state is not None:
+                return state
+        started = [msgspec.structs.asdict(file) for file in record.config_files]
         if directory is not None and self.projects.known(directory):
-            state = self.projects.current(directory).describe()
+            state = {**self.projects.current(directory).describe(), "started_with": started}
         else:  # not running here: what it was started with
-            state = {"project": None, "files": started, "generation": None, "refused": [], "ignored": []}
-        return {**state, "started_with": started}
+            state = {
+                "project": None,
+                "files": started,
+                "generation": None,
+                "refused": [],
+                "ignored": [],
+                "started_with": started,
+            }
+        if memo is not None:
+            memo[key] = state
+        return state
 
     async def drop(self, session_ids: Sequence[str], reason: str) -> int:
         """Stop sessions this node lost (the store's fence refused them): nothing more of them is written here.
@@ -1633,6 +1653,59 @@ class Sessions:
             for _, row in rows
             if me is None or row.node == me
         )
+
+    def listing_page(
+        self, after: str | None, limit: int, *, stopped: bool, spill: bool
+    ) -> tuple[list[SessionRecord], bool, dict[str, AgentRecord], dict[str, int]]:
+        """A page of ``agent.list`` from the store: what costs the page, not every session (a worker thread).
+
+        The records of up to ``limit`` sessions whose ids sort after ``after``
+        (one key range of ``sessions``; ``stopped`` false skips stopped ones),
+        whether more follow, the top-level agent records among them (one key
+        range of ``agents``: a session's key is its id, its sub-agents' sort
+        right after it, a session never woken has none), and with ``spill``
+        each one's spill bytes on every node (one key range of ``spill``). A
+        record that cannot be decoded is reported as `records` does; an agent
+        record that cannot leaves its row without restarts and usage.
+        """
+        store = self.system.store
+        records: list[SessionRecord] = []
+        start = "" if after is None else after + _ABOVE
+        while len(records) <= limit:
+            ask = limit + 1 - len(records)
+            good, bad = store.scan_range("sessions", start=start, limit=ask, type=SessionRecord)
+            for key, exc in bad:
+                self.system.events.publish(
+                    "daemon.bad_session_record", "/sessions", {"session_id": key, "error": str(exc)}
+                )
+            records += [record for _, record in good if stopped or record.status != "stopped"]
+            if len(good) + len(bad) < ask:
+                break
+            start = max(good[-1][0] if good else "", bad[-1][0] if bad else "") + _ABOVE
+        more = len(records) > limit
+        del records[limit:]
+        if not records:
+            return records, more, {}, {}
+        first, last = records[0].session_id, records[-1].session_id
+        ids = {record.session_id for record in records}
+        try:
+            found = store.items_range("agents", "", start=first, stop=last + _ABOVE, type=AgentRecord)
+        except StoreError:  # one record that cannot be decoded: the others one by one
+            found = []
+            for session_id in ids:
+                with contextlib.suppress(StoreError):
+                    stored = store.get("agents", session_id, type=AgentRecord)  # a top-level key is its id
+                    if stored is not None:
+                        found.append((session_id, stored))
+        agents = {key: record for key, record in found if key in ids}
+        spilled: dict[str, int] = {}
+        if spill:
+            # Keys are <session>/<node>: the page's rows lie from "<first>/" to "<last>0" ('0' follows '/').
+            with contextlib.suppress(StoreError):
+                for _, row in store.items_range(SPILL_NAMESPACE, "", start=first + "/", stop=last + "0", type=SpillRow):
+                    if row.session in ids:
+                        spilled[row.session] = spilled.get(row.session, 0) + row.bytes
+        return records, more, agents, spilled
 
     def record_pages(self, type_: Any = SessionRecord) -> Iterator[list[Any]]:
         """Every readable stored session (active and stopped), `_RECORD_PAGE` at a time, in key order (a worker thread).

@@ -96,9 +96,22 @@ def test_sessions_are_spread_over_the_nodes_and_each_is_served_by_its_own(cluste
                 assert reply["ok"], reply
                 assert "node" not in reply  # the reply a daemon gives, unchanged
         listed = client.call("agent.list", timeout=120)
+        # In pages, every node's pages of the one store merged: each session once, in id order, its node named.
+        paged: list[dict[str, Any]] = []
+        after = None
+        while True:
+            page = client.call("agent.list", {"limit": 700, "after": after}, timeout=120)
+            assert len(page["rows"]) <= 700
+            paged += page["rows"]
+            after = page["next_after"]
+            if after is None:
+                break
     placement = cluster.placement()
     assert len(listed) == len(placement)
     assert all(row["node"] == placement[row["agent_id"]] for row in listed)
+    ids = [row["agent_id"] for row in paged]
+    assert ids == sorted(placement) == [row["agent_id"] for row in listed]
+    assert all(row["node"] == placement[row["agent_id"]] for row in paged)
     tree = weald("tree", "--path", f"/sessions/{by_node['n2'][0]}", env=cluster.front.env(), cwd=cluster.root)  # type: ignore[union-attr]
     assert tree.returncode == 0, tree.stderr
 
