@@ -443,8 +443,8 @@ _ASLEEP_BATCH = 1024  # sessions per add_asleep request and store commit
 _BATCHES_AT_ONCE = 2  # start_all calls (agents.start requests) worked on at once
 _CHECKERS = 16  # tasks checking one start_all's starts
 _RECORD_PAGE = 10_000  # records read at once by a pass over every session (restore, retention)
-# Appended to a session id: a key just above it that no other session's lies between (ids hold letters,
-# digits, '_', '.' and '-'); not NUL, which PostgreSQL refuses in text.
+# Appended to a key: a key just above it that no other key lies between (session ids hold letters, digits,
+# '_', '.' and '-'; keys below them add '/' or '.' and more); not NUL, which PostgreSQL refuses in text.
 _ABOVE = "\x01"
 
 
@@ -2158,7 +2158,7 @@ def _pages(store: Store, namespace: str, type_: Any) -> Iterator[tuple[list[tupl
         yield good, bad
         if len(good) + len(bad) < _RECORD_PAGE:
             return
-        start = max(good[-1][0] if good else "", bad[-1][0] if bad else "") + "\x00"
+        start = max(good[-1][0] if good else "", bad[-1][0] if bad else "") + _ABOVE
 
 
 def _created(record: SessionRecord) -> float:

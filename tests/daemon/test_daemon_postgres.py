@@ -472,3 +472,30 @@ def test_a_key_whose_turn_died_with_its_daemon_runs_once_on_the_next(
 def _swallow(daemon: DaemonProcess, params: dict[str, Any]) -> None:
     with contextlib.suppress(Exception), daemon.client() as client:
         client.call("agent.prompt", params, timeout=60)
+
+
+def test_a_daemon_with_more_sessions_than_a_page_of_records_restarts_on_postgres_with_every_one(
+    tmp_path: Path, pg_cluster: Any, database: str, daemons: list[DaemonProcess]
+) -> None:
+    # 10,001 records: the passes over every session at a start read them 10,000 at a time, each page
+    # after the last key of the one before (PostgreSQL refuses a NUL in a key: the next page's start
+    # once appended one, and such a daemon could not start again).
+    url = pg_cluster.url(database)
+    daemon = pg_daemon(tmp_path / "a", url, "node-a", daemons, extra="[limits]\nmax_agents = 11000\n")
+    model = daemon.script("ok", [{"text": "ok"}])
+    n = 10_001
+    with daemon.client() as client:
+        for first in range(0, n, 1000):
+            starts = [
+                {"working_dir": str(daemon.project), "model": model, "agent_id": f"p{i:05d}", "asleep": True}
+                for i in range(first, min(n, first + 1000))
+            ]
+            results = client.call("agents.start", {"agents": starts}, timeout=300)["results"]
+            assert all("result" in r for r in results), [r for r in results if "error" in r][:3]
+    assert daemon.terminate() == 0
+    daemon.start()
+    listed = running(daemon)
+    assert len(listed) == n
+    assert set(listed.values()) == {"hibernated"}
+    with daemon.client() as client:
+        assert client.call("agent.prompt", {"agent_id": f"p{n - 1:05d}", "text": "go"}, timeout=120)["ok"]
