@@ -448,8 +448,8 @@ class AcpAgent:
 
     def _load_session(self, params: LoadSessionParams) -> dict[str, Any]:
         cwd = _absolute(params.cwd)
-        rows = {row["agent_id"]: row for row in self._daemon.call("agent.list", timeout=60)}
-        row = rows.get(params.session_id)
+        rows = self._daemon.call("agent.list", {"agent_id": params.session_id}, timeout=60)["rows"]
+        row = rows[0] if rows else None
         if row is None:
             raise RequestError(RESOURCE_NOT_FOUND, f"no session {params.session_id!r} is stored by this weald daemon")
         if row.get("state") in ("stopped", "not running"):

@@ -232,14 +232,15 @@ def cmd_agent_stop(args: argparse.Namespace) -> int:
     failed = False
     with connect(args) as client:
         ids = list(args.agent_ids)
-        known = {a["agent_id"]: a for a in client.call("agent.list", timeout=60)}
-        unknown = [agent_id for agent_id in ids if agent_id not in known]
+        # Each one's own row (not the whole list: a daemon may have 100,000), or every stored one a page at a time.
+        unknown = [i for i in ids if not client.call("agent.list", {"agent_id": i}, timeout=60)["rows"]]
         if unknown:
             raise CommandError(
                 f"weald agent stop: no agent {', '.join(map(repr, unknown))} (weald agents --all lists them)"
             )
         if args.all_idle:
-            ids = [a["agent_id"] for a in known.values() if a.get("status") != "stopped" and not a.get("turn_id")]
+            listing = argparse.Namespace(limit=None, all=False, long=False)
+            ids = [a["agent_id"] for rows, _ in _Pages(client, listing) for a in rows if not a.get("turn_id")]
         for agent_id in ids:
             try:
                 stopped = client.call("agent.stop", {"agent_id": agent_id}, timeout=60)["stopped"]

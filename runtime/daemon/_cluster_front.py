@@ -724,7 +724,7 @@ class FrontServer(Server):
         outcomes = await self._each(conn, "agent.list", _raw(p))
         rows: dict[str, dict[str, Any]] = {}
         order: list[str] = []
-        paged = p.limit is not None or p.after is not None
+        paged = p.limit is not None or p.after is not None or p.agent_id is not None
         more = False
         limit = 0
         for node_id, outcome in outcomes.items():

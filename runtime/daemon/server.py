@@ -258,6 +258,8 @@ class AgentListParams(_Params):
     after: Annotated[str, msgspec.Meta(max_length=1000, pattern=r"^[^\x00]*$")] | None = None
     stopped: bool = True  # stopped sessions too
     long: bool = False  # each session's spill_bytes too
+    # This one session's row only (a page of one or none): what `weald agent stop` and ACP look up.
+    agent_id: Annotated[str, msgspec.Meta(max_length=1000, pattern=r"^[^\x00]*$")] | None = None
 
 
 class SessionsPageParams(_Params):
@@ -1680,6 +1682,9 @@ class Server(Actor):
         """
         with contextlib.suppress(StoreError):  # what is committed answers when a commit fails (a full disk)
             await self.system.store.flush()
+        if p.agent_id is not None:
+            rows, _ = await self._agent_list_page(None, 1, p)
+            return {"rows": rows, "next_after": None, "limit": 1}
         if p.limit is None and p.after is None:
             out: list[dict[str, Any]] = []
             after: str | None = None
@@ -1697,7 +1702,9 @@ class Server(Actor):
     ) -> tuple[list[dict[str, Any]], str | None]:
         """Up to ``limit`` rows of the sessions whose ids sort after ``after``; the next ``after`` (None: no more)."""
         records, more, agents, spill = await trio.to_thread.run_sync(
-            functools.partial(self._sessions.listing_page, after, limit, stopped=p.stopped, spill=p.long)
+            functools.partial(
+                self._sessions.listing_page, after, limit, stopped=p.stopped, spill=p.long, only=p.agent_id
+            )
         )
         rows: list[dict[str, Any]] = []
         limiter = trio.CapacityLimiter(64)

@@ -1655,7 +1655,7 @@ class Sessions:
         )
 
     def listing_page(
-        self, after: str | None, limit: int, *, stopped: bool, spill: bool
+        self, after: str | None, limit: int, *, stopped: bool, spill: bool, only: str | None = None
     ) -> tuple[list[SessionRecord], bool, dict[str, AgentRecord], dict[str, int]]:
         """A page of ``agent.list`` from the store: what costs the page, not every session (a worker thread).
 
@@ -1666,12 +1666,17 @@ class Sessions:
         right after it, a session never woken has none), and with ``spill``
         each one's spill bytes on every node (one key range of ``spill``). A
         record that cannot be decoded is reported as `records` does; an agent
-        record that cannot leaves its row without restarts and usage.
+        record that cannot leaves its row without restarts and usage. ``only``:
+        that session alone (its key, if stored), not a page.
         """
         store = self.system.store
         records: list[SessionRecord] = []
         start = "" if after is None else after + _ABOVE
-        while len(records) <= limit:
+        if only is not None:
+            good, _ = store.scan_range("sessions", start=only, limit=1, type=SessionRecord)
+            records = [record for key, record in good if key == only and (stopped or record.status != "stopped")]
+            limit = 1
+        while only is None and len(records) <= limit:
             ask = limit + 1 - len(records)
             good, bad = store.scan_range("sessions", start=start, limit=ask, type=SessionRecord)
             for key, exc in bad:

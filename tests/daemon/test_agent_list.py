@@ -180,3 +180,27 @@ def test_weald_agents_lists_every_session_and_limit_shows_the_first_n(daemon: Da
     wrong = daemon.cli("agents", "--limit", "0", cwd=daemon.project)
     assert wrong.returncode == 2
     assert "--limit: expected 1 or more, got 0" in wrong.stderr
+
+
+def test_one_session_s_row_is_asked_by_its_id_and_weald_agent_stop_looks_up_only_those_it_stops(
+    daemon: DaemonProcess, client: Client
+) -> None:
+    model = daemon.script("one", [{"text": "ok"}])
+    for agent_id in ("one-a", "one-ab", "one-b"):
+        client.call("agent.start", {"working_dir": str(daemon.project), "model": model, "agent_id": agent_id})
+    page = client.call("agent.list", {"agent_id": "one-a"})
+    assert [row["agent_id"] for row in page["rows"]] == ["one-a"]  # not one-ab, which sorts right after it
+    assert page["next_after"] is None
+    assert page["rows"][0]["state"] in ("hibernated", "idle")
+    assert client.call("agent.list", {"agent_id": "one-"})["rows"] == []  # a prefix is not an id
+    assert client.call("agent.list", {"agent_id": "many00017"})["rows"][0]["state"] == "hibernated"
+
+    stopped = daemon.cli("agent", "stop", "one-a", "--json", cwd=daemon.project)
+    assert stopped.returncode == 0, stopped.stderr
+    assert json.loads(stopped.stdout) == [{"agent_id": "one-a", "stopped": True}]
+    assert client.call("agent.list", {"agent_id": "one-a"})["rows"][0]["state"] == "stopped"
+    assert client.call("agent.list", {"agent_id": "one-a", "stopped": False})["rows"] == []
+    missing = daemon.cli("agent", "stop", "one-b", "one-", cwd=daemon.project)
+    assert missing.returncode != 0
+    assert "no agent 'one-'" in missing.stderr
+    assert client.call("agent.list", {"agent_id": "one-b"})["rows"][0]["status"] == "active"  # nothing stopped
