@@ -456,10 +456,13 @@ class MCPConfig:
             every load, under the ones weald.toml names itself (which win a
             name both have). Relative paths are relative to the file that
             gives them.
+        network: Whether the project's own stdio servers, which run in the
+            shell's OS sandbox, may use the network there.
     """
 
     servers: Mapping[str, MCPServerConfig] = attrs.field(factory=dict, hash=False)
     imports: tuple[Path, ...] = attrs.field(default=(), metadata={TOML_KEY: "import"})
+    network: bool = checked(True, check_bool)
 
 
 @attrs.frozen(kw_only=True)

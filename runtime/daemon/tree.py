@@ -157,6 +157,7 @@ from weald.tools import (
     session_spill,
     sweep_spill_dirs,
 )
+from weald.tools.mcp_sandbox import MCPSandbox, project_sandbox
 
 __all__ = [
     "DEMO_MODEL",
@@ -728,10 +729,39 @@ class Sessions:
                 if server.enabled and hosted.get(name) != server
             }
             made = tuple(_mcp_configs(attrs.evolve(project.config, mcp=attrs.evolve(project.config.mcp, servers=own))))
+            if made:
+                made = self._in_project(project, made)
             if len(self._project_mcp) >= 1024:
                 self._project_mcp.clear()
             self._project_mcp[project.generation] = made
         return made
+
+    def _in_project(self, project: ProjectConfig, servers: tuple[Any, ...]) -> tuple[Any, ...]:
+        """``project``'s stdio servers in its OS sandbox (`_mcp_sandbox`), run in its directory without a ``cwd``."""
+        base = project.root
+        sandbox = self._mcp_sandbox(project)
+        made = []
+        for server in servers:
+            if server.command is not None:
+                cwd = server.cwd if server.cwd is not None or base is None else base
+                server = attrs.evolve(server, cwd=cwd, launcher=sandbox)  # noqa: PLW2901
+            made.append(server)
+        return tuple(made)
+
+    def _mcp_sandbox(self, project: ProjectConfig) -> MCPSandbox | None:
+        """The OS sandbox ``project``'s own stdio servers run in: its shell commands' (None: ``sandbox = "off"``).
+
+        The project's directory writable but its protected paths, the rest
+        read-only, the credential homes and the daemon's state hidden, a
+        cache directory of the project's own in the state directory, the
+        network unless ``[mcp] network = false`` (`weald.tools.mcp_sandbox`).
+        """
+        tool_config = self._per_project(project)[0].tool_config
+        state = self.system.store_path.parent
+        tool_config = attrs.evolve(tool_config, private_paths=(*tool_config.private_paths, str(state)))
+        base = project.root
+        cache = state / "mcp-cache" / hashlib.sha256(os.fsencode(base or "")).hexdigest()[:16]
+        return project_sandbox(tool_config, base, str(cache), network=project.config.mcp.network)
 
     def session_mcp(self, project: ProjectConfig, record: SessionRecord) -> tuple[Any, ...]:
         """A session's own MCP servers: its project's (`project_mcp`), then agent.start's (which win a name)."""

@@ -23,7 +23,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from ._actor import MCPConnection, MCPConnectionSnapshot, MCPSupervisor, mcp_supervisor_spec
-from ._config import OAuthConfig, ServerConfig, referenced_variables
+from ._config import OAuthConfig, ServerConfig, StdioLaunch, StdioLauncher, referenced_variables
 from ._exceptions import (
     MCPClosedError,
     MCPConfigError,
@@ -132,6 +132,8 @@ __all__ = [
     "MCPToolResult",
     "OAuthConfig",
     "ServerConfig",
+    "StdioLaunch",
+    "StdioLauncher",
     "TraceContextProvider",
     "answer_with_defaults",
     "mcp_supervisor_spec",

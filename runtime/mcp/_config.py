@@ -7,7 +7,7 @@ import os
 import re
 import urllib.parse
 from collections.abc import Mapping
-from typing import Final, Literal
+from typing import Final, Literal, Protocol
 
 import attrs
 from weald.runtime import environ_value, is_secret_name, register_secret
@@ -20,6 +20,8 @@ __all__ = [
     "DEFAULT_REDIRECT_URI",
     "OAuthConfig",
     "ServerConfig",
+    "StdioLaunch",
+    "StdioLauncher",
     "expand_variables",
     "referenced_variables",
 ]
@@ -299,6 +301,42 @@ def _auth(value: object) -> OAuthConfig | None:
         raise MCPConfigError(f"auth: {exc}") from exc
 
 
+class StdioLaunch(Protocol):
+    """How one stdio server process is started, as a `StdioLauncher` prepared it.
+
+    Attributes:
+        argv: the program and its arguments (the wrapper's, then the server's).
+        env: the whole environment of the program.
+        pass_fds: descriptors the program inherits at the same numbers.
+    """
+
+    argv: list[str]
+    env: dict[str, str]
+    pass_fds: tuple[int, ...]
+
+    def started(self) -> None:
+        """The process has been spawned (or could not be): close what only the child needed."""
+
+    def ended(self) -> None:
+        """The process and its group are gone: give back what the launch held (blocking, for a worker thread)."""
+
+
+class StdioLauncher(Protocol):
+    """Wraps a stdio server's command line (an OS sandbox, say); set as `ServerConfig.launcher`.
+
+    Implementations are frozen values compared by equality (a changed
+    launcher restarts the server, as any changed field does).
+    """
+
+    def prepare(self, server: str, argv: list[str], env: dict[str, str], cwd: str | None) -> StdioLaunch | None:
+        """The launch of ``argv`` (blocking, for a worker thread); None: run it as it is.
+
+        Raises:
+            OSError, ValueError or RuntimeError: it may not run (the message,
+                one line, says why).
+        """
+
+
 @attrs.frozen
 class ServerConfig:
     """How to reach one MCP server, and how long to wait for it.
@@ -352,6 +390,9 @@ class ServerConfig:
             values (see `resolved`): the daemon captures the variables a
             config uses when it starts. None: the daemon's environment at connect time
             (`weald.runtime.environ_value`, which still holds scrubbed secrets).
+        launcher: Wraps a stdio server's command line when it starts (the
+            daemon runs a project's own servers in the shell's OS sandbox
+            this way); None runs it as given.
 
     The values stay as written (``${GITHUB_TOKEN}``, not the token) in the
     config and everything that shows it; they are expanded only to connect.
@@ -373,6 +414,7 @@ class ServerConfig:
     sampling: Literal["ask", "allow", "deny"] = "ask"
     log_level: str | None = None
     environ: Mapping[str, str] | None = attrs.field(default=None, eq=False, hash=False, repr=False)
+    launcher: StdioLauncher | None = attrs.field(default=None, repr=False)
 
     def __attrs_post_init__(self) -> None:
         problems = self._problems()

@@ -35,7 +35,7 @@ from mcp.client.stdio import get_default_environment
 from mcp.shared.message import SessionMessage
 from weald.runtime import MARK_VARIABLE, ChildProcess, new_process_mark, open_child_process
 
-from ._config import ServerConfig
+from ._config import ServerConfig, StdioLaunch
 from ._exceptions import MCPStartError
 
 __all__ = [
@@ -374,15 +374,24 @@ def _split_lines(buffer: bytearray) -> list[bytes]:
     return lines
 
 
-async def _spawn(config: ServerConfig) -> ChildProcess:
+async def _spawn(config: ServerConfig) -> tuple[ChildProcess, StdioLaunch | None]:
     assert config.command is not None
     # The mark finds what the server started if the daemon dies before it
     # could stop them (`weald.runtime.stop_leftover_processes`, at the next start).
     env = get_default_environment() | dict(config.env) | {MARK_VARIABLE: new_process_mark()}
+    argv = [config.command, *config.args]
+    launch: StdioLaunch | None = None
+    if config.launcher is not None:
+        try:
+            launch = await trio.to_thread.run_sync(config.launcher.prepare, config.name, argv, env, config.cwd)
+        except (OSError, ValueError, RuntimeError) as exc:
+            raise MCPStartError(f"MCP server {config.name!r} may not start: {exc}", server=config.name) from exc
+        if launch is not None:
+            argv, env = launch.argv, launch.env
     try:
         # Forked so that it gets SIGKILL if the daemon dies.
-        return await open_child_process(
-            [config.command, *config.args],
+        process = await open_child_process(
+            argv,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -391,13 +400,30 @@ async def _spawn(config: ServerConfig) -> ChildProcess:
             # A session (hence a process group) of its own, so that shutdown
             # can signal everything the server starts, not just the server.
             start_new_session=True,
+            pass_fds=() if launch is None else launch.pass_fds,
         )
     except (OSError, ValueError) as exc:
+        if launch is not None:
+            await _ended(launch)
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise MCPStartError(
             f"MCP server {config.name!r} could not be started: {config.command!r}: {reason}",
             server=config.name,
         ) from exc
+    except BaseException:
+        if launch is not None:
+            await _ended(launch)
+        raise
+    if launch is not None:
+        launch.started()
+    return process, launch
+
+
+async def _ended(launch: StdioLaunch) -> None:
+    """Give back what ``launch`` held, once its process is gone (shielded: it runs on every way out)."""
+    launch.started()
+    with trio.CancelScope(shield=True):
+        await trio.to_thread.run_sync(launch.ended)
 
 
 @contextlib.asynccontextmanager
@@ -422,7 +448,7 @@ async def open_stdio_transport(
     Raises:
         MCPStartError: The process could not be spawned.
     """
-    process = await _spawn(config)
+    process, launch = await _spawn(config)
     server = StdioServer(config, process, on_lost=on_lost, on_stderr_line=on_stderr_line)
     # Unbuffered, as the SDK's own transports: a reader that falls behind
     # holds the server back instead of queueing without bound.
@@ -446,3 +472,5 @@ async def open_stdio_transport(
             _signal_group(process.pid, signal.SIGKILL)
         for stream in (read_send, read_receive, write_send, write_receive):
             stream.close()
+        if launch is not None:
+            await _ended(launch)

@@ -50,6 +50,8 @@ def test_all_is_sorted_and_lists_exactly_the_public_names():
         "MCPToolResult",
         "OAuthConfig",
         "ServerConfig",
+        "StdioLaunch",
+        "StdioLauncher",
         "TraceContextProvider",
         "answer_with_defaults",
         "mcp_supervisor_spec",
