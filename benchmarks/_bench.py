@@ -27,12 +27,17 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from weald.runtime.daemon.client import Client
 
 __all__ = [
     "PLACEMENTS",
     "Row",
     "banner",
     "checkout",
+    "daemon_client",
     "interleave",
     "load_note",
     "machine_info",
@@ -42,6 +47,7 @@ __all__ = [
     "quick_main",
     "rss_bytes",
     "samples_us",
+    "start_asleep",
     "verdict",
 ]
 
@@ -257,3 +263,40 @@ def checkout(ref: str, prefix: str = "bench-before-") -> Path:
     for name in ("runtime", "tools", "supervisors"):
         (package / name).symlink_to(where / name)
     return where
+
+
+def daemon_client(socket: Path, timeout: float = 120.0) -> Client:
+    """A client of the daemon starting on ``socket``, once it answers ``daemon.status``."""
+    from weald.runtime.daemon.client import Client
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            client = Client.connect(socket, timeout=1)
+            client.call("daemon.status", timeout=10)
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+        else:
+            return client
+
+
+def start_asleep(socket: Path, project: Path, script: Path, n: int) -> float:
+    """Start ``n`` sessions asleep (ids ``a000000``...), a thousand per ``agents.start`` on 8 connections; seconds."""
+    from weald.runtime.daemon.client import Client
+
+    started = time.perf_counter()
+    clients = [Client.connect(socket) for _ in range(8)]
+    futures = []
+    for k, first in enumerate(range(0, n, 1000)):
+        starts = [
+            {"working_dir": str(project), "agent_id": f"a{i:06d}", "model": f"scripted:{script}", "asleep": True}
+            for i in range(first, min(n, first + 1000))
+        ]
+        futures.append(clients[k % len(clients)].request("agents.start", {"agents": starts}))
+    for future in futures:
+        assert all("result" in r for r in future.get(timeout=3600)["results"])
+    for client in clients:
+        client.close()
+    return time.perf_counter() - started

@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _bench import checkout, load_note, machine_info
+from _bench import checkout, daemon_client, load_note, machine_info, start_asleep
 from rich.console import Console
 from rich.table import Table
 from weald.runtime.daemon.client import Client
@@ -86,28 +86,9 @@ def measure(n: int, runs: int, pythonpath: str | None, console: Console) -> dict
     proc = subprocess.Popen(serve, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     figures: dict[str, float] = {}
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                client = Client.connect(socket, timeout=1)
-                client.call("daemon.status", timeout=10)
-                break
-            except Exception:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
-        started = time.perf_counter()
-        clients = [Client.connect(socket) for _ in range(8)]
-        futures = []
-        for k, first in enumerate(range(0, n, 1000)):
-            starts = [
-                {"working_dir": str(project), "agent_id": f"a{i:06d}", "model": f"scripted:{script}", "asleep": True}
-                for i in range(first, min(n, first + 1000))
-            ]
-            futures.append(clients[k % len(clients)].request("agents.start", {"agents": starts}))
-        for future in futures:
-            assert all("result" in r for r in future.get(timeout=3600)["results"])
-        console.print(f"{n:,} sessions started asleep in {time.perf_counter() - started:.1f} s; {load_note()}")
+        client = daemon_client(socket)
+        took = start_asleep(socket, project, script, n)
+        console.print(f"{n:,} sessions started asleep in {took:.1f} s; {load_note()}")
         for i in range(0, 100, 10):
             assert client.call("agent.prompt", {"agent_id": f"a{i:06d}", "text": "go"}, timeout=120)["ok"]
         for i in range(1, 6):

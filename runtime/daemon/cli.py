@@ -711,24 +711,22 @@ class _Parser(argparse.ArgumentParser):
         return "\n".join(lines) + "\n"
 
 
-def _positive(text: str) -> int:
+def _at_least(text: str, least: int) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected 1 or more, got {value}")
+    if value < least:
+        raise argparse.ArgumentTypeError(f"expected {least} or more, got {value}")
     return value
+
+
+def _positive(text: str) -> int:
+    return _at_least(text, 1)
 
 
 def _nonnegative(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected 0 or more, got {value}")
-    return value
+    return _at_least(text, 0)
 
 
 def _port(text: str) -> int:
