@@ -565,6 +565,7 @@ class Sessions:
         # Sessions being handed to another node (a drain): requests for them are refused as not this node's.
         self.leaving: set[str] = set()
         self._claims = trio.Lock()  # `_claim`
+        self._rebuilding: set[str] = set()  # sessions waiting to be idle to go to sleep (`_rebuild_when_idle`)
 
     # -- configuration -----------------------------------------------------------------
 
@@ -782,9 +783,9 @@ class Sessions:
         """Bring the awake sessions of ``directories`` to their project's MCP servers now; returns their ids.
 
         A session with an ``mcp`` supervisor gets the new set
-        (`MCPSupervisor.update_servers`); one without it, idle, is put to
-        sleep, and its next message builds it with them. A session asleep
-        builds with them anyway when it wakes.
+        (`MCPSupervisor.update_servers`); one without it is put to sleep once
+        idle (at once if it is; after its turn if not), and its next message
+        builds it with them. A session asleep builds with them anyway when it wakes.
         """
         touched: list[str] = []
         wanted = set(directories)
@@ -804,9 +805,38 @@ class Sessions:
                     done = await mcp.proxy().update_servers(servers)
                     if any(done.values()):
                         touched.append(session_id)
-                elif servers and await self._proxy.hibernate_child(session_id):
+                elif servers:
                     touched.append(session_id)
+                    self._rebuild_when_idle(session_id)
         return touched
+
+    def _rebuild_when_idle(self, session_id: str) -> None:
+        """Put a session to sleep as soon as it is idle, so that its next message builds it anew (with MCP servers).
+
+        Never sooner: a turn, a question or a permission request in flight is
+        not cut short (`Agent.hibernate_now` declines while busy); asked again
+        every second until it sleeps, stops, or is asleep already.
+        """
+        if session_id in self._rebuilding:
+            return
+        self._rebuilding.add(session_id)
+
+        async def when_idle() -> None:
+            try:
+                while True:
+                    agent = self.system.whereis(agent_path(session_id))
+                    if agent is None or isinstance(agent, Stub):
+                        return  # stopped, or asleep: it wakes with its project's servers
+                    try:
+                        if await (await agent.proxy().hibernate_now()):
+                            return
+                    except ActorDeadError:
+                        return
+                    await trio.sleep(1.0)
+            finally:
+                self._rebuilding.discard(session_id)
+
+        self.system.loop.spawn_nowait(when_idle)
 
     @property
     def start_asleep(self) -> bool:

@@ -10,6 +10,7 @@ import json
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -377,6 +378,42 @@ def test_a_change_to_a_file_a_project_imports_mcp_servers_from_applies_to_its_ru
             return "there is no tool named 'mcp__clock__get_current_time'" in last_tool_result(daemon, agent_id)
 
         wait_until(clock_gone, timeout=60, message="the session's turn to find the server gone")
+        assert daemon.terminate() == 0
+    finally:
+        daemon.close()
+
+
+def test_a_project_gaining_an_mcp_server_never_cuts_a_running_turn_short(tmp_path: Path) -> None:
+    daemon = DaemonProcess(tmp_path / "d")
+    project = tmp_path / "p"
+    model = write_script(project / "scripts" / "slow.json", [{"text": "finished", "delay": 4}], repeat=True)
+    toml = project / "weald.toml"
+    toml.write_text(f'[models]\ndefault = "{model}"\n')
+    daemon.start()
+    try:
+        with daemon.client() as client:
+            agent_id = client.call("agent.start", {"working_dir": str(project), "asleep": False})["agent_id"]
+        reply: dict[str, Any] = {}
+        turn = threading.Thread(target=lambda: reply.update(prompt(daemon, agent_id)))
+        turn.start()
+
+        def state() -> str:
+            with daemon.client() as client:
+                return str(client.call("agent.list", {"agent_id": agent_id}, timeout=30)["rows"][0]["state"])
+
+        wait_until(lambda: state() == "streaming", timeout=30, message="the turn to be under way")
+        # The session has no MCP supervisor: it is rebuilt with one by going to sleep, once idle, not now.
+        toml.write_text(toml.read_text() + CLOCK)
+        assert daemon.cli("reload").returncode == 0
+        turn.join(60)
+        assert reply.get("ok"), reply
+        assert reply["text"] == "finished"
+        # Once its turn is over it goes to sleep, and wakes with the server.
+        wait_until(lambda: state() == "hibernated", timeout=30, message="the session to go to sleep once idle")
+        with daemon.client() as client:
+            client.call("agent.wake", {"agent_id": agent_id}, timeout=30)
+            node = client.call("tree", {"path": f"/sessions/{agent_id}"}, timeout=30)
+        assert any(child["path"].endswith("/mcp") for child in node["children"]), node
         assert daemon.terminate() == 0
     finally:
         daemon.close()
