@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
+import json
 import os
 import platform
 import statistics
@@ -41,6 +42,7 @@ __all__ = [
     "interleave",
     "load_note",
     "machine_info",
+    "many_sessions_files",
     "median",
     "pin",
     "print_rows",
@@ -263,6 +265,22 @@ def checkout(ref: str, prefix: str = "bench-before-") -> Path:
     for name in ("runtime", "tools", "supervisors"):
         (package / name).symlink_to(where / name)
     return where
+
+
+def many_sessions_files(prefix: str, n: int) -> tuple[Path, Path, Path, Path, dict[str, str]]:
+    """A temporary folder for a daemon of ``n`` sessions (`start_asleep`): root, project, script, socket, env.
+
+    The script answers "ok" to every turn; the daemon's file (``WEALD_CONFIG``
+    in ``env``) puts its store in the folder and lets it hold ``n`` agents.
+    """
+    root = Path(tempfile.mkdtemp(prefix=prefix))
+    project = root / "project"
+    project.mkdir()
+    script = root / "once.json"
+    script.write_text(json.dumps({"turns": [{"text": "ok"}], "repeat": True}))
+    config = root / "weald.toml"
+    config.write_text(f'[store]\npath = "{root / "store.db"}"\n[limits]\nmax_agents = {max(n + 10, 20000)}\n')
+    return root, project, script, root / "s.sock", dict(os.environ, WEALD_CONFIG=str(config))
 
 
 def daemon_client(socket: Path, timeout: float = 120.0) -> Client:

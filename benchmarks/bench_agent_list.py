@@ -21,8 +21,6 @@ Run: ``python benchmarks/bench_agent_list.py [--sessions 100000] [--before c8536
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import shutil
 import statistics
 import subprocess
@@ -32,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _bench import checkout, daemon_client, load_note, machine_info, start_asleep
+from _bench import checkout, daemon_client, load_note, machine_info, many_sessions_files, start_asleep
 from rich.console import Console
 from rich.table import Table
 from weald.runtime.daemon.client import Client
@@ -69,15 +67,7 @@ def cli_ms(env: dict[str, str], socket: Path, *args: str) -> float:
 
 def measure(n: int, runs: int, pythonpath: str | None, console: Console) -> dict[str, float]:
     """One daemon with ``n`` sessions asleep (10 awake, 5 stopped): the listings' times in ms."""
-    root = Path(tempfile.mkdtemp(prefix="bench-agent-list-"))
-    project = root / "project"
-    project.mkdir()
-    script = root / "once.json"
-    script.write_text(json.dumps({"turns": [{"text": "ok"}], "repeat": True}))
-    config = root / "weald.toml"
-    config.write_text(f'[store]\npath = "{root / "store.db"}"\n[limits]\nmax_agents = {max(n + 10, 20000)}\n')
-    socket = root / "s.sock"
-    env = dict(os.environ, WEALD_CONFIG=str(config))
+    root, project, script, socket, env = many_sessions_files("bench-agent-list-", n)
     if pythonpath is not None:
         env["PYTHONPATH"] = pythonpath
     else:

@@ -27,19 +27,17 @@ Needs chromium (``apt-get install chromium``) and playwright (the test extras).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import tracemalloc
 from pathlib import Path
 from typing import Any
 
-from _bench import daemon_client, load_note, machine_info, start_asleep
+from _bench import daemon_client, load_note, machine_info, many_sessions_files, start_asleep
 from rich.console import Console
 from rich.table import Table
 from weald.runtime.daemon._index import SessionIndex
@@ -118,15 +116,7 @@ def main() -> None:
     console = Console()
     console.print(machine_info())
     n = args.sessions
-    root = Path(tempfile.mkdtemp(prefix="bench-observer-"))
-    project = root / "project"
-    project.mkdir()
-    script = root / "once.json"
-    script.write_text(json.dumps({"turns": [{"text": "ok"}], "repeat": True}))
-    config = root / "weald.toml"
-    config.write_text(f'[store]\npath = "{root / "store.db"}"\n[limits]\nmax_agents = {max(n + 10, 20000)}\n')
-    socket = root / "s.sock"
-    env = dict(os.environ, WEALD_CONFIG=str(config))
+    root, project, script, socket, env = many_sessions_files("bench-observer-", n)
     serve = [
         sys.executable,
         "-m",

@@ -1330,8 +1330,6 @@ class Store:
         """
         now = time.monotonic()
         with self._fence_lock:
-            for session in [s for s in self._arrived if s in self._held]:
-                del self._arrived[session]
             return [s for s, seen in self._arrived.items() if now - seen >= grace]
 
     def forget_arrived(self, sessions: Iterable[str]) -> None:
@@ -1381,14 +1379,15 @@ class Store:
             with self._fence_lock:
                 held = dict(self._held)
             try:
-                lost, arrived = self._backend.lost(node, held)
+                lost, arrived = self._backend.placement_changes(node, held)
             except StoreError:
                 continue
             if arrived:
                 now = time.monotonic()
-                with self._fence_lock:
+                with self._fence_lock:  # one claimed since `held` was copied is not on its way any more
                     for session in arrived:
-                        self._arrived.setdefault(session, now)
+                        if session not in self._held:
+                            self._arrived.setdefault(session, now)
             if lost:
                 self._lose(lost, "another node claimed it (its placement's owner or epoch changed)")
 

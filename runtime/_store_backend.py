@@ -414,7 +414,7 @@ class StoreBackend(ABC):
         """Give up sessions this node owns (stopped for good): they have no owner any more."""
 
     @abstractmethod
-    def lost(self, node: NodeLease, held: Mapping[str, int]) -> tuple[list[str], list[str]]:
+    def placement_changes(self, node: NodeLease, held: Mapping[str, int]) -> tuple[list[str], list[str]]:
         """What changed in the database's placement since the last look, for this node.
 
         Returns:

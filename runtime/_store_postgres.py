@@ -771,7 +771,7 @@ class PostgresBackend(StoreBackend):
             (list(session_ids), node.node_id),
         )
 
-    def lost(self, node: NodeLease, held: Mapping[str, int]) -> tuple[list[str], list[str]]:
+    def placement_changes(self, node: NodeLease, held: Mapping[str, int]) -> tuple[list[str], list[str]]:
         rows = self._node_call(
             f"node {node.node_id!r}'s placement",
             "SELECT agent_id, owner, epoch, version FROM weald_placement WHERE version > %s ORDER BY version",

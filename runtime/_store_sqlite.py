@@ -617,7 +617,7 @@ class SqliteBackend(StoreBackend):
     def release(self, node: NodeLease, session_ids: Iterable[str]) -> None:
         pass
 
-    def lost(self, node: NodeLease, held: Mapping[str, int]) -> tuple[list[str], list[str]]:  # noqa: ARG002
+    def placement_changes(self, node: NodeLease, held: Mapping[str, int]) -> tuple[list[str], list[str]]:  # noqa: ARG002
         return [], []  # one owner: nobody takes them, nobody hands any over
 
     def failure(self, exc: BaseException, what: str) -> StoreError:

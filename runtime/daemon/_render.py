@@ -203,12 +203,17 @@ def fitted_table(columns: Sequence[Column], rows: Sequence[Mapping[str, str]], w
     dropped first (highest ``priority``) until what is left fits; within it,
     values that may be long wrap (``fold``), and only titles are cut.
     """
+    return _table(_fitting_columns(columns, rows, width), rows)
+
+
+def _fitting_columns(columns: Sequence[Column], rows: Sequence[Mapping[str, str]], width: int) -> list[Column]:
+    """``columns`` less the least important (highest ``priority``) until their narrowest fits ``width``."""
     shown = list(columns)
     while True:
         needed = sum(_narrowest(column, rows) for column in shown) + 2 * (len(shown) - 1)
         droppable = [c for c in shown if c.priority > 0]
         if needed <= width or not droppable:
-            return _table(shown, rows)
+            return shown
         shown.remove(max(droppable, key=lambda c: (c.priority, shown.index(c))))
 
 
@@ -226,13 +231,7 @@ class StreamedTable:
     """
 
     def __init__(self, columns: Sequence[Column], rows: Sequence[Mapping[str, str]], width: int) -> None:
-        shown = list(columns)
-        while True:
-            needed = sum(_narrowest(column, rows) for column in shown) + 2 * (len(shown) - 1)
-            droppable = [c for c in shown if c.priority > 0]
-            if needed <= width or not droppable:
-                break
-            shown.remove(max(droppable, key=lambda c: (c.priority, shown.index(c))))
+        shown = _fitting_columns(columns, rows, width)
         widths = {column.key: _narrowest(column, rows) for column in shown}
         spare = max(0, width - sum(widths.values()) - 2 * (len(shown) - 1))
         for column in shown:

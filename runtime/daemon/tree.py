@@ -144,7 +144,14 @@ from weald.runtime.daemon._trust import (
 )
 from weald.runtime.daemon.config import CONFIG_ENV, Config, ConfigError, config_to_dict
 from weald.runtime.daemon.metrics import Sampler
-from weald.runtime.daemon.server import SHUTDOWN_REASON, ClusterPort, Server, SessionMCPServer, prepare_socket
+from weald.runtime.daemon.server import (
+    SHUTDOWN_REASON,
+    UNTRUSTED_CONFIG,
+    ClusterPort,
+    Server,
+    SessionMCPServer,
+    prepare_socket,
+)
 from weald.runtime.llm import Image, Provider, Recorder, RecordingError, ReplayDivergence, Usage, make_provider
 from weald.supervisors import ChildExistsError, ChildSpec, DynamicSupervisor, MaxChildrenError
 from weald.tools import (
@@ -197,10 +204,6 @@ class InvalidRequestError(DaemonError, ValueError):
     def __init__(self, field: str, message: str) -> None:
         super().__init__(f"{field}: {message}")
         self.field = field
-
-
-UNTRUSTED_CONFIG = -32005
-"""The JSON-RPC error code of `UntrustedConfigDaemonError`."""
 
 
 class UntrustedConfigDaemonError(DaemonError):
@@ -1730,25 +1733,14 @@ class Sessions:
         that session alone (its key, if stored), not a page.
         """
         store = self.system.store
-        records: list[SessionRecord] = []
-        start = "" if after is None else after + _ABOVE
         if only is not None:
-            good, _ = store.scan_range("sessions", start=only, limit=1, type=SessionRecord)
-            records = [record for key, record in good if key == only and (stopped or record.status != "stopped")]
-            limit = 1
-        while only is None and len(records) <= limit:
-            ask = limit + 1 - len(records)
-            good, bad = store.scan_range("sessions", start=start, limit=ask, type=SessionRecord)
-            for key, exc in bad:
-                self.system.events.publish(
-                    "daemon.bad_session_record", "/sessions", {"session_id": key, "error": str(exc)}
-                )
-            records += [record for _, record in good if stopped or record.status != "stopped"]
-            if len(good) + len(bad) < ask:
-                break
-            start = max(good[-1][0] if good else "", bad[-1][0] if bad else "") + _ABOVE
-        more = len(records) > limit
-        del records[limit:]
+            record = None
+            with contextlib.suppress(StoreError):  # one that cannot be decoded is not listed
+                record = store.get("sessions", only, type=SessionRecord)
+            records = [record] if record is not None and (stopped or record.status != "stopped") else []
+            more = False
+        else:
+            records, more = self._record_page(after, limit, stopped=stopped)
         if not records:
             return records, more, {}, {}
         first, last = records[0].session_id, records[-1].session_id
@@ -1771,6 +1763,26 @@ class Sessions:
                     if row.session in ids:
                         spilled[row.session] = spilled.get(row.session, 0) + row.bytes
         return records, more, agents, spilled
+
+    def _record_page(self, after: str | None, limit: int, *, stopped: bool) -> tuple[list[SessionRecord], bool]:
+        """Up to ``limit`` session records whose ids sort after ``after`` (key ranges), and whether more follow."""
+        store = self.system.store
+        records: list[SessionRecord] = []
+        start = "" if after is None else after + _ABOVE
+        while len(records) <= limit:
+            ask = limit + 1 - len(records)
+            good, bad = store.scan_range("sessions", start=start, limit=ask, type=SessionRecord)
+            for key, exc in bad:
+                self.system.events.publish(
+                    "daemon.bad_session_record", "/sessions", {"session_id": key, "error": str(exc)}
+                )
+            records += [record for _, record in good if stopped or record.status != "stopped"]
+            if len(good) + len(bad) < ask:
+                break
+            start = max(good[-1][0] if good else "", bad[-1][0] if bad else "") + _ABOVE
+        more = len(records) > limit
+        del records[limit:]
+        return records, more
 
     def record_pages(self, type_: Any = SessionRecord) -> Iterator[list[Any]]:
         """Every readable stored session (active and stopped), `_RECORD_PAGE` at a time, in key order (a worker thread).
