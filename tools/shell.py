@@ -468,12 +468,14 @@ async def _launch(ctx: ToolContext, command: str, workdir: Path, fd: int) -> _La
     search_path = env.get("PATH", "")
     env["TMPDIR"] = "/tmp"  # noqa: S108 - the sandbox's own /tmp
     placeholders, links = Placeholders(), ProtectedLinks()
-    try:
-        options_fd = await trio.to_thread.run_sync(
-            functools.partial(
-                _sandbox_options, ctx, workdir, network, placeholders=placeholders, links=links, search_path=search_path
-            )
+
+    def options() -> int:  # in a memory file, its descriptor; the filesystem is looked at in a worker thread
+        return options_file(
+            _sandbox_option_list(ctx, workdir, network, placeholders=placeholders, links=links, search_path=search_path)
         )
+
+    try:
+        options_fd = await trio.to_thread.run_sync(options)
     except BaseException:
         with trio.CancelScope(shield=True):
             await trio.to_thread.run_sync(placeholders.release)
@@ -525,26 +527,6 @@ def toolchain_in_tmp(search_path: str) -> tuple[Path, ...]:
     return tuple(found)
 
 
-def _sandbox_options(
-    ctx: ToolContext,
-    workdir: Path,
-    network: bool,
-    *,
-    placeholders: Placeholders,
-    links: ProtectedLinks,
-    search_path: str,
-) -> int:
-    """The options bubblewrap gets for a command, in a memory file; returns its descriptor.
-
-    Runs in a worker thread: it looks at the filesystem, and makes the
-    placeholders of missing protected paths (held in ``placeholders``) and
-    remembers the links on the way to them (in ``links``).
-    """
-    return options_file(
-        _sandbox_option_list(ctx, workdir, network, placeholders=placeholders, links=links, search_path=search_path)
-    )
-
-
 def _sandbox_option_list(
     ctx: ToolContext,
     workdir: Path,
@@ -554,7 +536,12 @@ def _sandbox_option_list(
     links: ProtectedLinks,
     search_path: str,
 ) -> list[str]:
-    """The options bubblewrap gets for a command (see `_sandbox_options`; blocking, for a worker thread)."""
+    """The options bubblewrap gets for a command (blocking, for a worker thread).
+
+    It looks at the filesystem, makes the placeholders of missing protected
+    paths (held in ``placeholders``) and remembers the links on the way to
+    them (in ``links``).
+    """
     option = ctx.config.option
     tmp = None
     if ctx.session is not None:
